@@ -1,0 +1,533 @@
+// ondine/ir/graph.hpp - the graph IR: values (SSA edges), nodes and the graph that owns them.
+//
+// A Value has at most one producer (a node output, a graph input, or a constant initializer) and a
+// list of uses (node, input index). Nodes reference values by pointer; omitted optional inputs are
+// nullptr. The Graph owns everything, keeps the use lists in sync through its editing methods, and
+// checks its own invariants in verify(). Nothing here knows protobuf or oneDNN.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ondine/error.hpp"
+#include "ondine/ir/attribute.hpp"
+#include "ondine/ir/shape.hpp"
+#include "ondine/ir/tensor.hpp"
+
+namespace ondine {
+
+class Node;
+class Graph;
+
+struct Use {
+  Node* node;
+  std::size_t index;
+  bool operator==(const Use& o) const { return node == o.node && index == o.index; }
+};
+
+class Value {
+ public:
+  const std::string& name() const { return name_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  void set_dtype(DType t) { dtype_ = t; }
+  void set_shape(Shape s) { shape_ = std::move(s); }
+
+  Node* producer() const { return producer_; }
+  std::size_t producer_output() const { return producer_output_; }
+  const std::vector<Use>& uses() const { return uses_; }
+  bool has_uses() const { return !uses_.empty(); }
+
+  // Constants are initializers (or folded values): their data is known at compile time. Treat the
+  // tensor as immutable; a pass that changes weights installs a new tensor.
+  bool is_constant() const { return constant_.has_value(); }
+  const Tensor& constant() const {
+    if (!constant_) throw Error("value '" + name_ + "' is not a constant");
+    return *constant_;
+  }
+  void set_constant(Tensor t) {
+    dtype_ = t.dtype();
+    shape_ = t.shape();
+    constant_ = std::move(t);
+  }
+  bool is_graph_input() const { return is_input_; }
+  bool is_graph_output() const { return is_output_; }
+
+ private:
+  friend class Graph;
+  friend class Node;
+  std::string name_;
+  DType dtype_ = DType::Undefined;
+  Shape shape_ = Shape::unknown();
+  Node* producer_ = nullptr;
+  std::size_t producer_output_ = 0;
+  std::vector<Use> uses_;
+  std::optional<Tensor> constant_;
+  bool is_input_ = false, is_output_ = false;
+};
+
+class Node {
+ public:
+  const std::string& op_type() const { return op_type_; }
+  const std::string& domain() const { return domain_; }
+  const std::string& name() const { return name_; }
+  void set_name(std::string n) { name_ = std::move(n); }
+  // Opset version of this node's domain in the model it came from; kernels use it for
+  // version-dependent semantics (e.g. Softmax's axis before and after opset 13).
+  int opset() const { return opset_; }
+  void set_opset(int v) { opset_ = v; }
+
+  std::size_t num_inputs() const { return inputs_.size(); }
+  std::size_t num_outputs() const { return outputs_.size(); }
+  // nullptr for an omitted optional input or an index past the end.
+  Value* input(std::size_t i) const { return i < inputs_.size() ? inputs_[i] : nullptr; }
+  Value* output(std::size_t i) const { return i < outputs_.size() ? outputs_[i] : nullptr; }
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  const std::vector<Value*>& outputs() const { return outputs_; }
+
+  void set_input(std::size_t i, Value* v) {
+    if (i >= inputs_.size()) inputs_.resize(i + 1, nullptr);
+    if (inputs_[i]) {
+      auto& u = inputs_[i]->uses_;
+      u.erase(std::find(u.begin(), u.end(), Use{this, i}));
+    }
+    inputs_[i] = v;
+    if (v) v->uses_.push_back(Use{this, i});
+  }
+  void add_input(Value* v) { set_input(inputs_.size(), v); }
+
+  // Attributes. The typed getters throw an Error naming this node when an attribute has the wrong kind,
+  // and when a required one (no default given) is missing.
+  const std::map<std::string, Attribute>& attrs() const { return attrs_; }
+  bool has_attr(const std::string& n) const { return attrs_.count(n) != 0; }
+  void set_attr(const std::string& n, Attribute a) { attrs_[n] = std::move(a); }
+  void remove_attr(const std::string& n) { attrs_.erase(n); }
+
+  std::int64_t attr_int(const std::string& n) const { return get<std::int64_t>(n); }
+  std::int64_t attr_int(const std::string& n, std::int64_t def) const { return get_or<std::int64_t>(n, def); }
+  float attr_float(const std::string& n) const { return get<float>(n); }
+  float attr_float(const std::string& n, float def) const { return get_or<float>(n, def); }
+  std::string attr_string(const std::string& n) const { return get<std::string>(n); }
+  std::string attr_string(const std::string& n, const std::string& def) const { return get_or<std::string>(n, def); }
+  std::vector<std::int64_t> attr_ints(const std::string& n) const { return get<std::vector<std::int64_t>>(n); }
+  std::vector<std::int64_t> attr_ints(const std::string& n, std::vector<std::int64_t> def) const {
+    return get_or<std::vector<std::int64_t>>(n, std::move(def));
+  }
+  std::vector<float> attr_floats(const std::string& n) const { return get<std::vector<float>>(n); }
+  std::vector<float> attr_floats(const std::string& n, std::vector<float> def) const {
+    return get_or<std::vector<float>>(n, std::move(def));
+  }
+  std::vector<std::string> attr_strings(const std::string& n) const { return get<std::vector<std::string>>(n); }
+  const Tensor& attr_tensor(const std::string& n) const { return get_ref<Tensor>(n); }
+
+  // An Error that names this node; use as `throw node.error("...")`.
+  Error error(const std::string& message) const { return std::move(Error(message).at_node(name_, op_type_)); }
+
+ private:
+  friend class Graph;
+  template <typename T> const T& get_ref(const std::string& n) const {
+    auto it = attrs_.find(n);
+    if (it == attrs_.end()) throw error("missing required attribute '" + n + "'");
+    if (auto* p = std::get_if<T>(&it->second)) return *p;
+    throw error("attribute '" + n + "' has the wrong kind");
+  }
+  template <typename T> T get(const std::string& n) const {
+    auto it = attrs_.find(n);
+    if (it == attrs_.end()) throw error("missing required attribute '" + n + "'");
+    return convert<T>(n, it->second);
+  }
+  template <typename T> T get_or(const std::string& n, T def) const {
+    auto it = attrs_.find(n);
+    return it == attrs_.end() ? def : convert<T>(n, it->second);
+  }
+  template <typename T> T convert(const std::string& n, const Attribute& a) const {
+    if (auto* p = std::get_if<T>(&a)) return *p;
+    // Exporters sometimes write an int where a float is expected and vice versa; accept the number.
+    if constexpr (std::is_same_v<T, float>) {
+      if (auto* i = std::get_if<std::int64_t>(&a)) return static_cast<float>(*i);
+    }
+    if constexpr (std::is_same_v<T, std::vector<float>>) {
+      if (auto* v = std::get_if<std::vector<std::int64_t>>(&a)) return T(v->begin(), v->end());
+    }
+    throw error("attribute '" + n + "' has the wrong kind");
+  }
+
+  std::string op_type_, domain_, name_;
+  int opset_ = 0;
+  std::vector<Value*> inputs_, outputs_;
+  std::map<std::string, Attribute> attrs_;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&&) = default;
+  Graph& operator=(Graph&&) = default;
+
+  std::string name = "graph";
+  std::map<std::string, int> opsets{{"", 17}};  // domain -> opset version ("" is ai.onnx)
+  std::int64_t ir_version = 8;
+  std::string producer_name = "ondine", producer_version, doc_string;
+
+  int opset(const std::string& domain = "") const {
+    auto it = opsets.find(domain == "ai.onnx" ? "" : domain);
+    return it == opsets.end() ? 0 : it->second;
+  }
+
+  // --- building ---------------------------------------------------------------------------------
+  Value* add_input(const std::string& name, DType dtype, Shape shape) {
+    Value* v = new_value(name);
+    v->dtype_ = dtype;
+    v->shape_ = std::move(shape);
+    v->is_input_ = true;
+    inputs_.push_back(v);
+    return v;
+  }
+  Value* add_constant(const std::string& name, Tensor t) {
+    Value* v = new_value(name.empty() ? unique_name("const") : name);
+    v->set_constant(std::move(t));
+    return v;
+  }
+  // Adds a node with `output_names.size()` outputs; empty names get fresh unique ones.
+  Node* add_node(const std::string& op_type, const std::vector<Value*>& inputs,
+                 const std::vector<std::string>& output_names, std::map<std::string, Attribute> attrs = {},
+                 const std::string& name = "", const std::string& domain = "") {
+    auto node = std::make_unique<Node>();
+    Node* n = node.get();
+    n->op_type_ = op_type;
+    n->domain_ = domain == "ai.onnx" ? "" : domain;
+    n->name_ = name;
+    n->opset_ = opset(n->domain_);
+    n->attrs_ = std::move(attrs);
+    for (Value* v : inputs) n->add_input(v);
+    for (const auto& out : output_names) {
+      Value* v = new_value(out.empty() ? unique_name(op_type + "_out") : out);
+      if (v->producer_ || v->is_input_ || v->constant_)
+        throw Error("value '" + out + "' is defined twice").at_node(name, op_type);
+      v->producer_ = n;
+      v->producer_output_ = n->outputs_.size();
+      n->outputs_.push_back(v);
+    }
+    nodes_.push_back(std::move(node));
+    return n;
+  }
+  // Convenience for one-output nodes: returns the output value.
+  Value* add_op(const std::string& op_type, const std::vector<Value*>& inputs,
+                std::map<std::string, Attribute> attrs = {}, const std::string& output_name = "") {
+    return add_node(op_type, inputs, {output_name}, std::move(attrs))->output(0);
+  }
+  void add_output(Value* v) {
+    if (!v) throw Error("graph output is null");
+    v->is_output_ = true;
+    outputs_.push_back(v);
+  }
+  // A reference to a value by name that may not exist yet (importers meet uses before producers
+  // only in malformed models, which verify() then reports).
+  Value* get_or_create_value(const std::string& name) {
+    if (Value* v = find_value(name)) return v;
+    return new_value(name);
+  }
+
+  // --- queries ----------------------------------------------------------------------------------
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  const std::vector<Value*>& outputs() const { return outputs_; }
+  Value* find_value(const std::string& name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+  std::vector<Node*> nodes() const {
+    std::vector<Node*> out;
+    out.reserve(nodes_.size());
+    for (auto& n : nodes_) out.push_back(n.get());
+    return out;
+  }
+  std::size_t num_nodes() const { return nodes_.size(); }
+  std::vector<Value*> values() const {
+    std::vector<Value*> out;
+    for (auto& v : values_) out.push_back(v.get());
+    return out;
+  }
+  std::vector<Value*> constants() const {
+    std::vector<Value*> out;
+    for (auto& v : values_)
+      if (v->constant_ && (v->has_uses() || v->is_output_)) out.push_back(v.get());
+    return out;
+  }
+  std::size_t count_ops(const std::string& op_type) const {
+    return static_cast<std::size_t>(
+        std::count_if(nodes_.begin(), nodes_.end(), [&](auto& n) { return n->op_type_ == op_type; }));
+  }
+  std::map<std::string, std::size_t> op_histogram() const {
+    std::map<std::string, std::size_t> h;
+    for (auto& n : nodes_) ++h[n->op_type_];
+    return h;
+  }
+  std::string unique_name(const std::string& base) {
+    std::string n = base;
+    while (by_name_.count(n)) n = base + "_" + std::to_string(++counter_);
+    return n;
+  }
+
+  // Nodes ordered so that every producer comes before its users; ties keep insertion order.
+  // Throws an Error naming a node on a cycle.
+  std::vector<Node*> topo_order() const {
+    std::unordered_map<const Node*, std::size_t> pending, index;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) index[nodes_[i].get()] = i;
+    auto cmp = [&](Node* a, Node* b) { return index[a] > index[b]; };
+    std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
+    for (auto& n : nodes_) {
+      std::set<const Node*> deps;
+      for (Value* v : n->inputs_)
+        if (v && v->producer_ && index.count(v->producer_)) deps.insert(v->producer_);
+      pending[n.get()] = deps.size();
+      if (deps.empty()) ready.push(n.get());
+    }
+    std::vector<Node*> order;
+    while (!ready.empty()) {
+      Node* n = ready.top();
+      ready.pop();
+      order.push_back(n);
+      std::set<Node*> seen;
+      for (Value* out : n->outputs_)
+        for (auto& u : out->uses_)
+          if (seen.insert(u.node).second && --pending[u.node] == 0) ready.push(u.node);
+    }
+    if (order.size() != nodes_.size()) {
+      for (auto& n : nodes_)
+        if (pending[n.get()] != 0)
+          throw Error("the graph has a cycle through this node").at_node(n->name_, n->op_type_);
+    }
+    return order;
+  }
+
+  // --- editing ----------------------------------------------------------------------------------
+  // Every use of `from` (node inputs and graph outputs) now reads `to`.
+  void replace_all_uses(Value* from, Value* to) {
+    auto uses = from->uses_;
+    for (auto& u : uses) u.node->set_input(u.index, to);
+    for (auto& o : outputs_)
+      if (o == from) {
+        o = to;
+        to->is_output_ = true;
+        from->is_output_ = false;
+      }
+  }
+  // Removes a node whose outputs are unused (throws otherwise); its inputs lose the uses.
+  void remove_node(Node* n) {
+    for (Value* out : n->outputs_)
+      if (out->has_uses() || out->is_output_)
+        throw Error("cannot remove a node whose output '" + out->name_ + "' is still used")
+            .at_node(n->name_, n->op_type_);
+    for (std::size_t i = 0; i < n->inputs_.size(); ++i) n->set_input(i, nullptr);
+    for (Value* out : n->outputs_) out->producer_ = nullptr;
+    auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](auto& p) { return p.get() == n; });
+    if (it != nodes_.end()) nodes_.erase(it);
+  }
+  // Drops values that nothing produces, uses or exports (e.g. constants left behind by a fold).
+  void remove_dead_values() {
+    std::vector<std::unique_ptr<Value>> keep;
+    for (auto& v : values_) {
+      if (v->producer_ || v->has_uses() || v->is_input_ || v->is_output_) {
+        keep.push_back(std::move(v));
+      } else {
+        by_name_.erase(v->name_);
+      }
+    }
+    values_ = std::move(keep);
+  }
+  void rename_value(Value* v, const std::string& name) {
+    if (v->name_ == name) return;
+    if (by_name_.count(name)) throw Error("rename: value name '" + name + "' already exists");
+    by_name_.erase(v->name_);
+    v->name_ = name;
+    by_name_[name] = v;
+  }
+
+  // --- checking ---------------------------------------------------------------------------------
+  // The first broken invariant, or nullopt when the graph is well formed.
+  std::optional<std::string> check() const {
+    std::set<const Node*> owned;
+    for (auto& n : nodes_) owned.insert(n.get());
+    for (auto& n : nodes_) {
+      std::string where = "node '" + n->name_ + "' (" + n->op_type_ + "): ";
+      for (std::size_t i = 0; i < n->inputs_.size(); ++i) {
+        Value* v = n->inputs_[i];
+        if (!v) continue;
+        if (!v->producer_ && !v->is_input_ && !v->constant_)
+          return where + "input '" + v->name_ + "' is not produced by any node, graph input or initializer";
+        if (v->producer_ && !owned.count(v->producer_))
+          return where + "input '" + v->name_ + "' is produced by a node not in the graph";
+        if (std::find(v->uses_.begin(), v->uses_.end(), Use{n.get(), i}) == v->uses_.end())
+          return where + "input '" + v->name_ + "' does not list this node as a use";
+      }
+      for (std::size_t i = 0; i < n->outputs_.size(); ++i)
+        if (n->outputs_[i]->producer_ != n.get() || n->outputs_[i]->producer_output_ != i)
+          return where + "output '" + n->outputs_[i]->name_ + "' has another producer";
+    }
+    for (auto& v : values_)
+      for (auto& u : v->uses_)
+        if (!owned.count(u.node) || u.node->input(u.index) != v.get())
+          return "value '" + v->name_ + "' lists a use that does not read it";
+    for (Value* o : outputs_)
+      if (!o->producer_ && !o->is_input_ && !o->constant_)
+        return "graph output '" + o->name_ + "' is not produced by anything";
+    try {
+      topo_order();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::nullopt;
+  }
+  void verify() const {
+    if (auto problem = check()) throw Error("invalid graph '" + name + "': " + *problem);
+  }
+
+  // --- copying and printing ---------------------------------------------------------------------
+  // Deep copy of the structure; constant tensors are shared (they are immutable by convention).
+  Graph clone() const {
+    Graph g;
+    g.name = name;
+    g.opsets = opsets;
+    g.ir_version = ir_version;
+    g.producer_name = producer_name;
+    g.producer_version = producer_version;
+    g.doc_string = doc_string;
+    g.counter_ = counter_;
+    std::unordered_map<const Value*, Value*> map;
+    for (auto& v : values_) {
+      Value* c = g.new_value(v->name_);
+      c->dtype_ = v->dtype_;
+      c->shape_ = v->shape_;
+      c->constant_ = v->constant_;
+      map[v.get()] = c;
+    }
+    for (Value* v : inputs_) {
+      map[v]->is_input_ = true;
+      g.inputs_.push_back(map[v]);
+    }
+    for (auto& n : nodes_) {
+      auto node = std::make_unique<Node>();
+      Node* c = node.get();
+      c->op_type_ = n->op_type_;
+      c->domain_ = n->domain_;
+      c->name_ = n->name_;
+      c->opset_ = n->opset_;
+      c->attrs_ = n->attrs_;
+      for (Value* v : n->inputs_) c->add_input(v ? map[v] : nullptr);
+      for (Value* v : n->outputs_) {
+        Value* o = map[v];
+        o->producer_ = c;
+        o->producer_output_ = c->outputs_.size();
+        c->outputs_.push_back(o);
+      }
+      g.nodes_.push_back(std::move(node));
+    }
+    for (Value* v : outputs_) g.add_output(map[v]);
+    return g;
+  }
+
+  static std::string value_type_str(const Value* v) {
+    return std::string(dtype_name(v->dtype())) + v->shape().str();
+  }
+
+  // One line per input, constant, node and output, in topological order when there is one.
+  std::string to_text() const {
+    std::ostringstream os;
+    os << "graph " << name << " (opset " << opset() << ")\n";
+    for (Value* v : inputs_) os << "  input  %" << v->name_ << ": " << value_type_str(v) << "\n";
+    for (Value* v : constants()) os << "  const  %" << v->name_ << ": " << value_type_str(v) << "\n";
+    std::vector<Node*> order;
+    try {
+      order = topo_order();
+    } catch (const Error&) {
+      order = nodes();
+    }
+    for (Node* n : order) {
+      os << "  ";
+      for (std::size_t i = 0; i < n->outputs_.size(); ++i) os << (i ? ", %" : "%") << n->outputs_[i]->name_;
+      os << " = " << (n->domain_.empty() ? "" : n->domain_ + ".") << n->op_type_ << "(";
+      for (std::size_t i = 0; i < n->inputs_.size(); ++i)
+        os << (i ? ", " : "") << (n->inputs_[i] ? "%" + n->inputs_[i]->name_ : std::string("none"));
+      os << ")";
+      if (!n->attrs_.empty()) {
+        os << " {";
+        bool first = true;
+        for (auto& [k, a] : n->attrs_) {
+          os << (first ? "" : ", ") << k << "=" << attribute_str(a);
+          first = false;
+        }
+        os << "}";
+      }
+      os << " : ";
+      for (std::size_t i = 0; i < n->outputs_.size(); ++i) os << (i ? ", " : "") << value_type_str(n->outputs_[i]);
+      if (!n->name_.empty()) os << "  # " << n->name_;
+      os << "\n";
+    }
+    for (Value* v : outputs_) os << "  output %" << v->name_ << ": " << value_type_str(v) << "\n";
+    return os.str();
+  }
+
+  // Graphviz: ops as boxes, graph inputs/outputs as ellipses, edges labelled with type and shape.
+  std::string to_dot() const {
+    auto q = [](const std::string& s) {
+      std::string o = "\"";
+      for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+      return o + "\"";
+    };
+    std::ostringstream os;
+    os << "digraph " << q(name) << " {\n  rankdir=TB;\n  node [fontname=\"Helvetica\"];\n";
+    std::unordered_map<const Node*, std::string> id;
+    std::size_t k = 0;
+    for (auto& n : nodes_) id[n.get()] = "n" + std::to_string(k++);
+    for (Value* v : inputs_) os << "  " << q("in:" + v->name_) << " [shape=ellipse,label=" << q(v->name_) << "];\n";
+    for (Value* v : outputs_) os << "  " << q("out:" + v->name_) << " [shape=ellipse,label=" << q(v->name_) << "];\n";
+    for (auto& n : nodes_)
+      os << "  " << id[n.get()] << " [shape=box,label=" << q(n->op_type_ + (n->name_.empty() ? "" : "\n" + n->name_))
+         << "];\n";
+    for (auto& n : nodes_)
+      for (Value* v : n->inputs_) {
+        if (!v || v->constant_) continue;
+        std::string src = v->producer_ ? id[v->producer_] : q("in:" + v->name_);
+        os << "  " << src << " -> " << id[n.get()] << " [label=" << q(value_type_str(v)) << "];\n";
+      }
+    for (Value* v : outputs_)
+      if (v->producer_) os << "  " << id[v->producer_] << " -> " << q("out:" + v->name_) << ";\n";
+    os << "}\n";
+    return os.str();
+  }
+
+ private:
+  Value* new_value(const std::string& name) {
+    if (auto it = by_name_.find(name); it != by_name_.end()) {
+      // Names are unique; a second definition of the same name reuses the entry so that callers
+      // (importers) can detect the double definition and report it.
+      return it->second;
+    }
+    auto v = std::make_unique<Value>();
+    v->name_ = name;
+    Value* p = v.get();
+    by_name_[name] = p;
+    values_.push_back(std::move(v));
+    return p;
+  }
+
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<Value>> values_;
+  std::unordered_map<std::string, Value*> by_name_;
+  std::vector<Value*> inputs_, outputs_;
+  std::size_t counter_ = 0;
+};
+
+}  // namespace ondine

@@ -1,0 +1,46 @@
+// ondine/ir/shape_inference.hpp - shape and type inference over a whole graph.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/math.hpp"
+#include "ondine/ir/infer/nn.hpp"
+#include "ondine/ir/infer/tensor_ops.hpp"
+
+namespace ondine {
+
+// The table of inference functions for every op Ondine supports (default ONNX domain).
+inline const InferTable& infer_table() {
+  static const InferTable table = [] {
+    InferTable t;
+    infer::register_nn_infer(t);
+    infer::register_math_infer(t);
+    infer::register_tensor_ops_infer(t);
+    return t;
+  }();
+  return table;
+}
+
+// Runs inference node by node in topological order, setting every node output's dtype and shape.
+// Inconsistent shapes throw an Error naming the node and op. Nodes of unsupported ops get unknown
+// outputs (check_supported() reports those ops all at once).
+inline void infer_shapes(Graph& g) {
+  const InferTable& table = infer_table();
+  for (Node* n : g.topo_order()) {
+    auto it = n->domain().empty() ? table.find(n->op_type()) : table.end();
+    if (it == table.end()) {
+      for (Value* out : n->outputs()) out->set_shape(Shape::unknown());
+      continue;
+    }
+    try {
+      it->second(*n);
+    } catch (Error& e) {
+      if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
+      throw;
+    }
+  }
+}
+
+}  // namespace ondine

@@ -1,0 +1,125 @@
+// ondine/ir/tensor.hpp - a dense, row-major tensor with shared storage.
+//
+// Copies are shallow (they share storage), like a view; clone() makes a deep copy. Storage is 64-byte
+// aligned so kernels can use aligned loads, and may also be borrowed from elsewhere (a mapped file).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "ondine/error.hpp"
+#include "ondine/ir/dtype.hpp"
+#include "ondine/ir/shape.hpp"
+
+namespace ondine {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-filled storage.
+  Tensor(DType dtype, std::vector<std::int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
+    for (auto d : dims_) detail::check(d >= 0, "negative tensor dimension in " + dims_str(dims_));
+    std::size_t bytes = nbytes();
+    void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+    if (bytes && !p) throw std::bad_alloc();
+    if (p) std::memset(p, 0, bytes);
+    storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    data_ = p;
+  }
+  // Wraps memory owned by `owner` (no copy).
+  Tensor(DType dtype, std::vector<std::int64_t> dims, void* data, std::shared_ptr<void> owner)
+      : dtype_(dtype), dims_(std::move(dims)), storage_(std::move(owner)), data_(data) {}
+
+  template <typename T>
+  static Tensor from_vector(std::vector<std::int64_t> dims, const std::vector<T>& values) {
+    Tensor t(dtype_v<T>, std::move(dims));
+    detail::check(static_cast<std::size_t>(t.numel()) == values.size(),
+                  "from_vector: " + std::to_string(values.size()) + " values for shape " + dims_str(t.dims()));
+    if constexpr (std::is_same_v<T, bool>) {
+      for (std::size_t i = 0; i < values.size(); ++i) t.data<bool>()[i] = values[i];
+    } else {
+      if (!values.empty()) std::memcpy(t.raw(), values.data(), values.size() * sizeof(T));
+    }
+    return t;
+  }
+  template <typename T>
+  static Tensor scalar(T v) { return from_vector<T>({}, std::vector<T>{v}); }
+
+  DType dtype() const { return dtype_; }
+  const std::vector<std::int64_t>& dims() const { return dims_; }
+  std::size_t rank() const { return dims_.size(); }
+  Shape shape() const { return Shape::from(dims_); }
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto d : dims_) n *= d;
+    return n;
+  }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  bool empty() const { return dtype_ == DType::Undefined; }
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  template <typename T> T* data() {
+    check_type<T>();
+    return static_cast<T*>(data_);
+  }
+  template <typename T> const T* data() const {
+    check_type<T>();
+    return static_cast<const T*>(data_);
+  }
+
+  // Element i converted to double / int64, whatever the dtype (for shape-like and test code).
+  double at_double(std::size_t i) const { return load_as_double(dtype_, data_, i); }
+  std::int64_t at_int(std::size_t i) const { return static_cast<std::int64_t>(at_double(i)); }
+  // All elements as int64 (for shape/axes/indices tensors; integer dtypes are read exactly).
+  std::vector<std::int64_t> to_int64s() const {
+    std::vector<std::int64_t> out(static_cast<std::size_t>(numel()));
+    dispatch_dtype(dtype_, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* p = static_cast<const T*>(data_);
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        if constexpr (std::is_integral_v<T>) out[i] = static_cast<std::int64_t>(p[i]);
+        else out[i] = static_cast<std::int64_t>(static_cast<double>(p[i]));
+      }
+    });
+    return out;
+  }
+  std::vector<float> to_floats() const {
+    std::vector<float> out(static_cast<std::size_t>(numel()));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(at_double(i));
+    return out;
+  }
+
+  Tensor clone() const {
+    Tensor t(dtype_, dims_);
+    if (nbytes()) std::memcpy(t.raw(), data_, nbytes());
+    return t;
+  }
+  // Same storage, new dims with the same element count.
+  Tensor reshaped(std::vector<std::int64_t> dims) const {
+    Tensor t = *this;
+    t.dims_ = std::move(dims);
+    detail::check(t.numel() == numel(), "reshape of " + dims_str(dims_) + " to " + dims_str(t.dims_) +
+                                            " changes the element count");
+    return t;
+  }
+
+ private:
+  template <typename T> void check_type() const {
+    if (dtype_v<T> != dtype_)
+      throw Error("tensor of " + std::string(dtype_name(dtype_)) + " accessed as " +
+                  std::string(dtype_name(dtype_v<T>)));
+  }
+
+  DType dtype_ = DType::Undefined;
+  std::vector<std::int64_t> dims_;
+  std::shared_ptr<void> storage_;
+  void* data_ = nullptr;
+};
+
+}  // namespace ondine

@@ -1,0 +1,18 @@
+// ondine/ondine.hpp - the one entry header of Ondine.
+//
+// Including it brings the whole library: IR, ONNX import/export, shape inference and the reference
+// executor. Code that only needs the IR includes "ondine/ir/graph.hpp" and does not pay for
+// protobuf's or oneDNN's headers.
+#pragma once
+
+#include "ondine/error.hpp"
+#include "ondine/ir/graph.hpp"
+#include "ondine/ir/npy.hpp"
+#include "ondine/ir/shape_inference.hpp"
+#include "ondine/onnx/export.hpp"
+#include "ondine/onnx/import.hpp"
+#include "ondine/reference/executor.hpp"
+
+namespace ondine {
+inline constexpr const char* version = "0.1.0";
+}  // namespace ondine

@@ -1,0 +1,169 @@
+// ondine/reference/executor.hpp - the reference executor: runs a graph node by node on naive kernels.
+//
+// It is the oracle that every optimisation and every compiled model is checked against, so it is kept
+// independent of the passes and of oneDNN, and it checks its inputs strictly.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ondine/ir/graph.hpp"
+#include "ondine/ir/shape_inference.hpp"
+#include "ondine/reference/common.hpp"
+#include "ondine/reference/math.hpp"
+#include "ondine/reference/nn.hpp"
+#include "ondine/reference/tensor_ops.hpp"
+
+namespace ondine {
+
+namespace reference {
+inline const KernelTable& kernel_table() {
+  static const KernelTable table = [] {
+    KernelTable t;
+    register_nn_kernels(t);
+    register_math_kernels(t);
+    register_tensor_ops_kernels(t);
+    return t;
+  }();
+  return table;
+}
+}  // namespace reference
+
+// An op is supported when it has both shape inference and a reference kernel.
+inline bool is_supported_op(const std::string& domain, const std::string& op_type) {
+  if (!domain.empty() && domain != "ai.onnx") return false;
+  return reference::kernel_table().count(op_type) && infer_table().count(op_type);
+}
+
+inline std::set<std::string> supported_ops() {
+  std::set<std::string> ops;
+  for (auto& [op, k] : reference::kernel_table())
+    if (infer_table().count(op)) ops.insert(op);
+  return ops;
+}
+
+// The nodes whose ops Ondine does not support, in graph order.
+inline std::vector<const Node*> unsupported_nodes(const Graph& g) {
+  std::vector<const Node*> out;
+  for (Node* n : g.nodes())
+    if (!is_supported_op(n->domain(), n->op_type())) out.push_back(n);
+  return out;
+}
+
+// Throws one Error listing every unsupported op (with a node of each), so a user sees them all at once.
+inline void check_supported(const Graph& g) {
+  auto bad = unsupported_nodes(g);
+  if (bad.empty()) return;
+  std::map<std::string, std::vector<std::string>> by_op;
+  for (const Node* n : bad) by_op[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()].push_back(n->name());
+  std::string msg = "unsupported op" + std::string(by_op.size() > 1 ? "s" : "") + ": ";
+  bool first = true;
+  for (auto& [op, names] : by_op) {
+    msg += (first ? "" : "; ") + op + " (" + std::to_string(names.size()) + " node" + (names.size() > 1 ? "s" : "") +
+           ", e.g. '" + names.front() + "')";
+    first = false;
+  }
+  throw Error(msg).at_node(bad.front()->name(), bad.front()->op_type());
+}
+
+// Checks a set of named inputs against the graph's declared inputs: every input present, no unknown
+// name, dtype equal, rank equal, static dims equal, and each named symbolic dim bound to one size.
+inline void check_inputs(const Graph& g, const std::map<std::string, Tensor>& inputs) {
+  std::map<std::string, std::int64_t> bound;
+  for (Value* in : g.inputs()) {
+    auto it = inputs.find(in->name());
+    if (it == inputs.end()) throw Error("missing input '" + in->name() + "' (" + Graph::value_type_str(in) + ")");
+    const Tensor& t = it->second;
+    if (t.dtype() != in->dtype())
+      throw Error("input '" + in->name() + "' has dtype " + std::string(dtype_name(t.dtype())) + ", the model expects " +
+                  std::string(dtype_name(in->dtype())));
+    const Shape& s = in->shape();
+    if (!s.rank_known()) continue;
+    if (t.rank() != s.rank())
+      throw Error("input '" + in->name() + "' has shape " + dims_str(t.dims()) + ", the model expects " + s.str());
+    for (std::size_t i = 0; i < s.rank(); ++i) {
+      const Dim& d = s[i];
+      if (d.is_static() && d.value != t.dims()[i])
+        throw Error("input '" + in->name() + "' has shape " + dims_str(t.dims()) + ", the model expects " + s.str());
+      if (!d.is_static() && !d.symbol.empty()) {
+        auto [b, fresh] = bound.emplace(d.symbol, t.dims()[i]);
+        if (!fresh && b->second != t.dims()[i])
+          throw Error("input '" + in->name() + "' binds dim '" + d.symbol + "' to " + std::to_string(t.dims()[i]) +
+                      " but another input bound it to " + std::to_string(b->second));
+      }
+    }
+  }
+  for (auto& [name, t] : inputs) {
+    (void)t;
+    Value* v = g.find_value(name);
+    if (!v || !v->is_graph_input()) throw Error("'" + name + "' is not an input of the model");
+  }
+}
+
+class ReferenceExecutor {
+ public:
+  // Checks that every op is supported (one error listing them all) before anything runs.
+  explicit ReferenceExecutor(const Graph& g) : graph_(g), order_(g.topo_order()) { check_supported(g); }
+
+  // Runs the graph; returns the graph outputs by name. With `keep_all`, every intermediate value too.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, bool keep_all = false) const {
+    check_inputs(graph_, inputs);
+    const auto& kernels = reference::kernel_table();
+    std::unordered_map<const Value*, Tensor> env;
+    std::unordered_map<const Value*, std::size_t> remaining;  // uses left, so memory is freed early
+    for (Value* v : graph_.values()) remaining[v] = v->uses().size();
+    for (Value* in : graph_.inputs()) env[in] = inputs.at(in->name());
+    auto lookup = [&](const Value* v) -> Tensor {
+      if (!v) return Tensor();
+      if (auto it = env.find(v); it != env.end()) return it->second;
+      if (v->is_constant()) return v->constant();
+      return Tensor();
+    };
+    for (Node* n : order_) {
+      std::vector<Tensor> args;
+      args.reserve(n->num_inputs());
+      for (std::size_t i = 0; i < n->num_inputs(); ++i) {
+        Value* v = n->input(i);
+        Tensor t = lookup(v);
+        if (v && t.empty())
+          throw n->error("input '" + v->name() + "' has no value (not produced, not an input, not a constant)");
+        args.push_back(std::move(t));
+      }
+      std::vector<Tensor> outs;
+      try {
+        outs = kernels.at(n->op_type())(*n, args);
+      } catch (Error& e) {
+        if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
+        throw;
+      } catch (const std::exception& e) {
+        throw n->error(e.what());
+      }
+      if (outs.size() < n->num_outputs())
+        throw n->error("kernel returned " + std::to_string(outs.size()) + " outputs, expected " +
+                       std::to_string(n->num_outputs()));
+      for (std::size_t i = 0; i < n->num_outputs(); ++i) env[n->output(i)] = std::move(outs[i]);
+      if (!keep_all)
+        for (Value* v : n->inputs())
+          if (v && remaining[v] > 0 && --remaining[v] == 0 && !v->is_graph_output() && !v->is_graph_input())
+            env.erase(v);
+    }
+    std::map<std::string, Tensor> result;
+    if (keep_all)
+      for (auto& [v, t] : env) result[v->name()] = t;
+    for (Value* o : graph_.outputs()) {
+      Tensor t = lookup(o);
+      if (t.empty()) throw Error("graph output '" + o->name() + "' was not computed");
+      result[o->name()] = t;
+    }
+    return result;
+  }
+
+ private:
+  const Graph& graph_;
+  std::vector<Node*> order_;
+};
+
+}  // namespace ondine
