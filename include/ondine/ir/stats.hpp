@@ -1,0 +1,117 @@
+// ondine/ir/stats.hpp - parameter and FLOP counts of a graph (for `ondine inspect` and benchmarks).
+//
+// FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm are counted exactly from shapes;
+// other ops as one FLOP per output element (they are bandwidth-bound and small next to the matmuls).
+// Shapes must be static: bind symbolic dims first (bind_dims) and re-run shape inference.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "ondine/ir/graph.hpp"
+#include "ondine/ir/shape_inference.hpp"
+
+namespace ondine {
+
+struct GraphStats {
+  std::int64_t parameters = 0;        // elements of all constants
+  std::int64_t parameter_bytes = 0;
+  std::optional<double> flops;        // nullopt when some shape is not static
+  std::map<std::string, double> flops_by_op;
+};
+
+// Replaces named symbolic dims of the graph inputs by sizes (e.g. {"batch", 8}) and re-infers shapes.
+// A named dim without a binding stays symbolic; a binding naming no dim is an error.
+inline void bind_dims(Graph& g, const std::map<std::string, std::int64_t>& sizes) {
+  std::map<std::string, bool> used;
+  for (auto& [k, v] : sizes) {
+    if (v <= 0) throw Error("dim '" + k + "' must be bound to a positive size, got " + std::to_string(v));
+    used[k] = false;
+  }
+  for (Value* in : g.inputs()) {
+    if (!in->shape().rank_known()) continue;
+    Shape s = in->shape();
+    for (auto& d : s.dims())
+      if (!d.is_static())
+        if (auto it = sizes.find(d.symbol); it != sizes.end()) {
+          d = Dim(it->second);
+          used[it->first] = true;
+        }
+    in->set_shape(s);
+  }
+  for (auto& [k, u] : used)
+    if (!u) throw Error("--dim " + k + ": the model has no input dim named '" + k + "'");
+  infer_shapes(g);
+}
+
+// The named symbolic dims of the graph inputs, in order of first appearance.
+inline std::vector<std::string> symbolic_dims(const Graph& g) {
+  std::vector<std::string> out;
+  for (Value* in : g.inputs())
+    if (in->shape().rank_known())
+      for (auto& d : in->shape().dims())
+        if (!d.is_static() && !d.symbol.empty() && std::find(out.begin(), out.end(), d.symbol) == out.end())
+          out.push_back(d.symbol);
+  return out;
+}
+
+namespace detail {
+inline std::optional<double> node_flops(const Node& n) {
+  auto numel = [](const Value* v) -> std::optional<double> {
+    if (!v) return std::nullopt;
+    auto k = v->shape().numel();
+    return k ? std::optional<double>(static_cast<double>(*k)) : std::nullopt;
+  };
+  const Value* out = n.output(0);
+  auto out_elems = numel(out);
+  if (!out_elems) return std::nullopt;
+  const std::string& op = n.op_type();
+  if (op == "Conv" || op == "ConvTranspose") {
+    const Value* w = n.input(1);
+    if (!w || !w->shape().is_static() || w->shape().rank() < 3) return std::nullopt;
+    auto ws = w->shape().sizes();
+    double per_output = 1;  // multiply-adds per output element: (Cin/groups) * kernel volume
+    for (std::size_t i = 1; i < ws.size(); ++i) per_output *= static_cast<double>(ws[i]);
+    if (op == "ConvTranspose") {  // each input element scatters Cout/groups * kernel volume
+      auto in_elems = numel(n.input(0));
+      if (!in_elems) return std::nullopt;
+      return 2.0 * *in_elems * per_output;
+    }
+    return 2.0 * *out_elems * per_output;
+  }
+  if (op == "MatMul" || op == "Gemm") {
+    const Value* a = n.input(0);
+    if (!a || !a->shape().is_static() || a->shape().rank() == 0) return std::nullopt;
+    auto as = a->shape().sizes();
+    bool trans_a = op == "Gemm" && n.attr_int("transA", 0);
+    double k = static_cast<double>(trans_a ? as.front() : as.back());
+    return 2.0 * *out_elems * k;
+  }
+  return *out_elems;
+}
+}  // namespace detail
+
+inline GraphStats graph_stats(const Graph& g) {
+  GraphStats s;
+  for (Value* c : g.constants()) {
+    s.parameters += c->constant().numel();
+    s.parameter_bytes += static_cast<std::int64_t>(c->constant().nbytes());
+  }
+  double total = 0;
+  bool known = true;
+  for (Node* n : g.nodes()) {
+    auto f = detail::node_flops(*n);
+    if (!f) {
+      known = false;
+      continue;
+    }
+    total += *f;
+    s.flops_by_op[n->op_type()] += *f;
+  }
+  if (known) s.flops = total;
+  return s;
+}
+
+}  // namespace ondine

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs Ondine's dependencies from Debian 12's packages (run as root, or it uses sudo).
+# Does nothing when they are all installed already, so repeated runs are fast.
+set -euo pipefail
+
+packages=(
+  build-essential cmake          # toolchain
+  libdnnl-dev                    # oneDNN 2.6: the kernels Ondine lowers to
+  libprotobuf-dev protobuf-compiler libonnx-dev  # ONNX's generated protobuf classes
+  catch2                         # unit tests (Catch2 2.13)
+  libcli11-dev nlohmann-json3-dev  # the command-line tool and its JSON reports
+  libonnx-testdata               # the ONNX backend conformance cases
+  python3-onnx python3-numpy     # scripts/make_models.py (example models, built locally)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} Debian packages present"
+  exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,237 @@
+// The ONNX backend conformance suite (Debian's libonnx-testdata) on the reference executor.
+//
+//   ondine_conformance DATA_DIR [--filter REGEX] [--verbose] [--exceptions FILE]
+//
+// Every case under DATA_DIR/{node,pytorch-converted,pytorch-operator,simple} whose ops are all
+// supported is imported, run on every test_data_set_*, and compared with the expected outputs
+// (ONNX's backend tolerances: rtol 1e-3, atol 1e-7; integers and bools exact; NaN equals NaN).
+// The inferred output shapes must also agree with what the kernels produce. A case with an
+// unsupported op or opset is skipped. Known exceptions (a file of "case_name  # reason" lines) still
+// run; they are reported as skipped-known when they fail, and as an error when they start passing.
+// Exit status 1 when any case fails.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+#include "ondine/ondine.hpp"
+
+namespace fs = std::filesystem;
+using namespace ondine;
+
+namespace {
+
+struct Options {
+  fs::path root;
+  std::string filter;
+  bool verbose = false;
+  fs::path exceptions;
+};
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+NamedTensor read_pb(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  ::onnx::TensorProto proto;
+  if (!f || !proto.ParseFromIstream(&f)) throw Error("cannot parse TensorProto").in_file(path.string());
+  return {proto.name(), ondine::onnx::tensor_from_proto(proto, path.parent_path().string())};
+}
+
+// Empty string when equal, else what differs.
+std::string compare(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  if (got.dtype() != want.dtype())
+    return "dtype " + std::string(dtype_name(got.dtype())) + ", expected " + std::string(dtype_name(want.dtype()));
+  if (got.dims() != want.dims()) return "shape " + dims_str(got.dims()) + ", expected " + dims_str(want.dims());
+  bool exact = !is_floating(got.dtype());
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    double a = got.at_double(static_cast<std::size_t>(i)), b = want.at_double(static_cast<std::size_t>(i));
+    if (std::isnan(a) && std::isnan(b)) continue;
+    if (exact ? a != b : !(std::abs(a - b) <= atol + rtol * std::abs(b)) && a != b)
+      return "element " + std::to_string(i) + ": got " + std::to_string(a) + ", expected " + std::to_string(b);
+  }
+  return "";
+}
+
+// Op types of a model read straight from protobuf, for cases the importer rejects.
+std::set<std::string> model_ops(const fs::path& model) {
+  std::ifstream f(model, std::ios::binary);
+  ::onnx::ModelProto proto;
+  std::set<std::string> ops;
+  if (f && proto.ParseFromIstream(&f))
+    for (auto& n : proto.graph().node()) ops.insert((n.domain().empty() || n.domain() == "ai.onnx" ? "" : n.domain() + ".") + n.op_type());
+  return ops;
+}
+
+enum class Outcome { Pass, Fail, Skip };
+
+struct CaseResult {
+  Outcome outcome;
+  std::string reason;  // failure reason, or the unsupported ops for a skip
+};
+
+CaseResult run_case(const fs::path& dir) {
+  Graph g;
+  try {
+    g = ondine::onnx::load_model((dir / "model.onnx").string());
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.find("unsupported opset") != std::string::npos) return {Outcome::Skip, "opset"};
+    for (const auto& op : model_ops(dir / "model.onnx"))
+      if (op.find('.') != std::string::npos || !is_supported_op("", op)) return {Outcome::Skip, op};
+    return {Outcome::Fail, "import: " + msg};
+  }
+  if (auto bad = unsupported_nodes(g); !bad.empty()) {
+    std::set<std::string> ops;
+    for (auto* n : bad) ops.insert((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
+    std::string s;
+    for (auto& op : ops) s += (s.empty() ? "" : ",") + op;
+    return {Outcome::Skip, s};
+  }
+  std::vector<fs::path> sets;
+  for (auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) return {Outcome::Fail, "no test_data_set_* folders"};
+  try {
+    ReferenceExecutor exec(g);
+    for (auto& set : sets) {
+      std::map<std::string, Tensor> inputs;
+      for (std::size_t i = 0; fs::exists(set / ("input_" + std::to_string(i) + ".pb")); ++i) {
+        NamedTensor t = read_pb(set / ("input_" + std::to_string(i) + ".pb"));
+        Value* by_name = t.name.empty() ? nullptr : g.find_value(t.name);
+        std::string name = by_name && by_name->is_graph_input() ? t.name
+                           : i < g.inputs().size()               ? g.inputs()[i]->name()
+                                                                 : t.name;
+        inputs[name] = t.tensor;
+      }
+      auto outputs = exec.run(inputs);
+      for (std::size_t i = 0; fs::exists(set / ("output_" + std::to_string(i) + ".pb")); ++i) {
+        NamedTensor want = read_pb(set / ("output_" + std::to_string(i) + ".pb"));
+        if (i >= g.outputs().size()) return {Outcome::Fail, "more expected outputs than graph outputs"};
+        Value* out = g.outputs()[i];
+        const Tensor& got = outputs.at(out->name());
+        std::string diff = compare(got, want.tensor, 1e-3, 1e-7);
+        if (!diff.empty()) return {Outcome::Fail, set.filename().string() + " output '" + out->name() + "': " + diff};
+        // Shape inference must agree with the kernels wherever it claims to know a dim.
+        const Shape& inferred = out->shape();
+        if (inferred.rank_known()) {
+          bool ok = inferred.rank() == got.rank();
+          for (std::size_t d = 0; ok && d < inferred.rank(); ++d)
+            ok = !inferred[d].is_static() || inferred[d].value == got.dims()[d];
+          if (!ok)
+            return {Outcome::Fail, "shape inference gave " + inferred.str() + " for '" + out->name() +
+                                       "', the kernel produced " + dims_str(got.dims())};
+        }
+        if (out->dtype() != DType::Undefined && out->dtype() != got.dtype())
+          return {Outcome::Fail, "type inference gave " + std::string(dtype_name(out->dtype())) + " for '" +
+                                     out->name() + "', the kernel produced " + std::string(dtype_name(got.dtype()))};
+      }
+    }
+  } catch (const std::exception& e) {
+    return {Outcome::Fail, e.what()};
+  }
+  return {Outcome::Pass, ""};
+}
+
+std::map<std::string, std::string> read_exceptions(const fs::path& file) {
+  std::map<std::string, std::string> out;
+  if (file.empty()) return out;
+  std::ifstream f(file);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto hash = line.find('#');
+    std::string name = line.substr(0, line.find_first_of(" \t#"));
+    if (!name.empty()) out[name] = hash == std::string::npos ? "" : line.substr(hash + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--filter" && i + 1 < argc) opt.filter = argv[++i];
+    else if (a == "--verbose") opt.verbose = true;
+    else if (a == "--exceptions" && i + 1 < argc) opt.exceptions = argv[++i];
+    else if (a.rfind("--", 0) == 0) {
+      std::cerr << "usage: ondine_conformance DATA_DIR [--filter REGEX] [--verbose] [--exceptions FILE]\n";
+      return 2;
+    } else opt.root = a;
+  }
+  if (opt.root.empty() || !fs::is_directory(opt.root)) {
+    std::cerr << "ondine_conformance: data folder '" << opt.root.string()
+              << "' not found (install Debian's libonnx-testdata)\n";
+    return 2;
+  }
+  if (opt.exceptions.empty()) {
+    fs::path beside = fs::path(argv[0]).parent_path() / "conformance_exceptions.txt";
+    if (fs::exists(beside)) opt.exceptions = beside;
+  }
+  auto exceptions = read_exceptions(opt.exceptions);
+  std::regex filter(opt.filter.empty() ? ".*" : opt.filter);
+  std::size_t passed = 0, failed = 0, skipped = 0, known = 0;
+  std::map<std::string, std::size_t> skipped_ops;
+  auto start = std::chrono::steady_clock::now();
+  for (const char* suite : {"node", "pytorch-converted", "pytorch-operator", "simple"}) {
+    fs::path dir = opt.root / suite;
+    if (!fs::is_directory(dir)) continue;
+    std::vector<fs::path> cases;
+    for (auto& e : fs::directory_iterator(dir))
+      if (fs::exists(e.path() / "model.onnx") && std::regex_search(e.path().filename().string(), filter))
+        cases.push_back(e.path());
+    std::sort(cases.begin(), cases.end());
+    for (auto& c : cases) {
+      std::string name = c.filename().string();
+      CaseResult r = run_case(c);
+      bool is_known = exceptions.count(name) != 0;
+      switch (r.outcome) {
+        case Outcome::Pass:
+          if (is_known) {
+            ++failed;
+            std::cout << "UNEXPECTED PASS " << suite << "/" << name << " (listed as a known exception)\n";
+          } else {
+            ++passed;
+            if (opt.verbose) std::cout << "pass " << suite << "/" << name << "\n";
+          }
+          break;
+        case Outcome::Fail:
+          if (is_known) {
+            ++known;
+            if (opt.verbose) std::cout << "known " << suite << "/" << name << ":" << exceptions[name] << "\n";
+          } else {
+            ++failed;
+            std::cout << "FAIL " << suite << "/" << name << ": " << r.reason << "\n";
+          }
+          break;
+        case Outcome::Skip:
+          ++skipped;
+          ++skipped_ops[r.reason];
+          if (opt.verbose) std::cout << "skip " << suite << "/" << name << " (" << r.reason << ")\n";
+          break;
+      }
+    }
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (opt.verbose && !skipped_ops.empty()) {
+    std::cout << "skipped, by unsupported op:";
+    for (auto& [op, n] : skipped_ops) std::cout << " " << op << "(" << n << ")";
+    std::cout << "\n";
+  }
+  std::cout << "conformance: " << supported_ops().size() << " supported ops, " << known
+            << " known exceptions, " << secs << " s\n";
+  std::cout << passed << " passed, " << failed << " failed, " << skipped << " skipped (unsupported op)\n";
+  return failed ? 1 : 0;
+}
