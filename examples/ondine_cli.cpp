@@ -135,7 +135,8 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   std::cout << "FLOPs:   " << (stats.flops ? human(*stats.flops, "FLOP") : std::string("unknown (dynamic shapes)"))
             << (at.empty() ? "" : " at " + at) << "\n";
   std::cout << "ops:\n";
-  std::vector<std::pair<std::string, std::size_t>> hist(g.op_histogram().begin(), g.op_histogram().end());
+  auto op_counts = g.op_histogram();
+  std::vector<std::pair<std::string, std::size_t>> hist(op_counts.begin(), op_counts.end());
   std::stable_sort(hist.begin(), hist.end(), [](auto& a, auto& b) { return a.second > b.second; });
   for (auto& [op, n] : hist) {
     double f = stats.flops_by_op.count(op) ? stats.flops_by_op[op] : 0.0;

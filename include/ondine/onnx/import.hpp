@@ -27,8 +27,10 @@ struct ImportOptions {
   bool infer_shapes = true;  // run ondine::infer_shapes after import
 };
 
-// Opsets of the default ONNX domain that Ondine implements.
-inline constexpr int kMinOpset = 7;
+// Opsets of the default ONNX domain that Ondine implements: 7 to 18 as targeted, and the older ones
+// too, since the kernels honour the pre-7 semantics (legacy broadcast=1/axis, PRelu per channel,
+// Clip's attributes) and every opset 1-6 case of the backend suite passes.
+inline constexpr int kMinOpset = 1;
 inline constexpr int kMaxOpset = 18;
 
 namespace detail {
