@@ -4,6 +4,8 @@
 // aligned so kernels can use aligned loads, and may also be borrowed from elsewhere (a mapped file).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +25,16 @@ class Tensor {
   Tensor() = default;
   // Allocates zero-filled storage.
   Tensor(DType dtype, std::vector<std::int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
-    for (auto d : dims_) detail::check(d >= 0, "negative tensor dimension in " + dims_str(dims_));
+    // Reject sizes whose byte count would overflow before anything is allocated (a wrapped size would
+    // allocate a small buffer and then write past it).
+    constexpr std::int64_t kMaxBytes = std::int64_t{1} << 48;
+    std::int64_t elems = 1, width = static_cast<std::int64_t>(std::max<std::size_t>(dtype_size(dtype), 1));
+    for (auto d : dims_) {
+      detail::check(d >= 0, "negative tensor dimension in " + dims_str(dims_));
+      if (d != 0 && elems > kMaxBytes / width / d)
+        throw Error("tensor of shape " + dims_str(dims_) + " is too large to allocate");
+      elems *= d;
+    }
     std::size_t bytes = nbytes();
     void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
     if (bytes && !p) throw std::bad_alloc();
@@ -75,7 +86,7 @@ class Tensor {
 
   // Element i converted to double / int64, whatever the dtype (for shape-like and test code).
   double at_double(std::size_t i) const { return load_as_double(dtype_, data_, i); }
-  std::int64_t at_int(std::size_t i) const { return static_cast<std::int64_t>(at_double(i)); }
+  std::int64_t at_int(std::size_t i) const { return saturate_to_int64(at_double(i)); }
   // All elements as int64 (for shape/axes/indices tensors; integer dtypes are read exactly).
   std::vector<std::int64_t> to_int64s() const {
     std::vector<std::int64_t> out(static_cast<std::size_t>(numel()));
@@ -84,7 +95,7 @@ class Tensor {
       const T* p = static_cast<const T*>(data_);
       for (std::size_t i = 0; i < out.size(); ++i) {
         if constexpr (std::is_integral_v<T>) out[i] = static_cast<std::int64_t>(p[i]);
-        else out[i] = static_cast<std::int64_t>(static_cast<double>(p[i]));
+        else out[i] = saturate_to_int64(static_cast<double>(p[i]));
       }
     });
     return out;
@@ -110,6 +121,13 @@ class Tensor {
   }
 
  private:
+  // double -> int64 without undefined behaviour: NaN becomes 0, out-of-range values saturate.
+  static std::int64_t saturate_to_int64(double v) {
+    if (std::isnan(v)) return 0;
+    if (v >= 9.2233720368547758e18) return INT64_MAX;
+    if (v <= -9.2233720368547758e18) return INT64_MIN;
+    return static_cast<std::int64_t>(v);
+  }
   template <typename T> void check_type() const {
     if (dtype_v<T> != dtype_)
       throw Error("tensor of " + std::string(dtype_name(dtype_)) + " accessed as " +
