@@ -851,6 +851,45 @@ inline std::vector<std::vector<Tap>> resize_taps(const geo::ResizeSpec& s, int64
   return taps;
 }
 
+// The bytes of `v` in `dtype`: the value Resize and Pad write outside the input.
+inline std::vector<unsigned char> fill_bytes(DType dtype, double v) {
+  std::vector<unsigned char> fill(dtype_size(dtype));
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T t = from_double<T>(v);
+    std::memcpy(fill.data(), &t, fill.size());
+  });
+  return fill;
+}
+
+// y[o_0, ..., o_r] = x[source[0][o_0], ..., source[r][o_r]], or `fill` when any source index is -1.
+// Nearest-neighbour Resize and every Pad mode are this gather with different per-axis index maps.
+inline Tensor gather_per_axis(const Tensor& x, const std::vector<std::vector<int64_t>>& source,
+                              const std::vector<int64_t>& out_dims, const std::vector<unsigned char>& fill) {
+  Tensor y(x.dtype(), out_dims);
+  const std::size_t rank = out_dims.size();
+  const auto esize = static_cast<int64_t>(dtype_size(x.dtype()));
+  auto in_strides = ::ondine::reference::detail::strides_of(x.dims());
+  const auto* src = static_cast<const unsigned char*>(x.raw());
+  auto* dst = static_cast<unsigned char*>(y.raw());
+  std::vector<int64_t> pos(rank, 0);
+  for (int64_t o = 0, total = y.numel(); o < total; ++o) {
+    int64_t at = 0;
+    bool outside = false;
+    for (std::size_t a = 0; a < rank; ++a) {
+      int64_t i = source[a][static_cast<std::size_t>(pos[a])];
+      if (i < 0) outside = true;
+      at += i * in_strides[a];
+    }
+    std::memcpy(dst + o * esize, outside ? fill.data() : src + at * esize, static_cast<std::size_t>(esize));
+    for (std::size_t a = rank; a-- > 0;) {  // odometer increment
+      if (++pos[a] < out_dims[a]) break;
+      pos[a] = 0;
+    }
+  }
+  return y;
+}
+
 inline std::vector<Tensor> resize(const Node& n, const std::vector<Tensor>& inputs) {
   const Tensor& x = required(n, inputs, 0);
   if (x.dtype() == DType::Bool || x.dtype() == DType::String)
@@ -895,33 +934,7 @@ inline std::vector<Tensor> resize(const Node& n, const std::vector<Tensor>& inpu
     std::vector<std::vector<int64_t>> index(rank);
     for (std::size_t a = 0; a < rank; ++a)
       for (auto& t : taps[a]) index[a].push_back(t.empty() ? -1 : t[0].index);
-    Tensor y(x.dtype(), target.out);
-    std::size_t esize = dtype_size(x.dtype());
-    std::vector<unsigned char> fill(esize);
-    dispatch_dtype(x.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      T v = from_double<T>(spec.extrapolation);
-      std::memcpy(fill.data(), &v, esize);
-    });
-    auto in_strides = detail::strides_of(x.dims());
-    const auto* src = static_cast<const unsigned char*>(x.raw());
-    auto* dst = static_cast<unsigned char*>(y.raw());
-    std::vector<int64_t> pos(rank, 0);
-    for (int64_t o = 0, total = y.numel(); o < total; ++o) {
-      int64_t at = 0;
-      bool outside = false;
-      for (std::size_t a = 0; a < rank; ++a) {
-        int64_t i = index[a][static_cast<std::size_t>(pos[a])];
-        if (i < 0) outside = true;
-        at += i * in_strides[a];
-      }
-      std::memcpy(dst + o * static_cast<int64_t>(esize), outside ? fill.data() : src + at * static_cast<int64_t>(esize), esize);
-      for (std::size_t a = rank; a-- > 0;) {
-        if (++pos[a] < target.out[a]) break;
-        pos[a] = 0;
-      }
-    }
-    return {y};
+    return {gather_per_axis(x, index, target.out, fill_bytes(x.dtype(), spec.extrapolation))};
   }
 
   // linear / cubic: separable, one axis at a time in double.
@@ -1004,37 +1017,9 @@ inline std::vector<Tensor> pad(const Node& n, const std::vector<Tensor>& inputs)
       source[a].push_back(i);
     }
   }
-  Tensor y(x.dtype(), out_dims);
-  std::size_t esize = dtype_size(x.dtype());
-  std::vector<unsigned char> fill(esize);
-  if (value_t) {
-    std::memcpy(fill.data(), value_t->raw(), esize);
-  } else {
-    dispatch_dtype(x.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      T v = from_double<T>(value);
-      std::memcpy(fill.data(), &v, esize);
-    });
-  }
-  auto in_strides = detail::strides_of(x.dims());
-  const auto* src = static_cast<const unsigned char*>(x.raw());
-  auto* dst = static_cast<unsigned char*>(y.raw());
-  std::vector<int64_t> pos(rank, 0);
-  for (int64_t o = 0, total = y.numel(); o < total; ++o) {
-    int64_t at = 0;
-    bool outside = false;
-    for (std::size_t a = 0; a < rank; ++a) {
-      int64_t i = source[a][static_cast<std::size_t>(pos[a])];
-      if (i < 0) outside = true;
-      at += i * in_strides[a];
-    }
-    std::memcpy(dst + o * static_cast<int64_t>(esize), outside ? fill.data() : src + at * static_cast<int64_t>(esize), esize);
-    for (std::size_t a = rank; a-- > 0;) {
-      if (++pos[a] < out_dims[a]) break;
-      pos[a] = 0;
-    }
-  }
-  return {y};
+  std::vector<unsigned char> fill = fill_bytes(x.dtype(), value);
+  if (value_t) std::memcpy(fill.data(), value_t->raw(), fill.size());  // exact, whatever the dtype
+  return {gather_per_axis(x, source, out_dims, fill)};
 }
 
 }  // namespace detail::nn
