@@ -6,9 +6,11 @@
 #pragma once
 
 #include "ondine/error.hpp"
+#include "ondine/fwd.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/npy.hpp"
 #include "ondine/ir/shape_inference.hpp"
+#include "ondine/ir/stats.hpp"
 #include "ondine/onnx/export.hpp"
 #include "ondine/onnx/import.hpp"
 #include "ondine/reference/executor.hpp"
