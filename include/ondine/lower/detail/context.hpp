@@ -1,0 +1,607 @@
+// ondine/lower/detail/context.hpp - the machinery shared by the per-op lowerings: oneDNN memory
+// descriptor helpers, the step types (oneDNN primitive, reference kernel, copy), the per-context
+// oneDNN backend (stream, OpenMP threads), and the Lowering state that maps graph values to slots
+// and layouts while the program is built.
+//
+// Layout policy: each value is produced in the layout its producer chose (conv/matmul pick theirs
+// through format_tag::any; layout-agnostic ops inherit their input's). A consumer that needs another
+// layout asks Lowering::slot_in(value, desc), which inserts one reorder per (value, layout) and reuses it.
+// Row-major-equivalent layouts (e.g. NHWC and NCHW of a [N,C,1,1] tensor) are recognised as the same
+// bytes, so no reorder is inserted for them.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+#include "oneapi/dnnl/dnnl_debug.h"
+#include "ondine/ir/graph.hpp"
+#include "ondine/reference/executor.hpp"
+#include "ondine/runtime/compiled_model.hpp"
+
+namespace ondine::lower {
+
+struct CompileOptions {
+  // OpenMP threads oneDNN uses, both when primitives are created (their blocking depends on it) and
+  // in every run (applied to the calling thread for the run's duration and restored afterwards).
+  // 0: OpenMP's default (OMP_NUM_THREADS, else all cores). ExecContext::threads overrides it per context.
+  int threads = 0;
+  // Verbose log: one line per step with the implementation oneDNN chose, and a summary.
+  std::function<void(const std::string&)> log;
+  // Ops to run on the reference kernels even where a oneDNN lowering exists (debugging, bisecting).
+  std::set<std::string> reference_ops;
+};
+
+namespace detail {
+
+using dnnl::memory;
+using runtime::SlotId;
+using runtime::SlotKind;
+using Dims = std::vector<std::int64_t>;
+
+// --- memory descriptors ---------------------------------------------------------------------------
+
+inline bool dnnl_dtype(DType t, memory::data_type& out) {
+  switch (t) {
+    case DType::Float32: out = memory::data_type::f32; return true;
+    case DType::BFloat16: out = memory::data_type::bf16; return true;
+    case DType::Float16: out = memory::data_type::f16; return true;
+    case DType::Int8: out = memory::data_type::s8; return true;
+    case DType::UInt8: out = memory::data_type::u8; return true;
+    case DType::Int32: out = memory::data_type::s32; return true;
+    default: return false;
+  }
+}
+
+inline Dims at_least_1d(Dims d) { return d.empty() ? Dims{1} : d; }
+
+inline Dims row_major_strides(const Dims& d) {
+  Dims s(d.size(), 1);
+  for (std::size_t i = d.size(); i-- > 1;) s[i - 1] = s[i] * std::max<std::int64_t>(d[i], 1);
+  return s;
+}
+
+inline memory::desc plain_md(const Dims& dims, memory::data_type dt = memory::data_type::f32) {
+  Dims d = at_least_1d(dims);
+  return memory::desc(d, dt, row_major_strides(d));
+}
+inline memory::desc any_md(const Dims& dims, memory::data_type dt = memory::data_type::f32) {
+  return memory::desc(at_least_1d(dims), dt, memory::format_tag::any);
+}
+
+// True when the descriptor's bytes are exactly the row-major bytes of its dims (strides of size-1
+// dims do not matter; no blocking, padding or offset).
+inline bool is_row_major(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.format_kind != dnnl_blocked || d.offset0 != 0 || d.extra.flags != 0) return false;
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  if (b.inner_nblks != 0) return false;
+  std::int64_t expect = 1;
+  for (int i = d.ndims; i-- > 0;) {
+    if (d.padded_dims[i] != d.dims[i]) return false;
+    if (d.dims[i] > 1 && b.strides[i] != expect) return false;
+    expect *= d.dims[i];
+  }
+  return true;
+}
+
+inline std::int64_t md_numel(const memory::desc& md) {
+  std::int64_t n = 1;
+  for (int i = 0; i < md.data.ndims; ++i) n *= md.data.dims[i];
+  return n;
+}
+
+// Two descriptors whose memory can be used interchangeably.
+inline bool same_layout(const memory::desc& a, const memory::desc& b) {
+  if (a == b) return true;
+  return a.data.data_type == b.data.data_type && is_row_major(a) && is_row_major(b) && md_numel(a) == md_numel(b);
+}
+
+// oneDNN-verbose style layout names: outer dims by decreasing stride ("acdb" is NHWC), blocked dims
+// upper-case, then the inner blocks ("aBcd16b").
+inline std::string layout_name(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims == 0) return "undef";
+  if (d.format_kind == dnnl_format_kind_any) return "any";
+  if (d.format_kind != dnnl_blocked) return "opaque";
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  std::vector<int> order(static_cast<std::size_t>(d.ndims));
+  for (int i = 0; i < d.ndims; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return b.strides[x] > b.strides[y]; });
+  std::vector<bool> blocked(static_cast<std::size_t>(d.ndims), false);
+  for (int i = 0; i < b.inner_nblks; ++i) blocked[static_cast<std::size_t>(b.inner_idxs[i])] = true;
+  std::string s;
+  for (int i : order) s += static_cast<char>((blocked[static_cast<std::size_t>(i)] ? 'A' : 'a') + i);
+  for (int i = 0; i < b.inner_nblks; ++i)
+    s += std::to_string(b.inner_blks[i]) + static_cast<char>('a' + b.inner_idxs[i]);
+  return s;
+}
+
+inline std::string plain_layout_name(std::size_t rank) {
+  std::string s;
+  for (std::size_t i = 0; i < rank; ++i) s += static_cast<char>('a' + i);
+  return s.empty() ? "scalar" : s;
+}
+
+// --- library objects shared by all contexts, and per context --------------------------------------
+
+struct Library {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+};
+
+class DnnlBackend : public runtime::ContextBackend {
+ public:
+  explicit DnnlBackend(const dnnl::engine& engine) : stream(engine) {}
+  void enter(int threads) override {
+    if (threads > 0) {
+      saved_threads_ = omp_get_max_threads();
+      omp_set_num_threads(threads);
+    }
+  }
+  void leave() override {
+    if (saved_threads_ > 0) omp_set_num_threads(saved_threads_);
+    saved_threads_ = 0;
+  }
+  void wait() override { stream.wait(); }
+  dnnl::stream stream;
+
+ private:
+  int saved_threads_ = 0;
+};
+
+// Sets the calling thread's OpenMP thread count for a scope (compile time).
+class ThreadCountScope {
+ public:
+  explicit ThreadCountScope(int threads) {
+    if (threads > 0) {
+      saved_ = omp_get_max_threads();
+      omp_set_num_threads(threads);
+    }
+  }
+  ~ThreadCountScope() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  ThreadCountScope(const ThreadCountScope&) = delete;
+  ThreadCountScope& operator=(const ThreadCountScope&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+// --- steps ----------------------------------------------------------------------------------------
+
+// An argument of a primitive that lives in a slot: the memory object is made per context.
+struct SlotArg {
+  int arg;
+  SlotId slot;
+  memory::desc md;
+  bool read_too = false;  // a DST that the primitive also reads (in-place sum post-op)
+};
+
+// One oneDNN primitive. Constant arguments (weights reordered at compile time) are shared by all
+// contexts; slot arguments and the scratchpad get per-context memory objects, and those of caller
+// tensors (graph inputs/outputs) are re-pointed at every run.
+class PrimitiveStep : public runtime::Step {
+ public:
+  PrimitiveStep(runtime::StepInfo info, const Node* node, dnnl::engine engine, dnnl::primitive prim,
+                std::vector<SlotArg> slot_args, std::vector<std::pair<int, memory>> const_args,
+                memory::desc scratchpad)
+      : Step(std::move(info), reads_of(slot_args), writes_of(slot_args)),
+        node_(node),
+        engine_(std::move(engine)),
+        prim_(std::move(prim)),
+        slot_args_(std::move(slot_args)),
+        const_args_(std::move(const_args)),
+        scratchpad_(std::move(scratchpad)) {}
+
+  struct State : runtime::StepState {
+    std::unordered_map<int, memory> args;
+    std::vector<std::pair<memory, SlotId>> external;
+  };
+
+  std::unique_ptr<runtime::StepState> make_state(runtime::ExecContext& ctx) const override {
+    auto st = std::make_unique<State>();
+    for (auto& a : slot_args_) {
+      bool external = ctx.is_external(a.slot);
+      memory m(a.md, engine_, external ? DNNL_MEMORY_NONE : ctx.ptr(a.slot));
+      if (external) st->external.emplace_back(m, a.slot);
+      st->args.emplace(a.arg, m);
+    }
+    for (auto& [arg, m] : const_args_) st->args.emplace(arg, m);
+    if (scratchpad_.get_size() > 0) st->args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratchpad_, engine_, ctx.scratchpad()));
+    return st;
+  }
+
+  void execute(runtime::ExecContext& ctx) const override {
+    auto& st = ctx.state<State>(*this);
+    for (auto& [m, slot] : st.external) m.set_data_handle(ctx.ptr(slot));
+    try {
+      prim_.execute(static_cast<DnnlBackend*>(ctx.backend())->stream, st.args);
+    } catch (const dnnl::error& e) {
+      Error err("oneDNN " + op() + " (" + implementation() + ") failed: " + e.what());
+      if (node_) err.at_node(node_->name(), node_->op_type());
+      throw err;
+    }
+  }
+
+ private:
+  static std::vector<SlotId> reads_of(const std::vector<SlotArg>& args) {
+    std::vector<SlotId> out;
+    for (auto& a : args)
+      if (a.arg != DNNL_ARG_DST || a.read_too) out.push_back(a.slot);
+    return out;
+  }
+  static std::vector<SlotId> writes_of(const std::vector<SlotArg>& args) {
+    std::vector<SlotId> out;
+    for (auto& a : args)
+      if (a.arg == DNNL_ARG_DST) out.push_back(a.slot);
+    return out;
+  }
+
+  const Node* node_;
+  dnnl::engine engine_;
+  dnnl::primitive prim_;
+  std::vector<SlotArg> slot_args_;
+  std::vector<std::pair<int, memory>> const_args_;
+  memory::desc scratchpad_;
+};
+
+// Byte copy between two slots of equal size (graph outputs that are inputs, views, or constants).
+class CopyStep : public runtime::Step {
+ public:
+  CopyStep(runtime::StepInfo info, SlotId from, SlotId to, std::size_t bytes)
+      : Step(std::move(info), {from}, {to}), from_(from), to_(to), bytes_(bytes) {}
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    if (bytes_) std::memcpy(ctx.ptr(to_), ctx.ptr(from_), bytes_);
+  }
+
+ private:
+  SlotId from_, to_;
+  std::size_t bytes_;
+};
+
+// A node run by its reference kernel on row-major tensors wrapped around the slots (no input copy);
+// the kernel's results are copied into the output slots.
+class ReferenceStep : public runtime::Step {
+ public:
+  struct Operand {
+    bool present = false;
+    SlotId slot = 0;
+    DType dtype = DType::Undefined;
+    Dims dims;
+  };
+  ReferenceStep(runtime::StepInfo info, const Node* node, reference::Kernel kernel, std::vector<Operand> inputs,
+                std::vector<Operand> outputs)
+      : Step(std::move(info), slots_of(inputs), slots_of(outputs)),
+        node_(node),
+        kernel_(std::move(kernel)),
+        inputs_(std::move(inputs)),
+        outputs_(std::move(outputs)) {}
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    std::vector<Tensor> args;
+    args.reserve(inputs_.size());
+    for (auto& in : inputs_)
+      args.push_back(in.present ? Tensor(in.dtype, in.dims, ctx.ptr(in.slot), nullptr) : Tensor());
+    std::vector<Tensor> results;
+    try {
+      results = kernel_(*node_, args);
+    } catch (Error& e) {
+      if (e.node().empty() && e.op().empty()) e.at_node(node_->name(), node_->op_type());
+      throw;
+    } catch (const std::exception& e) {
+      throw node_->error(e.what());
+    }
+    for (std::size_t i = 0; i < outputs_.size(); ++i) {
+      const Operand& out = outputs_[i];
+      if (!out.present) continue;
+      if (i >= results.size() || results[i].empty())
+        throw node_->error("the reference kernel did not compute output #" + std::to_string(i));
+      const Tensor& r = results[i];
+      if (r.dtype() != out.dtype || r.dims() != out.dims)
+        throw node_->error("the reference kernel computed output #" + std::to_string(i) + " as " +
+                           std::string(dtype_name(r.dtype())) + dims_str(r.dims()) + ", compiled for " +
+                           std::string(dtype_name(out.dtype)) + dims_str(out.dims));
+      void* dst = ctx.ptr(out.slot);
+      if (r.nbytes() && dst != r.raw()) std::memmove(dst, r.raw(), r.nbytes());
+    }
+  }
+
+ private:
+  static std::vector<SlotId> slots_of(const std::vector<Operand>& ops) {
+    std::vector<SlotId> out;
+    for (auto& o : ops)
+      if (o.present) out.push_back(o.slot);
+    return out;
+  }
+  const Node* node_;
+  reference::Kernel kernel_;
+  std::vector<Operand> inputs_, outputs_;
+};
+
+// A step that does nothing at run time: a zero-copy view, listed so that inspection shows it.
+class ViewStep : public runtime::Step {
+ public:
+  ViewStep(runtime::StepInfo info, SlotId from, SlotId to) : Step(std::move(info), {from}, {to}) {}
+  void execute(runtime::ExecContext&) const override {}
+};
+
+// --- the lowering state ---------------------------------------------------------------------------
+
+struct ValueState {
+  SlotId slot = 0;
+  bool has_md = false;
+  memory::desc md;  // its layout in `slot` (for dtypes oneDNN knows)
+  std::vector<std::pair<memory::desc, SlotId>> copies;  // the same value reordered into other layouts
+};
+
+class Lowering {
+ public:
+  Lowering(const Graph& graph, const CompileOptions& options, std::shared_ptr<Library> library,
+           runtime::Program& program)
+      : graph(graph), options(options), library(std::move(library)), program(program) {
+    for (Value* v : graph.outputs()) {
+      if (output_slot_.count(v)) continue;
+      std::size_t index = program.outputs.size();
+      SlotId slot = add_slot(slot_for(v, SlotKind::Output, index));
+      program.outputs.push_back({v->name(), v->dtype(), v->shape().sizes(), slot});
+      output_slot_[v] = slot;
+      output_order_.push_back(v);
+    }
+    for (Value* v : graph.inputs()) {
+      std::size_t index = program.inputs.size();
+      SlotId slot = add_slot(slot_for(v, SlotKind::Input, index));
+      program.inputs.push_back({v->name(), v->dtype(), v->shape().sizes(), slot});
+      define_plain(v, slot);
+    }
+  }
+
+  const Graph& graph;
+  const CompileOptions& options;
+  std::shared_ptr<Library> library;
+  runtime::Program& program;
+  std::vector<std::unique_ptr<runtime::Step>> steps;
+  std::size_t scratchpad_bytes = 0;
+  std::size_t constant_bytes = 0;
+  std::set<const Node*> fused;  // nodes folded into an earlier primitive (post-ops); not lowered again
+
+  const dnnl::engine& engine() const { return library->engine; }
+
+  // Attributes every primitive gets: the scratchpad is the context's (user mode), so that concurrent
+  // runs of one primitive never share library-owned scratch memory.
+  static dnnl::primitive_attr base_attr() {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
+  }
+
+  // --- slots ---
+  SlotId add_slot(runtime::Slot s) {
+    program.slots.push_back(std::move(s));
+    return static_cast<SlotId>(program.slots.size() - 1);
+  }
+  static runtime::Slot slot_for(const Value* v, SlotKind kind, std::size_t index) {
+    runtime::Slot s;
+    s.name = v->name();
+    s.dtype = v->dtype();
+    s.dims = v->shape().sizes();
+    s.bytes = static_cast<std::size_t>(v->shape().numel().value_or(0)) * dtype_size(v->dtype());
+    s.layout = plain_layout_name(s.dims.size());
+    s.kind = kind;
+    s.index = index;
+    return s;
+  }
+  SlotId root(SlotId id) const {
+    const runtime::Slot& s = program.slots[id];
+    return s.kind == SlotKind::Alias ? static_cast<SlotId>(s.index) : id;
+  }
+  bool is_output_slot_of(const Value* v, SlotId slot) const {
+    auto it = output_slot_.find(v);
+    return it != output_slot_.end() && it->second == slot;
+  }
+
+  // A slot for value `v` produced in layout `md` (row-major when `md` is null). A graph output in a
+  // row-major layout is written straight into the caller's output tensor.
+  SlotId new_plain_slot(const Value* v) { return new_value_slot(v, nullptr); }
+  SlotId new_value_slot(const Value* v, const memory::desc& md) { return new_value_slot(v, &md); }
+  SlotId new_value_slot(const Value* v, const memory::desc* md) {
+    bool row_major = !md || is_row_major(*md);
+    auto it = output_slot_.find(v);
+    if (row_major && it != output_slot_.end() && !output_taken_.count(v)) {
+      output_taken_.insert(v);
+      return it->second;
+    }
+    runtime::Slot s = slot_for(v, SlotKind::Arena, 0);
+    if (md && !row_major) {
+      s.bytes = md->get_size();
+      s.layout = layout_name(*md);
+    }
+    return add_slot(std::move(s));
+  }
+
+  // --- values ---
+  bool known(const Value* v) const { return values_.count(v) != 0; }
+  void define(const Value* v, SlotId slot, const memory::desc& md) {
+    ValueState st;
+    st.slot = slot;
+    st.has_md = true;
+    st.md = md;
+    values_[v] = st;
+  }
+  void define_plain(const Value* v, SlotId slot) {
+    ValueState st;
+    st.slot = slot;
+    memory::data_type dt;
+    if (dnnl_dtype(v->dtype(), dt)) {
+      st.has_md = true;
+      st.md = plain_md(v->shape().sizes(), dt);
+    }
+    values_[v] = st;
+  }
+  ValueState& state(const Value* v) {
+    auto it = values_.find(v);
+    if (it != values_.end()) return it->second;
+    if (v->is_constant()) {  // constants read through slots (by reference kernels, views, copies)
+      std::size_t index = program.constants.size();
+      program.constants.push_back(v->constant());
+      define_plain(v, add_slot(slot_for(v, SlotKind::Constant, index)));
+      return values_.at(v);
+    }
+    throw Error("internal: value '" + v->name() + "' is used before it is computed");
+  }
+  // The layout of a value (its producer's choice).
+  memory::desc md_of(const Value* v) { return state(v).md; }
+
+  // The value in layout `want`, reordering (once per layout) when its layout differs.
+  SlotId slot_in(const Value* v, const memory::desc& want) {
+    ValueState& st = state(v);
+    if (!st.has_md) throw Error("internal: value '" + v->name() + "' has no oneDNN layout");
+    if (same_layout(st.md, want)) return st.slot;
+    for (auto& [md, slot] : st.copies)
+      if (same_layout(md, want)) return slot;
+    runtime::Slot s = slot_for(v, SlotKind::Arena, 0);
+    s.name = v->name() + "." + layout_name(want);
+    s.bytes = want.get_size();
+    s.layout = is_row_major(want) ? plain_layout_name(s.dims.size()) : layout_name(want);
+    SlotId slot = add_slot(std::move(s));
+    add_reorder(v->name(), st.slot, st.md, slot, want);
+    st.copies.emplace_back(want, slot);
+    return slot;
+  }
+  // The value as row-major bytes (any dtype).
+  SlotId row_major_slot(const Value* v) {
+    ValueState& st = state(v);
+    if (!st.has_md || is_row_major(st.md)) return st.slot;
+    return slot_in(v, plain_md(v->shape().sizes(), st.md.data_type()));
+  }
+
+  void add_reorder(const std::string& what, SlotId from, const memory::desc& from_md, SlotId to,
+                   const memory::desc& to_md) {
+    dnnl::primitive_attr attr = base_attr();
+    dnnl::reorder::primitive_desc pd(engine(), from_md, engine(), to_md, attr);
+    runtime::StepInfo info{"reorder:" + what, "Reorder", pd.impl_info_str(),
+                           layout_name(from_md) + " -> " + layout_name(to_md)};
+    add_primitive(std::move(info), nullptr, dnnl::reorder(pd), pd.scratchpad_desc(),
+                  {{DNNL_ARG_SRC, from, from_md}, {DNNL_ARG_DST, to, to_md}}, {});
+  }
+
+  // --- constants ---
+  // The constant's data as a oneDNN memory in layout `want` (reordered now, once). `want` may have
+  // other dims with the same element count (grouped conv weights, unsqueezed biases): the tensor is
+  // read as the row-major form of `want`'s dims.
+  memory constant_memory(const Tensor& t, const memory::desc& want) {
+    memory::data_type dt;
+    if (!dnnl_dtype(t.dtype(), dt) || dt != want.data_type())
+      throw Error("internal: constant of " + std::string(dtype_name(t.dtype())) + " for a oneDNN layout of another type");
+    if (t.numel() != md_numel(want))
+      throw Error("internal: constant of " + std::to_string(t.numel()) + " elements for a layout of " +
+                  std::to_string(md_numel(want)));
+    memory src(plain_md(want.dims(), dt), engine(), const_cast<void*>(t.raw()));
+    memory dst(want, engine());
+    dnnl::stream s(engine());
+    dnnl::reorder(src, dst).execute(s, src, dst);
+    s.wait();
+    constant_bytes += want.get_size();
+    return dst;
+  }
+  memory constant_memory(const std::vector<float>& values, const memory::desc& want) {
+    return constant_memory(Tensor::from_vector<float>({static_cast<std::int64_t>(values.size())}, values), want);
+  }
+
+  // --- steps ---
+  void add_step(std::unique_ptr<runtime::Step> step) { steps.push_back(std::move(step)); }
+
+  void add_primitive(runtime::StepInfo info, const Node* node, dnnl::primitive prim, const memory::desc& scratchpad,
+                     std::vector<SlotArg> slot_args, std::vector<std::pair<int, memory>> const_args) {
+    scratchpad_bytes = std::max(scratchpad_bytes, scratchpad.get_size());
+    add_step(std::make_unique<PrimitiveStep>(std::move(info), node, engine(), std::move(prim), std::move(slot_args),
+                                             std::move(const_args), scratchpad));
+  }
+
+  // Defines `out` as a zero-copy view (same bytes, new dims) of `in`'s row-major bytes, or as a copy
+  // when `out` is a graph output (those live in the caller's tensor).
+  void define_view(const Node& n, const Value* in, const Value* out, const char* op) {
+    SlotId src = row_major_slot(in);
+    if (output_slot_.count(out) && !output_taken_.count(out)) {
+      SlotId dst = new_plain_slot(out);
+      add_step(std::make_unique<CopyStep>(runtime::StepInfo{n.name(), op, "memcpy", "copy into the output tensor"},
+                                          src, dst, program.slots[dst].bytes));
+      define_plain(out, dst);
+      return;
+    }
+    runtime::Slot s = slot_for(out, SlotKind::Alias, root(src));
+    SlotId dst = add_slot(std::move(s));
+    add_step(std::make_unique<ViewStep>(runtime::StepInfo{n.name(), op, "view", "zero-copy alias of '" + in->name() + "'"},
+                                        src, dst));
+    define_plain(out, dst);
+  }
+
+  // Defines `out` as the same bytes and layout as `in` (Identity, Dropout at inference).
+  void define_alias(const Node& n, const Value* in, const Value* out) {
+    ValueState st = state(in);
+    if (output_slot_.count(out) && !output_taken_.count(out)) {
+      if (st.has_md && !is_row_major(st.md)) {
+        SlotId dst = new_plain_slot(out);
+        add_reorder(out->name(), st.slot, st.md, dst, plain_md(out->shape().sizes(), st.md.data_type()));
+        define_plain(out, dst);
+        return;
+      }
+      define_view(n, in, out, n.op_type().c_str());
+      return;
+    }
+    runtime::Slot s = program.slots[st.slot];
+    s.name = out->name();
+    s.kind = SlotKind::Alias;
+    s.index = root(st.slot);
+    SlotId dst = add_slot(std::move(s));
+    add_step(std::make_unique<ViewStep>(
+        runtime::StepInfo{n.name(), n.op_type(), "view", "zero-copy alias of '" + in->name() + "'"}, st.slot, dst));
+    ValueState copy;
+    copy.slot = dst;
+    copy.has_md = st.has_md;
+    copy.md = st.md;
+    values_[out] = copy;
+  }
+
+  // Makes sure every graph output ends in its output slot (row-major, the caller's tensor).
+  void finish_outputs() {
+    for (const Value* v : output_order_) {
+      SlotId slot = output_slot_.at(v);
+      if (output_taken_.count(v)) continue;
+      ValueState& st = state(v);
+      if (st.has_md && !is_row_major(st.md)) {
+        add_reorder(v->name(), st.slot, st.md, slot, plain_md(v->shape().sizes(), st.md.data_type()));
+      } else {
+        add_step(std::make_unique<CopyStep>(runtime::StepInfo{"output:" + v->name(), "Copy", "memcpy", ""}, st.slot,
+                                            slot, program.slots[slot].bytes));
+      }
+      output_taken_.insert(v);
+    }
+  }
+
+  void log(const std::string& line) const {
+    if (options.log) options.log(line);
+  }
+
+ private:
+  std::unordered_map<const Value*, ValueState> values_;
+  std::unordered_map<const Value*, SlotId> output_slot_;
+  std::vector<const Value*> output_order_;
+  std::set<const Value*> output_taken_;
+};
+
+}  // namespace detail
+}  // namespace ondine::lower

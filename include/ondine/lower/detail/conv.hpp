@@ -1,0 +1,96 @@
+// ondine/lower/detail/conv.hpp - Conv (1-D to 3-D, groups/depthwise, strides, pads incl. auto_pad,
+// dilations, bias) as a oneDNN convolution.
+//
+// Activations and weights use format_tag::any so oneDNN picks its preferred layouts (NHWC activations
+// and blocked weights for fp32 brgconv here); the weights are reordered into that layout once, now.
+// A following residual Add (sum post-op) and activations (eltwise post-ops) fold into the primitive
+// when their intermediate values have no other reader; if oneDNN rejects the fused form (or only its
+// reference implementation takes it), the conv is created alone and the folded ops are lowered on
+// their own.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ondine/ir/infer/nn.hpp"
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/eltwise.hpp"
+
+namespace ondine::lower::detail {
+
+inline bool lower_conv(Lowering& L, const Node& n) {
+  namespace geo = ::ondine::infer::detail_nn;
+  const Value* x = n.input(0);
+  const Value* w = n.input(1);
+  const Value* b = n.input(2);
+  const Value* y = n.output(0);
+  if (!is_f32(x) || !is_f32(w) || !is_f32(y) || x->is_constant()) return false;
+  if (b && !is_f32(b)) return false;
+  // Constant weights take the layout oneDNN prefers; runtime weights (rare: the backend tests feed
+  // them as inputs) are read row-major in place.
+  bool const_w = w->is_constant(), const_b = !b || b->is_constant();
+  Dims xd = x->shape().sizes(), wd = w->shape().sizes(), yd = y->shape().sizes();
+  std::size_t rank = xd.size();
+  if (rank < 3 || rank > 5 || wd.size() != rank || yd.size() != rank) return false;
+  std::int64_t group = n.attr_int("group", 1);
+  std::int64_t channels = xd[1], out_channels = wd[0];
+  // Inconsistent shapes: let the reference kernel report them.
+  if (group <= 0 || channels != wd[1] * group || out_channels % group != 0 || yd[1] != out_channels) return false;
+  if (b && b->shape().sizes() != Dims{out_channels}) return false;
+
+  Dims kernel(wd.begin() + 2, wd.end()), spatial(xd.begin() + 2, xd.end());
+  geo::Window win = geo::read_window(n, kernel);
+  geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
+  if (r.out != Dims(yd.begin() + 2, yd.end())) return false;
+  Dims strides = win.strides, dilates = win.dilations;
+  for (auto& d : dilates) d -= 1;  // oneDNN counts the holes between taps
+  Dims weight_dims = wd;
+  if (group > 1) {  // [G, OC/G, IC/G, k...]
+    weight_dims = {group, out_channels / group, wd[1]};
+    weight_dims.insert(weight_dims.end(), kernel.begin(), kernel.end());
+  }
+
+  memory::desc weights_md = const_w ? any_md(weight_dims) : plain_md(weight_dims);
+  PostOpChain chain = plan_post_ops(L, n, true);
+  bool fused = false;
+  auto pd = choose_fusion<dnnl::convolution_forward::primitive_desc>(
+      [&](bool with_chain) {
+        dnnl::primitive_attr attr = Lowering::base_attr();
+        if (with_chain) attr.set_post_ops(chain.ops());
+        auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                        dnnl::algorithm::convolution_direct, any_md(xd), weights_md,
+                                                        plain_md({out_channels}), any_md(yd), strides, dilates,
+                                                        r.pad_begin, r.pad_end)
+                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                        dnnl::algorithm::convolution_direct, any_md(xd), weights_md,
+                                                        any_md(yd), strides, dilates, r.pad_begin, r.pad_end);
+        return dnnl::convolution_forward::primitive_desc(desc, attr, L.engine(), true);
+      },
+      !chain.nodes.empty(), fused);
+  if (!pd) return false;
+  if (!fused) chain = PostOpChain{y};
+
+  SlotId src = L.slot_in(x, pd.src_desc());
+  std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
+  std::vector<std::pair<int, memory>> consts;
+  if (const_w)
+    consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(w->constant(), pd.weights_desc()));
+  else
+    args.push_back({DNNL_ARG_WEIGHTS, L.row_major_slot(w), pd.weights_desc()});
+  if (b && const_b)
+    consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(b->constant(), pd.bias_desc()));
+  else if (b)
+    args.push_back({DNNL_ARG_BIAS, L.row_major_slot(b), pd.bias_desc()});
+  bool read_too = false;
+  SlotId dst = post_op_dst(L, chain, pd.dst_desc(), read_too);
+  commit_post_ops(L, chain, dst, pd.dst_desc());
+  std::string detail = "src " + layout_name(pd.src_desc()) + dims_str(xd) + " wei " + layout_name(pd.weights_desc()) +
+                       dims_str(wd) + (const_w ? "" : " (runtime)") + (group > 1 ? " g" + std::to_string(group) : "") + chain.detail() + " -> dst " +
+                       layout_name(pd.dst_desc()) + dims_str(yd);
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), read_too});
+  L.add_primitive({n.name(), "Conv", pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
+                  pd.scratchpad_desc(), std::move(args), std::move(consts));
+  return true;
+}
+
+}  // namespace ondine::lower::detail

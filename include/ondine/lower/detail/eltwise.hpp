@@ -1,0 +1,317 @@
+// ondine/lower/detail/eltwise.hpp - unary activations (oneDNN eltwise) and broadcasting binary ops
+// (oneDNN binary), plus the post-op fusion that attaches activations and residual adds to the
+// conv/matmul primitive producing their input.
+//
+// Eltwise primitives are created on their producer's layout (they are layout-agnostic), so a
+// Conv -> Relu chain never changes layout. Binary ops keep src0's layout; a broadcast operand is read
+// row-major with its dims left-padded with 1s (oneDNN broadcasts src1 only, so src0 must have the
+// output's dims: commutative ops swap their operands when needed, Sub/Div fall back otherwise).
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ondine/lower/detail/context.hpp"
+
+namespace ondine::lower::detail {
+
+// One activation as up to two oneDNN eltwise algorithms applied in order.
+struct EltwiseSpec {
+  struct Op {
+    dnnl::algorithm alg;
+    float alpha = 0, beta = 0;
+  };
+  std::vector<Op> ops;
+};
+
+inline bool is_f32(const Value* v) { return v && v->dtype() == DType::Float32 && v->shape().is_static(); }
+
+// A constant scalar input (Clip's min/max since opset 11), or `fallback` when the input is omitted.
+// nullopt when it is present but not a constant f32 scalar.
+inline std::optional<float> constant_scalar(const Node& n, std::size_t i, float fallback) {
+  const Value* v = n.input(i);
+  if (!v) return fallback;
+  if (!v->is_constant() || v->dtype() != DType::Float32 || v->constant().numel() != 1) return std::nullopt;
+  return v->constant().data<float>()[0];
+}
+
+// The oneDNN algorithms computing node `n` (a unary op on f32), or nullopt.
+inline std::optional<EltwiseSpec> eltwise_spec(const Node& n) {
+  using A = dnnl::algorithm;
+  const std::string& op = n.op_type();
+  if (n.num_outputs() != 1 || !is_f32(n.input(0)) || !is_f32(n.output(0))) return std::nullopt;
+  EltwiseSpec s;
+  auto one = [&](A alg, float alpha = 0, float beta = 0) {
+    s.ops.push_back({alg, alpha, beta});
+    return std::optional<EltwiseSpec>(s);
+  };
+  if (op == "Relu") return one(A::eltwise_relu);
+  if (op == "LeakyRelu") return one(A::eltwise_relu, n.attr_float("alpha", 0.01f));
+  if (op == "Sigmoid") return one(A::eltwise_logistic);
+  if (op == "Tanh") return one(A::eltwise_tanh);
+  if (op == "Elu") return one(A::eltwise_elu, n.attr_float("alpha", 1.0f));
+  if (op == "Exp") return one(A::eltwise_exp);
+  if (op == "Log") return one(A::eltwise_log);
+  if (op == "Sqrt") return one(A::eltwise_sqrt);
+  if (op == "Abs") return one(A::eltwise_abs);
+  if (op == "Neg") return one(A::eltwise_linear, -1.0f, 0.0f);
+  if (op == "Softplus") return one(A::eltwise_soft_relu);
+  if (op == "HardSwish") return one(A::eltwise_hardswish);
+  if (op == "Reciprocal") return one(A::eltwise_pow, 1.0f, -1.0f);
+  if (op == "Pow") {  // x ^ e with a constant scalar exponent e
+    const Value* e = n.input(1);
+    if (!e || !e->is_constant() || e->constant().numel() != 1 || !is_floating(e->dtype())) return std::nullopt;
+    float exponent = static_cast<float>(e->constant().at_double(0));
+    if (exponent == 2.0f) return one(A::eltwise_square);
+    if (exponent == 0.5f) return one(A::eltwise_sqrt);
+    return one(A::eltwise_pow, 1.0f, exponent);
+  }
+  if (op == "HardSigmoid") {  // max(0, min(1, alpha * x + beta))
+    s.ops.push_back({A::eltwise_linear, n.attr_float("alpha", 0.2f), n.attr_float("beta", 0.5f)});
+    return one(A::eltwise_clip_v2, 0.0f, 1.0f);
+  }
+  if (op == "Clip") {
+    float lo = -std::numeric_limits<float>::max(), hi = std::numeric_limits<float>::max();
+    if (n.opset() < 11) {
+      lo = n.attr_float("min", lo);
+      hi = n.attr_float("max", hi);
+    } else {
+      auto a = constant_scalar(n, 1, lo), b = constant_scalar(n, 2, hi);
+      if (!a || !b) return std::nullopt;
+      lo = *a;
+      hi = *b;
+    }
+    if (std::isnan(lo) || std::isnan(hi)) return std::nullopt;
+    // ONNX: min(max(x, lo), hi), so lo > hi gives hi everywhere; clip_v2 needs lo <= hi.
+    if (lo > hi) lo = hi;
+    if (lo == 0 && hi == std::numeric_limits<float>::max()) return one(A::eltwise_relu);
+    return one(A::eltwise_clip_v2, lo, hi);
+  }
+  return std::nullopt;
+}
+
+inline const char* alg_name(dnnl::algorithm a) {
+  return dnnl_alg_kind2str(static_cast<dnnl_alg_kind_t>(a));
+}
+
+inline std::string eltwise_detail(const EltwiseSpec& s) {
+  std::string d;
+  for (auto& op : s.ops) d += (d.empty() ? "" : "+") + std::string(alg_name(op.alg));
+  return d;
+}
+
+// --- post-op fusion -------------------------------------------------------------------------------
+
+// oneDNN's reference implementations ("ref:any", "ref_int8:any", ...) are its slow fallbacks.
+inline bool is_reference_impl(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+// Creates a primitive descriptor with the fused post-ops (make(true)) unless oneDNN rejects them or
+// only its reference implementation takes them while the unfused primitive gets an optimised one:
+// then the unfused one (make(false)), and `fused` says which was chosen.
+template <typename PD, typename Make>
+PD choose_fusion(Make make, bool has_fusion, bool& fused) {
+  PD pd = make(true);
+  fused = has_fusion;
+  if (!has_fusion || (pd && !is_reference_impl(pd))) return pd;
+  PD alone = make(false);
+  if (!pd || (alone && !is_reference_impl(alone))) {
+    fused = false;
+    return alone;
+  }
+  return pd;
+}
+
+// The nodes after a conv/matmul that fold into it: an optional residual Add (a sum post-op, conv
+// only), then a chain of activations. Each folded value must have exactly one use and must not be a
+// graph output (the intermediate is never materialised).
+struct PostOpChain {
+  PostOpChain() = default;
+  explicit PostOpChain(const Value* produced) : result(produced) {}
+  const Value* result = nullptr;       // the value the fused primitive writes
+  std::vector<const Node*> nodes;      // folded nodes, in order
+  const Value* sum_operand = nullptr;  // the other operand of a fused Add (read through DST)
+  std::vector<EltwiseSpec> eltwise;    // activations after the sum
+  dnnl::post_ops ops() const {
+    dnnl::post_ops p;
+    if (sum_operand) p.append_sum(1.0f);
+    for (auto& e : eltwise)
+      for (auto& op : e.ops) p.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
+    return p;
+  }
+  std::string detail() const {
+    std::string d;
+    if (sum_operand) d += "+sum('" + sum_operand->name() + "')";
+    for (auto& e : eltwise) d += "+" + eltwise_detail(e);
+    return d;
+  }
+};
+
+// The single node reading `v`, when `v` may be folded away (one use, not a graph output).
+inline const Node* sole_consumer(const Value* v) {
+  if (!v || v->is_graph_output() || v->uses().size() != 1) return nullptr;
+  return v->uses()[0].node;
+}
+
+inline PostOpChain plan_post_ops(Lowering& L, const Node& producer, bool allow_sum) {
+  PostOpChain chain;
+  const Value* cur = producer.output(0);
+  chain.result = cur;
+  if (allow_sum) {
+    const Node* add = sole_consumer(cur);
+    if (add && add->op_type() == "Add" && add->num_inputs() == 2 && !L.options.reference_ops.count("Add") &&
+        add->input(0) != add->input(1) && is_f32(add->output(0))) {
+      const Value* other = add->input(0) == cur ? add->input(1) : add->input(0);
+      // The other operand must exist already (it is read before this primitive writes) and have
+      // the output's dims (a sum post-op does not broadcast).
+      if (other && is_f32(other) && !other->is_constant() && L.known(other) &&
+          other->shape().sizes() == cur->shape().sizes() && add->output(0)->shape().sizes() == cur->shape().sizes()) {
+        chain.sum_operand = other;
+        chain.nodes.push_back(add);
+        cur = add->output(0);
+        chain.result = cur;
+      }
+    }
+  }
+  while (const Node* next = sole_consumer(cur)) {
+    if (L.options.reference_ops.count(next->op_type())) break;
+    auto spec = eltwise_spec(*next);
+    if (!spec || next->input(0) != cur) break;
+    chain.eltwise.push_back(*spec);
+    chain.nodes.push_back(next);
+    cur = next->output(0);
+    chain.result = cur;
+  }
+  return chain;
+}
+
+// The DST slot of a primitive with a fused chain. With a sum post-op the destination must already
+// hold the other operand: reuse its slot when nothing else reads it, else copy it into a fresh one.
+inline SlotId post_op_dst(Lowering& L, const PostOpChain& chain, const memory::desc& dst_md, bool& read_too) {
+  read_too = false;
+  if (!chain.sum_operand) return L.new_value_slot(chain.result, dst_md);
+  read_too = true;
+  const Value* other = chain.sum_operand;
+  SlotId src = L.slot_in(other, dst_md);
+  // In place when this Add is the operand's only reader and its slot is ours to overwrite (an arena
+  // slot: not a caller's tensor, a constant or a view of another value).
+  if (L.program.slots[src].kind == SlotKind::Arena && other->uses().size() == 1 && !other->is_graph_output())
+    return src;
+  SlotId dst = L.new_value_slot(chain.result, dst_md);
+  L.add_step(std::make_unique<CopyStep>(runtime::StepInfo{"copy:" + other->name(), "Copy", "memcpy", "sum operand"},
+                                        src, dst, dst_md.get_size()));
+  return dst;
+}
+
+// Marks the chain's nodes as lowered and defines its result.
+inline void commit_post_ops(Lowering& L, const PostOpChain& chain, SlotId dst, const memory::desc& dst_md) {
+  for (const Node* n : chain.nodes) L.fused.insert(n);
+  L.define(chain.result, dst, dst_md);
+}
+
+// --- standalone ops -------------------------------------------------------------------------------
+
+// A unary op as one eltwise primitive per algorithm (HardSigmoid: linear, then clip), each on its
+// producer's layout. Eltwise primitives take no post-ops here: oneDNN 2.6 only has a reference
+// implementation for eltwise with post-ops.
+inline bool lower_eltwise(Lowering& L, const Node& n) {
+  auto spec = eltwise_spec(n);
+  if (!spec) return false;
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  std::vector<dnnl::eltwise_forward::primitive_desc> pds;
+  memory::desc md = L.md_of(x);
+  for (auto& op : spec->ops) {
+    dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, op.alg, md, op.alpha, op.beta);
+    dnnl::eltwise_forward::primitive_desc pd(desc, Lowering::base_attr(), L.engine(), true);
+    if (!pd) return false;
+    pds.push_back(pd);
+    md = pd.dst_desc();
+  }
+  SlotId src = L.slot_in(x, pds.front().src_desc());
+  for (std::size_t i = 0; i < pds.size(); ++i) {
+    auto& pd = pds[i];
+    bool last = i + 1 == pds.size();
+    SlotId dst;
+    if (last) {
+      dst = L.new_value_slot(y, pd.dst_desc());
+      L.define(y, dst, pd.dst_desc());
+    } else {
+      dst = L.add_slot(runtime::Slot{y->name() + ".step" + std::to_string(i), DType::Float32, y->shape().sizes(),
+                                     pd.dst_desc().get_size(), layout_name(pd.dst_desc()), SlotKind::Arena, 0});
+    }
+    auto& op = spec->ops[i];
+    L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(),
+                     std::string(alg_name(op.alg)) + " " + layout_name(pd.src_desc()) + dims_str(x->shape().sizes())},
+                    &n, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
+                    {{DNNL_ARG_SRC, src, pd.src_desc()}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, {});
+    src = dst;
+  }
+  return true;
+}
+
+// Dims of a broadcast operand aligned to `rank` (leading 1s).
+inline Dims left_pad(const Dims& d, std::size_t rank) {
+  Dims out(rank - std::min(rank, d.size()), 1);
+  out.insert(out.end(), d.begin(), d.end());
+  return out;
+}
+
+inline bool lower_binary(Lowering& L, const Node& n) {
+  using A = dnnl::algorithm;
+  const std::string& op = n.op_type();
+  A alg = op == "Add" ? A::binary_add : op == "Mul" ? A::binary_mul : op == "Sub" ? A::binary_sub
+          : op == "Div" ? A::binary_div : op == "Max" ? A::binary_max : A::binary_min;
+  bool commutative = op != "Sub" && op != "Div";
+  if (n.num_inputs() != 2 || n.num_outputs() != 1) return false;
+  const Value* a = n.input(0);
+  const Value* b = n.input(1);
+  const Value* y = n.output(0);
+  if (!is_f32(a) || !is_f32(b) || !is_f32(y)) return false;
+  Dims yd = y->shape().sizes();
+  if (yd.empty()) return false;  // scalars: not worth a primitive
+  if (a->shape().sizes() != yd || a->is_constant()) {
+    if (!commutative || b->shape().sizes() != yd || b->is_constant()) return false;
+    std::swap(a, b);
+  }
+  Dims bd = left_pad(b->shape().sizes(), yd.size());
+  bool full = bd == yd;
+  memory::desc src0_md = L.md_of(a);
+  // A full-size operand is read in src0's layout; a broadcast one row-major.
+  memory::desc src1_md = full ? src0_md : plain_md(bd);
+  dnnl::binary::desc desc(alg, src0_md, src1_md, any_md(yd));
+  PostOpChain chain = plan_post_ops(L, n, false);
+  bool fused = false;
+  auto pd = choose_fusion<dnnl::binary::primitive_desc>(
+      [&](bool with_chain) {
+        dnnl::primitive_attr attr = Lowering::base_attr();
+        if (with_chain) attr.set_post_ops(chain.ops());
+        return dnnl::binary::primitive_desc(desc, attr, L.engine(), true);
+      },
+      !chain.nodes.empty(), fused);
+  if (!pd) return false;
+  if (!fused) chain = PostOpChain{y};
+  SlotId s0 = L.slot_in(a, pd.src_desc(0));
+  std::vector<SlotArg> args{{DNNL_ARG_SRC_0, s0, pd.src_desc(0)}};
+  std::vector<std::pair<int, memory>> consts;
+  if (b->is_constant()) {
+    consts.emplace_back(DNNL_ARG_SRC_1, L.constant_memory(b->constant(), pd.src_desc(1)));
+  } else {
+    SlotId s1 = full ? L.slot_in(b, pd.src_desc(1)) : L.row_major_slot(b);
+    args.push_back({DNNL_ARG_SRC_1, s1, pd.src_desc(1)});
+  }
+  SlotId dst = L.new_value_slot(chain.result, pd.dst_desc());
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  commit_post_ops(L, chain, dst, pd.dst_desc());
+  L.add_primitive({n.name(), op, pd.impl_info_str(),
+                   std::string(alg_name(alg)) + chain.detail() + " " + layout_name(pd.src_desc(0)) + dims_str(yd) +
+                       " , " + layout_name(pd.src_desc(1)) + dims_str(bd)},
+                  &n, dnnl::binary(pd), pd.scratchpad_desc(), std::move(args), std::move(consts));
+  return true;
+}
+
+}  // namespace ondine::lower::detail

@@ -1,0 +1,219 @@
+// ondine/lower/detail/matmul.hpp - MatMul and Gemm as the oneDNN matmul primitive.
+//
+// Constant weights are reordered once into the layout oneDNN prefers (format_tag::any); a runtime
+// right-hand side is read in place through strides. Activations stay row-major (what the matmul
+// kernels want, and what lets a graph output be written in place). Rank-1 operands are promoted as
+// ONNX says ([K] -> [1,K] on the left, [K,1] on the right) and batch dims are left-padded with 1s for
+// oneDNN's broadcasting. Gemm's alpha is folded into constant weights and beta*C into the bias; a
+// following Add of a constant (MatMul + bias) becomes the bias, and activations become post-ops.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/eltwise.hpp"
+
+namespace ondine::lower::detail {
+
+// A bias that broadcasts to `dst` without changing it: each dim 1 or equal (left-padded).
+inline bool bias_fits(const Dims& bias, const Dims& dst) {
+  if (bias.size() > dst.size()) return false;
+  Dims b = left_pad(bias, dst.size());
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (b[i] != 1 && b[i] != dst[i]) return false;
+  return true;
+}
+
+struct MatmulPlan {
+  memory::desc src_md, weights_md, dst_md;
+  bool weights_constant = false;
+  Tensor weights;           // constant weights as row-major data of weights_md's dims
+  std::optional<Tensor> bias;  // constant bias as row-major data of bias dims
+  Dims bias_dims;
+  PostOpChain chain;        // activations after the (possibly fused) bias
+  const Node* bias_add = nullptr;
+  // Gemm with runtime weights: alpha as a first eltwise post-op, then C (beta*C) as a binary add.
+  float out_scale = 1.0f;
+  const Value* c_runtime = nullptr;
+  std::optional<Tensor> c_constant;
+  Dims c_dims;
+
+  // Post-ops that must stay (Gemm semantics), then the optional fused activations.
+  dnnl::post_ops post_ops(bool with_chain) const {
+    dnnl::post_ops p;
+    if (out_scale != 1.0f) p.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, out_scale, 0.0f);
+    if (c_runtime || c_constant) p.append_binary(dnnl::algorithm::binary_add, plain_md(c_dims));
+    if (with_chain)
+      for (auto& e : chain.eltwise)
+        for (auto& op : e.ops) p.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
+    return p;
+  }
+  int c_post_op_index() const { return out_scale != 1.0f ? 1 : 0; }
+};
+
+// Builds the primitive from a plan: with the fused bias-Add and activations first, then alone.
+inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value* b, MatmulPlan& plan,
+                        const std::string& detail_prefix) {
+  auto make_pd = [&](bool with_chain) {
+    dnnl::primitive_attr attr = Lowering::base_attr();
+    attr.set_post_ops(plan.post_ops(with_chain));
+    bool with_bias = plan.bias.has_value() && (with_chain || !plan.bias_add);
+    auto desc = with_bias ? dnnl::matmul::desc(plan.src_md, plan.weights_md, plain_md(plan.bias_dims), plan.dst_md)
+                          : dnnl::matmul::desc(plan.src_md, plan.weights_md, plan.dst_md);
+    return dnnl::matmul::primitive_desc(desc, attr, L.engine(), true);
+  };
+  bool fused = false;
+  auto pd = choose_fusion<dnnl::matmul::primitive_desc>(make_pd, !plan.chain.nodes.empty() || plan.bias_add, fused);
+  if (!pd) return false;
+  if (!fused) {  // the bias-Add and the activations are lowered on their own
+    if (plan.bias_add) plan.bias.reset();
+    plan.chain = PostOpChain{};
+    plan.bias_add = nullptr;
+  }
+  const Value* result = plan.chain.result ? plan.chain.result : n.output(0);
+  if (plan.bias_add && plan.chain.nodes.empty()) result = plan.bias_add->output(0);
+
+  std::vector<SlotArg> args{{DNNL_ARG_SRC, L.row_major_slot(a), pd.src_desc()}};
+  std::vector<std::pair<int, memory>> consts;
+  if (plan.weights_constant)
+    consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(plan.weights, pd.weights_desc()));
+  else
+    args.push_back({DNNL_ARG_WEIGHTS, L.row_major_slot(b), pd.weights_desc()});
+  if (plan.bias) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(*plan.bias, pd.bias_desc()));
+  int c_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(plan.c_post_op_index()) | DNNL_ARG_SRC_1;
+  if (plan.c_runtime) args.push_back({c_arg, L.row_major_slot(plan.c_runtime), plain_md(plan.c_dims)});
+  if (plan.c_constant) consts.emplace_back(c_arg, L.constant_memory(*plan.c_constant, plain_md(plan.c_dims)));
+  memory::desc value_md = plain_md(result->shape().sizes());
+  SlotId dst = L.new_value_slot(result, value_md);
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  if (plan.bias_add) L.fused.insert(plan.bias_add);
+  for (const Node* f : plan.chain.nodes) L.fused.insert(f);
+  L.define(result, dst, value_md);
+  std::string detail = detail_prefix + " wei " + layout_name(pd.weights_desc()) + (plan.weights_constant ? "" : " (runtime)") +
+                       (plan.bias ? " +bias" + dims_str(plan.bias_dims) : "") +
+                       (plan.out_scale != 1.0f ? " *alpha" : "") + (plan.c_runtime || plan.c_constant ? " +C" + dims_str(plan.c_dims) : "") +
+                       plan.chain.detail() + " -> " +
+                       dims_str(result->shape().sizes());
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::matmul(pd), pd.scratchpad_desc(),
+                  std::move(args), std::move(consts));
+  return true;
+}
+
+// The post-ops after a matmul producing `y`: an Add of a constant that fits as a bias (when the
+// matmul has none), then activations.
+inline void plan_matmul_tail(Lowering& L, const Node& n, const Dims& dst_dims, MatmulPlan& plan) {
+  const Value* y = n.output(0);
+  // A bias is added before the post-ops, so not when alpha is still to be applied by one.
+  const Node* add = plan.bias || plan.out_scale != 1.0f ? nullptr : sole_consumer(y);
+  if (add && add->op_type() == "Add" && add->num_inputs() == 2 && !L.options.reference_ops.count("Add")) {
+    const Value* c = add->input(0) == y ? add->input(1) : add->input(0);
+    if (c && c != y && c->is_constant() && is_f32(c) && is_f32(add->output(0)) &&
+        add->output(0)->shape().sizes() == y->shape().sizes() && bias_fits(c->shape().sizes(), y->shape().sizes())) {
+      plan.bias_add = add;
+      plan.bias_dims = left_pad(c->shape().sizes(), dst_dims.size());
+      if (!bias_fits(plan.bias_dims, dst_dims)) {
+        plan.bias_add = nullptr;
+      } else {
+        plan.bias = c->constant();
+      }
+    }
+  }
+  plan.chain = plan_post_ops(L, plan.bias_add ? *plan.bias_add : n, false);
+  if (plan.chain.nodes.empty()) plan.chain.result = nullptr;
+}
+
+inline bool lower_matmul(Lowering& L, const Node& n) {
+  const Value* a = n.input(0);
+  const Value* b = n.input(1);
+  const Value* y = n.output(0);
+  if (!is_f32(a) || !is_f32(b) || !is_f32(y) || a->is_constant()) return false;
+  Dims ad = a->shape().sizes(), bd = b->shape().sizes();
+  if (ad.empty() || bd.empty()) return false;
+  if (ad.size() == 1) ad.insert(ad.begin(), 1);
+  if (bd.size() == 1) bd.push_back(1);
+  std::size_t r = std::max(ad.size(), bd.size());
+  ad = left_pad(ad, r);
+  bd = left_pad(bd, r);
+  if (ad[r - 1] != bd[r - 2]) return false;
+  Dims dd(r);
+  for (std::size_t i = 0; i + 2 < r; ++i) {
+    if (ad[i] != bd[i] && ad[i] != 1 && bd[i] != 1) return false;
+    dd[i] = std::max(ad[i], bd[i]);
+  }
+  dd[r - 2] = ad[r - 2];
+  dd[r - 1] = bd[r - 1];
+  std::int64_t numel = 1;
+  for (auto d : dd) numel *= d;
+  if (numel != *y->shape().numel()) return false;
+
+  MatmulPlan plan;
+  plan.src_md = plain_md(ad);
+  plan.dst_md = plain_md(dd);
+  plan.weights_constant = b->is_constant();
+  plan.weights_md = plan.weights_constant ? any_md(bd) : plain_md(bd);
+  if (plan.weights_constant) plan.weights = b->constant();
+  plan_matmul_tail(L, n, dd, plan);
+  return emit_matmul(L, n, a, b, plan, "src " + dims_str(ad) + " x " + dims_str(bd));
+}
+
+inline bool lower_gemm(Lowering& L, const Node& n) {
+  const Value* a = n.input(0);
+  const Value* b = n.input(1);
+  const Value* c = n.input(2);
+  const Value* y = n.output(0);
+  if (!is_f32(a) || !is_f32(b) || !is_f32(y) || a->is_constant()) return false;
+  Dims ad = a->shape().sizes(), bd = b->shape().sizes();
+  if (ad.size() != 2 || bd.size() != 2) return false;
+  bool trans_a = n.attr_int("transA", 0) != 0, trans_b = n.attr_int("transB", 0) != 0;
+  float alpha = n.attr_float("alpha", 1.0f), beta = n.attr_float("beta", 1.0f);
+  std::int64_t m = trans_a ? ad[1] : ad[0], k = trans_a ? ad[0] : ad[1];
+  std::int64_t kb = trans_b ? bd[1] : bd[0], nn = trans_b ? bd[0] : bd[1];
+  if (k != kb || y->shape().sizes() != Dims{m, nn}) return false;
+
+  MatmulPlan plan;
+  // A transposed A is read in place through strides.
+  plan.src_md = trans_a ? memory::desc({m, k}, memory::data_type::f32, Dims{1, m}) : plain_md({m, k});
+  plan.dst_md = plain_md({m, nn});
+  plan.weights_constant = b->is_constant();
+  if (plan.weights_constant) {  // alpha * op(B) as [K, N], reordered once
+    const float* src = b->constant().data<float>();
+    std::vector<float> w(static_cast<std::size_t>(k * nn));
+    for (std::int64_t i = 0; i < k; ++i)
+      for (std::int64_t j = 0; j < nn; ++j)
+        w[static_cast<std::size_t>(i * nn + j)] = alpha * (trans_b ? src[j * k + i] : src[i * nn + j]);
+    plan.weights = Tensor::from_vector<float>({k, nn}, w);
+    plan.weights_md = any_md({k, nn});
+  } else {
+    plan.weights_md = trans_b ? memory::desc({k, nn}, memory::data_type::f32, Dims{1, k}) : plain_md({k, nn});
+    plan.out_scale = alpha;
+  }
+  if (c && beta != 0.0f) {
+    if (!is_f32(c) || !bias_fits(c->shape().sizes(), {m, nn})) return false;
+    Dims cd = left_pad(c->shape().sizes(), 2);
+    if (c->is_constant()) {
+      Tensor scaled = c->constant().clone().reshaped(cd);
+      float* p = scaled.data<float>();
+      for (std::int64_t i = 0; i < scaled.numel(); ++i) p[i] *= beta;
+      // A bias is added before the post-ops; with alpha still to apply (runtime B) C must come after.
+      if (plan.out_scale == 1.0f) {
+        plan.bias_dims = cd;
+        plan.bias = scaled;
+      } else {
+        plan.c_dims = cd;
+        plan.c_constant = scaled;
+      }
+    } else {
+      if (beta != 1.0f) return false;
+      plan.c_dims = cd;
+      plan.c_runtime = c;
+    }
+  }
+  plan_matmul_tail(L, n, {m, nn}, plan);
+  return emit_matmul(L, n, a, b, plan,
+                     std::string("src ") + (trans_a ? "ba" : "ab") + dims_str(ad) + (trans_b ? " x B^T" : " x B") +
+                         dims_str(bd) + (alpha != 1.0f ? " alpha " + std::to_string(alpha) : ""));
+}
+
+}  // namespace ondine::lower::detail

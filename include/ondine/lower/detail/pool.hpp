@@ -1,0 +1,80 @@
+// ondine/lower/detail/pool.hpp - MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool as oneDNN
+// pooling_v2 (dilated pooling), created on the producer's layout.
+//
+// Pads: oneDNN requires (in - extent + pad_l + pad_r) / stride + 1 == out, so with ceil_mode the right
+// pad grows to cover the last window. Max pooling and exclude-pad averaging ignore padding, so that
+// is exact; an include-pad average whose last window would reach past the explicit pads counts
+// differently in ONNX, and falls back to the reference kernel.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ondine/ir/infer/nn.hpp"
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/eltwise.hpp"
+
+namespace ondine::lower::detail {
+
+inline bool lower_pool(Lowering& L, const Node& n) {
+  namespace geo = ::ondine::infer::detail_nn;
+  const std::string& op = n.op_type();
+  bool global = op == "GlobalAveragePool" || op == "GlobalMaxPool";
+  bool is_max = op == "MaxPool" || op == "GlobalMaxPool";
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!is_f32(x) || !is_f32(y)) return false;
+  if (op == "MaxPool" && n.output(1) && (n.output(1)->has_uses() || n.output(1)->is_graph_output())) return false;
+  Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  if (xd.size() < 3 || xd.size() > 5 || yd.size() != xd.size()) return false;
+  Dims spatial(xd.begin() + 2, xd.end());
+  std::size_t s = spatial.size();
+  Dims kernel, strides(s, 1), dilates(s, 0), pad_l(s, 0), pad_r(s, 0), out;
+  dnnl::algorithm alg = is_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding;
+  if (global) {
+    kernel = spatial;
+    out.assign(s, 1);
+  } else {
+    kernel = geo::pool_kernel(n, s);
+    geo::Window win = geo::read_window(n, kernel);
+    geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
+    out = r.out;
+    strides = win.strides;
+    for (std::size_t i = 0; i < s; ++i) dilates[i] = win.dilations[i] - 1;
+    bool include_pad = !is_max && n.attr_int("count_include_pad", 0) != 0;
+    if (include_pad) alg = dnnl::algorithm::pooling_avg_include_padding;
+    for (std::size_t i = 0; i < s; ++i) {
+      pad_l[i] = r.pad_begin[i];
+      std::int64_t needed = (out[i] - 1) * strides[i] + win.effective_kernel(i) - spatial[i] - pad_l[i];
+      pad_r[i] = std::max(r.pad_end[i], needed);
+      if (include_pad && needed > r.pad_end[i]) return false;
+    }
+  }
+  if (Dims(yd.begin() + 2, yd.end()) != out || yd[0] != xd[0] || yd[1] != xd[1]) return false;
+
+  memory::desc src_md = L.md_of(x);
+  dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md, any_md(yd), strides, kernel,
+                                      dilates, pad_l, pad_r);
+  PostOpChain chain = plan_post_ops(L, n, false);
+  bool fused = false;
+  auto pd = choose_fusion<dnnl::pooling_v2_forward::primitive_desc>(
+      [&](bool with_chain) {
+        dnnl::primitive_attr attr = Lowering::base_attr();
+        if (with_chain) attr.set_post_ops(chain.ops());
+        return dnnl::pooling_v2_forward::primitive_desc(desc, attr, L.engine(), true);
+      },
+      !chain.nodes.empty(), fused);
+  if (!pd) return false;
+  if (!fused) chain = PostOpChain{y};
+  SlotId src = L.slot_in(x, pd.src_desc());
+  SlotId dst = L.new_value_slot(chain.result, pd.dst_desc());
+  commit_post_ops(L, chain, dst, pd.dst_desc());
+  std::string detail = std::string(alg_name(alg)) + " k" + dims_str(kernel) + " s" + dims_str(strides) + " pad" +
+                       dims_str(pad_l) + dims_str(pad_r) + chain.detail() + " " + layout_name(pd.src_desc()) +
+                       dims_str(xd) + " -> " + layout_name(pd.dst_desc()) + dims_str(yd);
+  L.add_primitive({n.name(), op, pd.impl_info_str(), detail}, &n, dnnl::pooling_v2_forward(pd), pd.scratchpad_desc(),
+                  {{DNNL_ARG_SRC, src, pd.src_desc()}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, {});
+  return true;
+}
+
+}  // namespace ondine::lower::detail

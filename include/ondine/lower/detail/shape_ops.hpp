@@ -1,0 +1,124 @@
+// ondine/lower/detail/shape_ops.hpp - Concat (oneDNN concat on the producers' layouts) and the ops
+// that only re-label row-major bytes: Reshape, Flatten, Squeeze, Unsqueeze (zero-copy views of the
+// producer, reordered to row-major first when it is blocked), and Identity / inference Dropout
+// (aliases in whatever layout the producer chose).
+//
+// The shape inputs of the view ops are not read at run time: the compiled shapes are static, so the
+// output dims are already known, and the nodes computing those shape inputs drop out as dead steps.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/eltwise.hpp"
+
+namespace ondine::lower::detail {
+
+inline bool lower_concat(Lowering& L, const Node& n) {
+  const Value* y = n.output(0);
+  if (!is_f32(y) || n.num_inputs() == 0) return false;
+  Dims yd = y->shape().sizes();
+  auto rank = static_cast<std::int64_t>(yd.size());
+  if (rank == 0 || !n.has_attr("axis")) return false;
+  std::int64_t axis = n.attr_int("axis");
+  if (axis < -rank || axis >= rank) return false;
+  if (axis < 0) axis += rank;
+  std::vector<memory::desc> srcs;
+  std::vector<const Value*> inputs;
+  for (const Value* v : n.inputs()) {
+    if (!is_f32(v) || v->shape().rank() != yd.size()) return false;
+    if (v->shape().sizes()[static_cast<std::size_t>(axis)] == 0) continue;  // empty pieces add nothing
+    inputs.push_back(v);
+    srcs.push_back(v->is_constant() ? plain_md(v->shape().sizes()) : L.md_of(v));
+  }
+  if (inputs.empty()) return false;
+  dnnl::concat::primitive_desc pd;
+  try {
+    pd = dnnl::concat::primitive_desc(static_cast<int>(axis), srcs, L.engine(), Lowering::base_attr());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  std::vector<SlotArg> args;
+  std::vector<std::pair<int, memory>> consts;
+  std::string detail;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    int arg = DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i);
+    if (inputs[i]->is_constant()) {
+      consts.emplace_back(arg, L.constant_memory(inputs[i]->constant(), pd.src_desc(static_cast<int>(i))));
+    } else {
+      args.push_back({arg, L.slot_in(inputs[i], pd.src_desc(static_cast<int>(i))), pd.src_desc(static_cast<int>(i))});
+    }
+    detail += (i ? ", " : "") + layout_name(srcs[i]) + dims_str(inputs[i]->shape().sizes());
+  }
+  SlotId dst = L.new_value_slot(y, pd.dst_desc());
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  L.define(y, dst, pd.dst_desc());
+  L.add_primitive({n.name(), "Concat", pd.impl_info_str(),
+                   "axis " + std::to_string(axis) + ": " + detail + " -> " + layout_name(pd.dst_desc()) + dims_str(yd)},
+                  &n, dnnl::concat(pd), pd.scratchpad_desc(), std::move(args), std::move(consts));
+  return true;
+}
+
+// Transpose as one reorder: the source is read through permuted strides of its row-major bytes.
+inline bool lower_transpose(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  memory::data_type dt;
+  if (!x || !y || !x->shape().is_static() || !y->shape().is_static() || !dnnl_dtype(x->dtype(), dt)) return false;
+  Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  std::size_t rank = xd.size();
+  if (rank == 0 || rank > 6 || yd.size() != rank) return false;
+  Dims perm(rank);
+  for (std::size_t i = 0; i < rank; ++i) perm[i] = static_cast<std::int64_t>(rank - 1 - i);
+  if (n.has_attr("perm")) perm = n.attr_ints("perm");
+  if (perm.size() != rank) return false;
+  std::vector<bool> seen(rank, false);
+  for (auto p : perm) {
+    if (p < 0 || p >= static_cast<std::int64_t>(rank) || seen[static_cast<std::size_t>(p)]) return false;
+    seen[static_cast<std::size_t>(p)] = true;
+  }
+  Dims x_strides = row_major_strides(xd), strides(rank);
+  for (std::size_t j = 0; j < rank; ++j) {
+    if (yd[j] != xd[static_cast<std::size_t>(perm[j])]) return false;
+    strides[j] = x_strides[static_cast<std::size_t>(perm[j])];
+  }
+  memory::desc src_md(yd, dt, strides), dst_md = plain_md(yd, dt);
+  dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr(), true);
+  if (!pd) return false;
+  SlotId src = L.row_major_slot(x);
+  SlotId dst = L.new_value_slot(y, dst_md);
+  L.define(y, dst, dst_md);
+  L.add_primitive({n.name(), "Transpose", pd.impl_info_str(), "perm " + dims_str(perm) + " " + dims_str(xd) + " -> " + dims_str(yd)},
+                  &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
+  return true;
+}
+
+inline bool lower_view(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!x || !y || n.num_outputs() != 1 || !x->shape().is_static() || !y->shape().is_static()) return false;
+  if (x->dtype() != y->dtype() || *x->shape().numel() != *y->shape().numel()) return false;
+  L.define_view(n, x, y, n.op_type().c_str());
+  return true;
+}
+
+inline bool lower_identity(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!x || !y || !x->shape().is_static() || x->shape() != y->shape() || x->dtype() != y->dtype()) return false;
+  if (n.op_type() == "Dropout") {  // inference: identity, unless the mask is wanted or training is on
+    if (n.output(1) && (n.output(1)->has_uses() || n.output(1)->is_graph_output())) return false;
+    if (n.input(2)) {
+      const Value* t = n.input(2);
+      if (!t->is_constant() || t->constant().numel() != 1 || t->constant().at_double(0) != 0) return false;
+    }
+    if (n.attr_int("training_mode", 0) != 0) return false;
+  } else if (n.num_outputs() != 1) {
+    return false;
+  }
+  L.define_alias(n, x, y);
+  return true;
+}
+
+}  // namespace ondine::lower::detail

@@ -1,0 +1,86 @@
+// ondine/lower/isa.hpp - the CPU instruction set oneDNN will use here, and what it allows.
+//
+// oneDNN dispatches on the "effective" ISA: the best the CPU has, capped by DNNL_MAX_CPU_ISA or
+// dnnl_set_max_cpu_isa(). The precision choices of the compiler follow from it: int8 is only fast with
+// VNNI, bf16 primitives need at least avx512_core (and are emulated below avx512_core_bf16), AMX tiles
+// need avx512_core_amx. Uses oneDNN's C API only, so it is cheap to include.
+#pragma once
+
+#include <string>
+
+#include "oneapi/dnnl/dnnl.h"
+
+namespace ondine::lower {
+
+// oneDNN 2.6's ISA levels for x86-64, in the library's own order of capability.
+enum class CpuIsa {
+  Unknown,
+  Sse41,
+  Avx,
+  Avx2,
+  Avx2Vnni,
+  Avx512Mic,
+  Avx512Mic4ops,
+  Avx512Core,
+  Avx512CoreVnni,
+  Avx512CoreBf16,
+  Avx512CoreAmx,
+};
+
+struct IsaInfo {
+  CpuIsa isa = CpuIsa::Unknown;
+  std::string name;           // oneDNN's spelling: "avx512_core_vnni", "avx2", ...
+  bool avx512 = false;        // avx512_core or better (the brgemm kernels)
+  bool int8_vnni = false;     // u8 x s8 dot products in one instruction (VNNI, AVX-VNNI or AMX)
+  bool bf16_supported = false;  // bf16 primitives can be created (avx512_core and better)
+  bool bf16_native = false;     // bf16 arithmetic in hardware (avx512_core_bf16 / AMX), not emulated
+  bool amx = false;             // AMX tiles (int8 and bf16)
+};
+
+inline IsaInfo isa_info(CpuIsa isa) {
+  IsaInfo info;
+  info.isa = isa;
+  switch (isa) {
+    case CpuIsa::Sse41: info.name = "sse41"; break;
+    case CpuIsa::Avx: info.name = "avx"; break;
+    case CpuIsa::Avx2: info.name = "avx2"; break;
+    case CpuIsa::Avx2Vnni: info.name = "avx2_vnni"; break;
+    case CpuIsa::Avx512Mic: info.name = "avx512_mic"; break;
+    case CpuIsa::Avx512Mic4ops: info.name = "avx512_mic_4ops"; break;
+    case CpuIsa::Avx512Core: info.name = "avx512_core"; break;
+    case CpuIsa::Avx512CoreVnni: info.name = "avx512_core_vnni"; break;
+    case CpuIsa::Avx512CoreBf16: info.name = "avx512_core_bf16"; break;
+    case CpuIsa::Avx512CoreAmx: info.name = "avx512_core_amx"; break;
+    case CpuIsa::Unknown: info.name = "unknown"; break;
+  }
+  bool core = isa == CpuIsa::Avx512Core || isa == CpuIsa::Avx512CoreVnni || isa == CpuIsa::Avx512CoreBf16 ||
+              isa == CpuIsa::Avx512CoreAmx;
+  info.avx512 = core;
+  info.int8_vnni = isa == CpuIsa::Avx512CoreVnni || isa == CpuIsa::Avx512CoreBf16 || isa == CpuIsa::Avx512CoreAmx ||
+                   isa == CpuIsa::Avx2Vnni;
+  info.bf16_supported = core;
+  info.bf16_native = isa == CpuIsa::Avx512CoreBf16 || isa == CpuIsa::Avx512CoreAmx;
+  info.amx = isa == CpuIsa::Avx512CoreAmx;
+  return info;
+}
+
+// The ISA oneDNN dispatches to in this process (after DNNL_MAX_CPU_ISA and set_max_cpu_isa caps).
+inline IsaInfo effective_isa() {
+  CpuIsa isa = CpuIsa::Unknown;
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: isa = CpuIsa::Sse41; break;
+    case dnnl_cpu_isa_avx: isa = CpuIsa::Avx; break;
+    case dnnl_cpu_isa_avx2: isa = CpuIsa::Avx2; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = CpuIsa::Avx2Vnni; break;
+    case dnnl_cpu_isa_avx512_mic: isa = CpuIsa::Avx512Mic; break;
+    case dnnl_cpu_isa_avx512_mic_4ops: isa = CpuIsa::Avx512Mic4ops; break;
+    case dnnl_cpu_isa_avx512_core: isa = CpuIsa::Avx512Core; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = CpuIsa::Avx512CoreVnni; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = CpuIsa::Avx512CoreBf16; break;
+    case dnnl_cpu_isa_avx512_core_amx: isa = CpuIsa::Avx512CoreAmx; break;
+    default: break;
+  }
+  return isa_info(isa);
+}
+
+}  // namespace ondine::lower

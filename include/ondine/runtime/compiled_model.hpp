@@ -1,0 +1,359 @@
+// ondine/runtime/compiled_model.hpp - a compiled model: an immutable list of steps over planned memory,
+// and the per-call state (ExecContext) that runs it.
+//
+// A CompiledModel never changes after compile: its methods are const, and it holds no mutable state,
+// so any number of threads may run the same model at once, each with its own ExecContext (its own
+// arena, library stream and per-step library objects). An ExecContext is used by one thread at a time;
+// keep one per thread to avoid re-creating it on every call.
+//
+// Memory: every value a step produces lives in a *slot*. Intermediate slots are placed in one arena by
+// the static memory plan (runtime/memory_plan.hpp); slots of graph inputs point at the caller's input
+// tensors (read only), slots of graph outputs at the caller's output tensors, which the producing step
+// writes in place. A view (Reshape of row-major data) is an alias of another slot and costs nothing.
+//
+// This header knows nothing about oneDNN: library objects live behind Step (virtual execute) and
+// behind the type-erased per-context ContextBackend and StepState.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ondine/error.hpp"
+#include "ondine/ir/graph.hpp"
+#include "ondine/ir/tensor.hpp"
+#include "ondine/runtime/memory_plan.hpp"
+
+namespace ondine::runtime {
+
+using SlotId = std::uint32_t;
+
+enum class SlotKind : std::uint8_t {
+  Arena,     // index: byte offset in the context's arena
+  Input,     // index: position in Program::inputs (the caller's tensor; never written)
+  Output,    // index: position in Program::outputs (the caller's tensor, written in place)
+  Constant,  // index: position in Program::constants (never written)
+  Alias,     // index: the slot whose bytes it shares (always a non-alias slot)
+};
+
+struct Slot {
+  std::string name;                 // the graph value it holds (reorder copies get a suffix)
+  DType dtype = DType::Undefined;
+  std::vector<std::int64_t> dims;   // logical dims
+  std::size_t bytes = 0;            // bytes in its layout (blocked layouts may pad)
+  std::string layout;               // "abcd" (row-major), "acdb" (channels last), "aBcd16b", ...
+  SlotKind kind = SlotKind::Arena;
+  std::size_t index = 0;
+};
+
+// What a step is, for logs and `ondine inspect --compiled`.
+struct StepInfo {
+  std::string name;            // the node's name, or a generated one for inserted reorders/copies
+  std::string op;              // the ONNX op, or "Reorder" / "Copy" / "View"
+  std::string implementation;  // the library's choice (oneDNN's impl_info_str, e.g. "brgconv:avx512_core"),
+                               // "reference" for the reference kernel, "memcpy", ...
+  std::string detail;          // layouts and shapes, e.g. "src acdb [1,64,56,56] -> dst acdb [1,64,56,56]"
+};
+
+class ExecContext;
+
+// Per-context mutable state of one step (e.g. library memory objects bound to the context's arena).
+class StepState {
+ public:
+  virtual ~StepState() = default;
+};
+
+// Per-context library state (e.g. a oneDNN stream) and the run's thread setting.
+class ContextBackend {
+ public:
+  virtual ~ContextBackend() = default;
+  // Called around a run with the thread count to use (0: leave the library default).
+  virtual void enter(int threads) { (void)threads; }
+  virtual void leave() {}
+  // Finishes queued library work before host code reads its results.
+  virtual void wait() {}
+};
+
+// One unit of work. Steps are created by the compiler and immutable afterwards: all per-call state
+// lives in the ExecContext (see make_state).
+class Step {
+ public:
+  Step(StepInfo info, std::vector<SlotId> reads, std::vector<SlotId> writes)
+      : info_(std::move(info)), reads_(std::move(reads)), writes_(std::move(writes)) {}
+  virtual ~Step() = default;
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+
+  virtual void execute(ExecContext& ctx) const = 0;
+  // Called once per context, after its arena exists; the result is ctx.state<T>(*this) in execute().
+  virtual std::unique_ptr<StepState> make_state(ExecContext& ctx) const {
+    (void)ctx;
+    return nullptr;
+  }
+
+  const StepInfo& info() const { return info_; }
+  const std::string& name() const { return info_.name; }
+  const std::string& op() const { return info_.op; }
+  const std::string& implementation() const { return info_.implementation; }
+  const std::vector<SlotId>& reads() const { return reads_; }
+  const std::vector<SlotId>& writes() const { return writes_; }
+  std::size_t index() const { return index_; }
+  // Set once by the compiler when the step takes its place in the program.
+  void set_index(std::size_t i) { index_ = i; }
+
+ private:
+  StepInfo info_;
+  std::vector<SlotId> reads_, writes_;
+  std::size_t index_ = 0;
+};
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::Undefined;
+  std::vector<std::int64_t> dims;
+  SlotId slot = 0;
+};
+
+struct MemoryStats {
+  std::size_t arena_bytes = 0;       // one context's arena (planned intermediates)
+  std::size_t peak_bytes = 0;        // the most intermediate bytes live at one step (lower bound of the arena)
+  std::size_t total_bytes = 0;       // sum of all intermediates (what one buffer per value would take)
+  std::size_t scratchpad_bytes = 0;  // one context's library scratchpad (shared by its steps)
+  std::size_t constant_bytes = 0;    // weights in their compiled layouts, shared by all contexts
+};
+
+// The compiled form. Built once by the compiler (lower/lower.hpp), then frozen behind a
+// shared_ptr<const Program>.
+struct Program {
+  std::shared_ptr<const Graph> graph;  // keeps the nodes that reference-kernel steps run alive
+  std::vector<Slot> slots;
+  std::vector<std::unique_ptr<Step>> steps;
+  std::vector<TensorInfo> inputs, outputs;
+  std::vector<Tensor> constants;  // constants read through Constant slots
+  MemoryPlan plan;                // over the Arena slots
+  MemoryStats memory;
+  std::string isa;                // the ISA the library dispatches to, e.g. "avx512_core_vnni"
+  int threads = 0;                // default thread count of a run (0: the library's default)
+  std::function<std::unique_ptr<ContextBackend>()> make_backend;
+  std::shared_ptr<void> library;  // library objects every context shares (e.g. the engine)
+};
+
+class ExecContext {
+ public:
+  ExecContext(ExecContext&&) = default;
+  ExecContext& operator=(ExecContext&&) = default;
+
+  // Threads for runs with this context; 0 uses the model's setting (CompileOptions::threads).
+  int threads = 0;
+
+  // The address of a slot's bytes for the current run.
+  void* ptr(SlotId id) const {
+    const Slot& s = program_->slots[id];
+    switch (s.kind) {
+      case SlotKind::Arena: return arena_.get() + s.index;
+      case SlotKind::Input: return inputs_[s.index];
+      case SlotKind::Output: return outputs_[s.index];
+      case SlotKind::Constant: return const_cast<void*>(program_->constants[s.index].raw());
+      case SlotKind::Alias: return ptr(static_cast<SlotId>(s.index));
+    }
+    return nullptr;
+  }
+  // True when the slot's address can change between runs (caller tensors).
+  bool is_external(SlotId id) const {
+    const Slot* s = &program_->slots[id];
+    if (s->kind == SlotKind::Alias) s = &program_->slots[s->index];
+    return s->kind == SlotKind::Input || s->kind == SlotKind::Output;
+  }
+  void* scratchpad() const { return scratch_.get(); }
+  std::size_t scratchpad_bytes() const { return program_->memory.scratchpad_bytes; }
+  std::size_t arena_bytes() const { return program_->memory.arena_bytes; }
+  ContextBackend* backend() const { return backend_.get(); }
+  const Program& program() const { return *program_; }
+
+  template <typename State>
+  State& state(const Step& step) const {
+    return static_cast<State&>(*states_[step.index()]);
+  }
+
+ private:
+  friend class CompiledModel;
+  struct FreeDeleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
+  static Buffer allocate(std::size_t bytes) {
+    if (!bytes) return Buffer();
+    void* p = std::aligned_alloc(64, align_up(bytes, 64));
+    if (!p) throw std::bad_alloc();
+    return Buffer(static_cast<std::byte*>(p));
+  }
+
+  explicit ExecContext(std::shared_ptr<const Program> program) : program_(std::move(program)) {
+    arena_ = allocate(program_->memory.arena_bytes);
+    scratch_ = allocate(program_->memory.scratchpad_bytes);
+    inputs_.assign(program_->inputs.size(), nullptr);
+    outputs_.assign(program_->outputs.size(), nullptr);
+    backend_ = program_->make_backend ? program_->make_backend() : std::make_unique<ContextBackend>();
+    states_.reserve(program_->steps.size());
+    for (auto& s : program_->steps) states_.push_back(s->make_state(*this));
+  }
+
+  std::shared_ptr<const Program> program_;
+  Buffer arena_, scratch_;
+  std::vector<void*> inputs_, outputs_;
+  std::vector<std::unique_ptr<StepState>> states_;
+  std::unique_ptr<ContextBackend> backend_;
+  std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
+};
+
+class CompiledModel {
+ public:
+  CompiledModel() = default;
+  explicit CompiledModel(std::shared_ptr<const Program> program) : p_(std::move(program)) {}
+
+  bool empty() const { return !p_; }
+  const Program& program() const { return *p_; }
+  const std::string& isa() const { return p_->isa; }
+  const std::vector<TensorInfo>& inputs() const { return p_->inputs; }
+  const std::vector<TensorInfo>& outputs() const { return p_->outputs; }
+  const MemoryStats& memory() const { return p_->memory; }
+  // The default thread count of a run (CompileOptions::threads; 0: OpenMP's default).
+  int threads() const { return p_->threads; }
+  std::vector<StepInfo> steps() const {
+    std::vector<StepInfo> out;
+    for (auto& s : p_->steps) out.push_back(s->info());
+    return out;
+  }
+  // Steps per implementation (e.g. {"brgconv:avx512_core": 53, "reference": 2}).
+  std::map<std::string, std::size_t> implementation_histogram() const {
+    std::map<std::string, std::size_t> h;
+    for (auto& s : p_->steps) ++h[s->implementation()];
+    return h;
+  }
+
+  // A fresh per-call state. Keep one per thread and pass it to run() to avoid re-creating it.
+  ExecContext make_context() const {
+    check_compiled();
+    return ExecContext(p_);
+  }
+
+  // Runs with a fresh context; returns the outputs by name.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const {
+    ExecContext ctx = make_context();
+    return run(ctx, inputs);
+  }
+  std::map<std::string, Tensor> run(ExecContext& ctx, const std::map<std::string, Tensor>& inputs) const {
+    std::map<std::string, Tensor> outputs;
+    run(ctx, inputs, outputs);
+    return outputs;
+  }
+  // Writes the outputs in place into the caller's tensors: an output present in `outputs` must have
+  // the exact dtype and dims (it is written without a copy); a missing or empty() one is allocated.
+  // Output tensors must not share storage with the inputs or with each other.
+  void run(ExecContext& ctx, const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs) const {
+    check_compiled();
+    if (ctx.program_ != p_) throw Error("run: the ExecContext was made by another compiled model");
+    if (ctx.busy_->exchange(true))
+      throw Error("run: this ExecContext is already running on another thread; make one context per thread");
+    struct Release {
+      std::atomic<bool>& busy;
+      ~Release() { busy.store(false); }
+    } release{*ctx.busy_};
+
+    bind_inputs(ctx, inputs);
+    bind_outputs(ctx, outputs);
+    ContextBackend& backend = *ctx.backend_;
+    backend.enter(ctx.threads > 0 ? ctx.threads : p_->threads);
+    struct Leave {
+      ContextBackend& b;
+      ~Leave() { b.leave(); }
+    } leave{backend};
+    for (auto& step : p_->steps) step->execute(ctx);
+    backend.wait();
+  }
+  void run(const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs) const {
+    ExecContext ctx = make_context();
+    run(ctx, inputs, outputs);
+  }
+
+  // A readable listing: ISA, memory, then one line per step (op, name, implementation, layouts).
+  std::string to_text() const {
+    check_compiled();
+    std::ostringstream os;
+    os << "compiled model: " << p_->steps.size() << " steps, isa " << p_->isa << "\n";
+    os << "  memory: arena " << p_->memory.arena_bytes << " B (peak live " << p_->memory.peak_bytes
+       << " B, sum of buffers " << p_->memory.total_bytes << " B), scratchpad " << p_->memory.scratchpad_bytes
+       << " B, constants " << p_->memory.constant_bytes << " B\n";
+    for (auto& s : p_->steps) {
+      os << "  [" << s->index() << "] " << s->op() << " '" << s->name() << "': " << s->implementation();
+      if (!s->info().detail.empty()) os << "  (" << s->info().detail << ")";
+      os << "\n";
+    }
+    return os.str();
+  }
+
+ private:
+  void check_compiled() const {
+    if (!p_) throw Error("run: the CompiledModel is empty (default-constructed)");
+  }
+
+  void bind_inputs(ExecContext& ctx, const std::map<std::string, Tensor>& inputs) const {
+    for (std::size_t i = 0; i < p_->inputs.size(); ++i) {
+      const TensorInfo& info = p_->inputs[i];
+      auto it = inputs.find(info.name);
+      if (it == inputs.end())
+        throw Error("missing input '" + info.name + "' (" + std::string(dtype_name(info.dtype)) +
+                    dims_str(info.dims) + ")");
+      const Tensor& t = it->second;
+      if (t.dtype() != info.dtype || t.dims() != info.dims)
+        throw Error("input '" + info.name + "' is " + std::string(dtype_name(t.dtype())) + dims_str(t.dims()) +
+                    ", the compiled model expects " + std::string(dtype_name(info.dtype)) + dims_str(info.dims) +
+                    " (compile again for other shapes)");
+      ctx.inputs_[i] = const_cast<void*>(t.raw());
+    }
+    if (inputs.size() != p_->inputs.size()) {  // every declared input was found, so some name is extra
+      for (auto& [name, t] : inputs) {
+        (void)t;
+        bool known = false;
+        for (auto& info : p_->inputs) known = known || info.name == name;
+        if (!known) throw Error("'" + name + "' is not an input of the compiled model");
+      }
+    }
+  }
+
+  void bind_outputs(ExecContext& ctx, std::map<std::string, Tensor>& outputs) const {
+    for (std::size_t i = 0; i < p_->outputs.size(); ++i) {
+      const TensorInfo& info = p_->outputs[i];
+      auto it = outputs.find(info.name);
+      if (it == outputs.end()) {
+        it = outputs.emplace(info.name, Tensor(info.dtype, info.dims)).first;
+      } else if (it->second.empty()) {
+        it->second = Tensor(info.dtype, info.dims);
+      } else if (it->second.dtype() != info.dtype || it->second.dims() != info.dims) {
+        throw Error("output tensor '" + info.name + "' is " + std::string(dtype_name(it->second.dtype())) +
+                    dims_str(it->second.dims()) + ", the compiled model writes " +
+                    std::string(dtype_name(info.dtype)) + dims_str(info.dims));
+      }
+      ctx.outputs_[i] = it->second.raw();
+    }
+  }
+
+  std::shared_ptr<const Program> p_;
+};
+
+}  // namespace ondine::runtime
+
+namespace ondine {
+using runtime::CompiledModel;
+using runtime::ExecContext;
+}  // namespace ondine

@@ -1,0 +1,681 @@
+// Tests of the oneDNN lowering and the compiled runtime: every compiled graph is checked against the
+// reference executor on seeded random inputs, with the tolerance stated per test as a fraction of the
+// largest reference magnitude. Inputs and outputs are checked to be non-trivial so no test passes
+// vacuously.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "ondine/ir/stats.hpp"
+#include "ondine/lower/lower.hpp"
+#include "ondine/reference/executor.hpp"
+#include "ondine/runtime/memory_plan.hpp"
+
+#if __has_include("ondine/onnx/import.hpp")
+#include "ondine/onnx/import.hpp"
+#define ONDINE_TEST_HAVE_IMPORT 1
+#endif
+
+using namespace ondine;
+using Dims = std::vector<std::int64_t>;
+
+namespace {
+
+Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t(DType::Float32, dims);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+// A seeded graph builder for the tests: constants get fresh names and reproducible values.
+struct Builder {
+  Graph g;
+  unsigned seed = 1;
+  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
+  Value* weight(const Dims& dims, float scale = 0.5f) {
+    return g.add_constant(g.unique_name("w"), random_tensor(dims, seed++, -scale, scale));
+  }
+  Value* positive(const Dims& dims, float lo, float hi) {
+    return g.add_constant(g.unique_name("p"), random_tensor(dims, seed++, lo, hi));
+  }
+  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {}) {
+    return g.add_node(type, inputs, {""}, std::move(attrs), g.unique_name(type))->output(0);
+  }
+  Value* conv(Value* x, std::int64_t out_channels, std::int64_t in_channels, std::int64_t k,
+              std::map<std::string, Attribute> attrs = {}, bool bias = true) {
+    std::vector<Value*> in{x, weight({out_channels, in_channels, k, k})};
+    if (bias) in.push_back(weight({out_channels}));
+    return op("Conv", in, std::move(attrs));
+  }
+  Value* batchnorm(Value* x, std::int64_t c) {
+    return op("BatchNormalization",
+              {x, positive({c}, 0.5f, 1.5f), weight({c}), weight({c}, 0.2f), positive({c}, 0.5f, 2.0f)},
+              {{"epsilon", 1e-5f}});
+  }
+};
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.at_double(static_cast<std::size_t>(i))));
+  return m;
+}
+
+// Non-trivial: finite, not all equal, not all zero.
+void require_nontrivial(const Tensor& t, const std::string& what) {
+  INFO(what << " " << dims_str(t.dims()));
+  REQUIRE(t.numel() > 0);
+  double lo = t.at_double(0), hi = lo;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.at_double(static_cast<std::size_t>(i));
+    REQUIRE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  REQUIRE(hi > lo);
+  REQUIRE(max_abs(t) > 0);
+}
+
+// max |a - b| / max |b|
+double relative_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.dims() == want.dims());
+  REQUIRE(got.dtype() == want.dtype());
+  double scale = max_abs(want), err = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i)
+    err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
+  return scale > 0 ? err / scale : err;
+}
+
+std::map<std::string, Tensor> random_inputs(const Graph& g, unsigned seed = 100) {
+  std::map<std::string, Tensor> in;
+  for (Value* v : g.inputs()) in[v->name()] = random_tensor(v->shape().sizes(), seed++);
+  return in;
+}
+
+// Compiles, runs, compares each output with the reference executor within `tol`; returns the model.
+CompiledModel check_graph(Graph& g, double tol, const lower::CompileOptions& opts = {},
+                          std::map<std::string, Tensor> inputs = {}) {
+  g.verify();
+  infer_shapes(g);
+  if (inputs.empty()) inputs = random_inputs(g);
+  for (auto& [name, t] : inputs) require_nontrivial(t, "input " + name);
+  auto want = ReferenceExecutor(g).run(inputs);
+  CompiledModel model = lower::compile(g, opts);
+  auto got = model.run(inputs);
+  REQUIRE(got.size() == want.size());
+  for (auto& [name, w] : want) {
+    require_nontrivial(w, "reference output " + name);
+    INFO("output " << name << "\n" << model.to_text());
+    REQUIRE(got.count(name));
+    CHECK(relative_error(got.at(name), w) <= tol);
+  }
+  return model;
+}
+
+std::size_t count_impl(const CompiledModel& m, const std::string& op, const std::string& impl_part) {
+  std::size_t k = 0;
+  for (auto& s : m.steps())
+    if (s.op == op && s.implementation.find(impl_part) != std::string::npos) ++k;
+  return k;
+}
+std::size_t count_op(const CompiledModel& m, const std::string& op) {
+  std::size_t k = 0;
+  for (auto& s : m.steps()) k += s.op == op;
+  return k;
+}
+bool any_reference(const CompiledModel& m) {
+  for (auto& s : m.steps())
+    if (s.implementation == "reference") return true;
+  return false;
+}
+
+}  // namespace
+
+// --- memory plan ------------------------------------------------------------------------------------
+
+TEST_CASE("memory plan: buffers with disjoint lifetimes share memory", "[lower][memory]") {
+  using runtime::BufferLifetime;
+  // A chain a -> b -> c -> d: each buffer lives two steps; a and c can share, b and d can share.
+  std::vector<BufferLifetime> bufs{{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}, {1000, 3, 4}};
+  auto plan = runtime::plan_memory(bufs);
+  REQUIRE(plan.total_bytes == 4 * 1024);
+  REQUIRE(plan.peak_bytes == 2 * 1024);
+  REQUIRE(plan.arena_bytes == 2 * 1024);
+  CHECK(plan.offsets[0] == plan.offsets[2]);
+  CHECK(plan.offsets[1] == plan.offsets[3]);
+  CHECK(plan.offsets[0] != plan.offsets[1]);
+  for (auto o : plan.offsets) CHECK(o % 64 == 0);
+}
+
+TEST_CASE("memory plan: live buffers never overlap; arena between peak and sum", "[lower][memory]") {
+  using runtime::BufferLifetime;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<BufferLifetime> bufs;
+    int n = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      std::size_t first = rng() % 30, len = rng() % 8;
+      bufs.push_back({1 + rng() % 5000, first, first + len});
+    }
+    auto plan = runtime::plan_memory(bufs, 64);
+    REQUIRE(plan.arena_bytes <= plan.total_bytes);
+    REQUIRE(plan.arena_bytes >= plan.peak_bytes);
+    // Peak by brute force.
+    std::size_t peak = 0;
+    for (std::size_t t = 0; t < 40; ++t) {
+      std::size_t live = 0;
+      for (auto& b : bufs)
+        if (b.first <= t && t <= b.last) live += runtime::align_up(b.bytes, 64);
+      peak = std::max(peak, live);
+    }
+    REQUIRE(plan.peak_bytes == peak);
+    for (int i = 0; i < n; ++i) {
+      REQUIRE(plan.offsets[static_cast<std::size_t>(i)] % 64 == 0);
+      REQUIRE(plan.offsets[static_cast<std::size_t>(i)] + runtime::align_up(bufs[static_cast<std::size_t>(i)].bytes, 64) <=
+              plan.arena_bytes);
+      for (int j = i + 1; j < n; ++j) {
+        auto& a = bufs[static_cast<std::size_t>(i)];
+        auto& b = bufs[static_cast<std::size_t>(j)];
+        if (!runtime::lifetimes_overlap(a, b)) continue;
+        std::size_t oa = plan.offsets[static_cast<std::size_t>(i)], ob = plan.offsets[static_cast<std::size_t>(j)];
+        bool disjoint = oa + runtime::align_up(a.bytes, 64) <= ob || ob + runtime::align_up(b.bytes, 64) <= oa;
+        REQUIRE(disjoint);
+      }
+    }
+  }
+}
+
+TEST_CASE("memory plan: best fit reuses the smallest sufficient gap", "[lower][memory]") {
+  using runtime::BufferLifetime;
+  // Big buffers 0 and 1 at steps 0..1 and 0..3; small 2 at step 2..3 fits where buffer 0 was.
+  std::vector<BufferLifetime> bufs{{4096, 0, 1}, {8192, 0, 3}, {1024, 2, 3}};
+  auto plan = runtime::plan_memory(bufs);
+  CHECK(plan.arena_bytes == 8192 + 4096);
+  CHECK(plan.offsets[2] == plan.offsets[0]);
+  CHECK(plan.peak_bytes == 8192 + 4096);
+  CHECK_THROWS_AS(runtime::plan_memory({{10, 3, 1}}), Error);
+  auto empty = runtime::plan_memory({});
+  CHECK(empty.arena_bytes == 0);
+}
+
+// --- ISA ------------------------------------------------------------------------------------------
+
+TEST_CASE("isa: oneDNN's effective ISA is reported with its precision capabilities", "[lower]") {
+  lower::IsaInfo isa = lower::effective_isa();
+  CHECK(isa.isa != lower::CpuIsa::Unknown);
+  CHECK(!isa.name.empty());
+  if (isa.amx) CHECK(isa.bf16_native);
+  if (isa.bf16_native) CHECK(isa.bf16_supported);
+  CHECK(lower::isa_info(lower::CpuIsa::Avx512CoreVnni).int8_vnni);
+  CHECK_FALSE(lower::isa_info(lower::CpuIsa::Avx512CoreVnni).bf16_native);
+  CHECK(lower::isa_info(lower::CpuIsa::Avx512CoreAmx).name == "avx512_core_amx");
+  CHECK_FALSE(lower::isa_info(lower::CpuIsa::Avx2).bf16_supported);
+}
+
+// --- graphs checked against the reference ---------------------------------------------------------
+
+TEST_CASE("lower: conv + batchnorm + relu + maxpool (fp32, 1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {2, 3, 17, 17});
+  Value* y = b.conv(x, 16, 3, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  y = b.batchnorm(y, 16);
+  y = b.op("Relu", {y});
+  y = b.op("MaxPool", {y}, {{"kernel_shape", Dims{3, 3}}, {"strides", Dims{2, 2}}, {"pads", Dims{1, 1, 1, 1}}});
+  b.g.add_output(y);
+  std::vector<std::string> log;
+  lower::CompileOptions opts;
+  opts.log = [&](const std::string& line) { log.push_back(line); };
+  CompiledModel m = check_graph(b.g, 1e-4, opts);
+  CHECK_FALSE(any_reference(m));
+  CHECK(count_op(m, "Conv") == 1);
+  CHECK(count_op(m, "BatchNormalization") == 1);
+  CHECK(count_op(m, "Relu") == 0);  // folded into the batch norm as a post-op
+  CHECK(count_op(m, "MaxPool") == 1);
+  CHECK(m.isa() == lower::effective_isa().name);
+  REQUIRE(!log.empty());
+  CHECK(log.back().find("compiled") != std::string::npos);
+  for (auto& s : m.steps()) CHECK(!s.implementation.empty());
+}
+
+TEST_CASE("lower: ceil-mode and padded pools, global average pool + flatten + gemm head (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 8, 11, 11});
+  Value* c = b.conv(x, 8, 8, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* p1 = b.op("MaxPool", {c}, {{"kernel_shape", Dims{3, 3}}, {"strides", Dims{2, 2}}, {"ceil_mode", std::int64_t{1}}});
+  Value* p2 = b.op("AveragePool", {c},
+                   {{"kernel_shape", Dims{3, 3}}, {"strides", Dims{2, 2}}, {"pads", Dims{1, 1, 1, 1}},
+                    {"count_include_pad", std::int64_t{1}}});
+  Value* p3 = b.op("AveragePool", {c},
+                   {{"kernel_shape", Dims{2, 2}}, {"strides", Dims{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}});
+  Value* gap = b.op("GlobalAveragePool", {p3});
+  Value* flat = b.op("Flatten", {gap}, {{"axis", std::int64_t{1}}});
+  Value* fc = b.op("Gemm", {flat, b.weight({10, 8}), b.weight({10})}, {{"transB", std::int64_t{1}}});
+  b.g.add_output(p1);
+  b.g.add_output(p2);
+  b.g.add_output(fc);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "MaxPool", "reference") == 0);
+  CHECK(count_impl(m, "AveragePool", "reference") == 0);
+  CHECK(count_impl(m, "GlobalAveragePool", "reference") == 0);
+  CHECK(count_impl(m, "Gemm", "reference") == 0);
+}
+
+TEST_CASE("lower: residual block with in-place sum post-op (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 16, 12, 12});
+  Value* stem = b.op("Relu", {b.conv(x, 32, 16, 1)});
+  Value* y = b.op("Relu", {b.conv(stem, 32, 32, 3, {{"pads", Dims{1, 1, 1, 1}}})});
+  y = b.conv(y, 32, 32, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* sum = b.op("Add", {y, stem});
+  Value* out = b.op("Relu", {sum});
+  // A second block whose shortcut is read again later: the sum must not overwrite it.
+  Value* z = b.conv(out, 32, 32, 1);
+  Value* sum2 = b.op("Add", {out, z});
+  Value* out2 = b.op("Mul", {sum2, out});
+  b.g.add_output(out2);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK_FALSE(any_reference(m));
+  CHECK(count_op(m, "Add") == 0);  // both Adds fold into their convs
+  CHECK(count_op(m, "Relu") == 0);
+  // Intermediates share the arena: less than one buffer per value, never less than the peak.
+  const auto& mem = m.memory();
+  CHECK(mem.peak_bytes <= mem.arena_bytes);
+  CHECK(mem.arena_bytes < mem.total_bytes);
+  CHECK(mem.constant_bytes > 0);
+}
+
+TEST_CASE("lower: sum post-op whose other operand is a graph input leaves the input intact", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 8, 6, 6});
+  Value* y = b.op("Add", {b.conv(x, 8, 8, 3, {{"pads", Dims{1, 1, 1, 1}}}), x});
+  b.g.add_output(b.op("Relu", {y}));
+  infer_shapes(b.g);
+  auto inputs = random_inputs(b.g);
+  Tensor before = inputs.at("x").clone();
+  check_graph(b.g, 1e-4, {}, inputs);
+  CHECK(relative_error(inputs.at("x"), before) == 0);
+}
+
+TEST_CASE("lower: depthwise and grouped convs with strides, dilations and auto_pad (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {2, 12, 15, 13});
+  Value* dw = b.op("Conv", {x, b.weight({12, 1, 3, 3}), b.weight({12})},
+                   {{"group", std::int64_t{12}}, {"strides", Dims{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}});
+  Value* dil = b.op("Conv", {x, b.weight({12, 1, 3, 3})},
+                    {{"group", std::int64_t{12}}, {"dilations", Dims{2, 2}}, {"pads", Dims{2, 1, 2, 1}}});
+  Value* grouped = b.op("Conv", {dil, b.weight({8, 3, 3, 3}), b.weight({8})},
+                        {{"group", std::int64_t{4}}, {"strides", Dims{1, 2}}, {"auto_pad", std::string("SAME_LOWER")}});
+  Value* clip = b.op("Clip", {grouped, b.g.add_constant("lo", Tensor::scalar(0.0f)), b.g.add_constant("hi", Tensor::scalar(6.0f))});
+  b.g.add_output(dw);
+  b.g.add_output(clip);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "Conv", "reference") == 0);
+  CHECK(count_op(m, "Clip") == 0);  // relu6 folded into the grouped conv
+}
+
+TEST_CASE("lower: gemm variants (alpha, beta, transposes, bias shapes) (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {4, 32});
+  Value* g1 = b.op("Gemm", {x, b.weight({16, 32}), b.weight({16})},
+                   {{"transB", std::int64_t{1}}, {"alpha", 0.5f}, {"beta", 2.0f}});
+  Value* g2 = b.op("Gemm", {b.op("Relu", {g1}), b.weight({16, 8}), b.weight({4, 1})});
+  Value* xt = b.input("xt", {32, 4});
+  Value* g3 = b.op("Gemm", {xt, b.weight({32, 8}), b.weight({4, 8})}, {{"transA", std::int64_t{1}}});
+  Value* sum = b.op("Add", {g2, g3});
+  b.g.add_output(b.op("Sigmoid", {sum}));
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "Gemm", "reference") == 0);
+}
+
+TEST_CASE("lower: runtime weights (conv, batch norm, gemm with alpha and C) (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 6, 9, 9});
+  Value* w = b.input("w", {4, 3, 3, 3});
+  Value* bias = b.input("bias", {4});
+  Value* c = b.op("Conv", {x, w, bias}, {{"group", std::int64_t{2}}, {"pads", Dims{1, 1, 1, 1}}});
+  Value* scale = b.input("scale", {4});
+  Value* bn = b.op("BatchNormalization", {c, scale, b.input("shift", {4}), b.weight({4}), b.positive({4}, 0.5f, 1.0f)});
+  Value* a = b.input("a", {3, 5});
+  Value* bm = b.input("bm", {4, 5});
+  Value* cm = b.input("cm", {3, 4});
+  Value* g1 = b.op("Gemm", {a, bm, cm}, {{"transB", std::int64_t{1}}, {"alpha", 0.25f}});
+  Value* g2 = b.op("Gemm", {a, bm, b.weight({4})}, {{"transB", std::int64_t{1}}, {"alpha", 2.0f}, {"beta", 0.5f}});
+  Value* g3 = b.op("Gemm", {a, bm, cm}, {{"transB", std::int64_t{1}}, {"beta", 3.0f}});  // falls back
+  b.g.add_output(bn);
+  b.g.add_output(b.op("Relu", {g1}));
+  b.g.add_output(g2);
+  b.g.add_output(g3);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "Conv", "reference") == 0);
+  CHECK(count_impl(m, "BatchNormalization", "reference") == 0);
+  CHECK(count_impl(m, "Gemm", "reference") == 1);
+}
+
+TEST_CASE("lower: 3-D matmul with constant weights + bias, batched runtime matmul, softmax (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {2, 5, 8});
+  Value* q = b.op("Add", {b.op("MatMul", {x, b.weight({8, 6})}), b.weight({6})});
+  Value* k = b.op("MatMul", {x, b.weight({8, 6})});
+  Value* kt = b.op("Transpose", {k}, {{"perm", Dims{0, 2, 1}}});  // a reorder through permuted strides
+  Value* scores = b.op("MatMul", {q, kt});
+  Value* attn = b.op("Softmax", {scores}, {{"axis", std::int64_t{-1}}});
+  Value* v = b.op("MatMul", {attn, x});
+  Value* vec = b.op("MatMul", {v, b.weight({8})});  // rank-1 right operand
+  b.g.add_output(attn);
+  b.g.add_output(vec);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "MatMul", "reference") == 0);
+  CHECK(count_op(m, "Add") == 0);  // the bias folds into the matmul
+  CHECK(count_impl(m, "Softmax", "reference") == 0);
+  CHECK(count_impl(m, "Transpose", "reference") == 0);
+}
+
+TEST_CASE("lower: softmax by opset (1e-5)", "[lower]") {
+  for (int opset : {11, 13}) {
+    for (std::int64_t axis : {1, -1}) {
+      Builder b;
+      b.g.opsets[""] = opset;
+      Value* x = b.input("x", {2, 3, 4});
+      Value* s = b.op("Softmax", {x}, {{"axis", axis}});
+      Value* l = b.op("LogSoftmax", {x}, {{"axis", axis}});
+      b.g.add_output(s);
+      b.g.add_output(l);
+      INFO("opset " << opset << " axis " << axis);
+      CompiledModel m = check_graph(b.g, 1e-5);
+      bool lowered = opset >= 13 || axis == -1;
+      CHECK(count_impl(m, "Softmax", "reference") == (lowered ? 0u : 1u));
+      CHECK(count_impl(m, "LogSoftmax", "reference") == (lowered ? 0u : 1u));
+    }
+  }
+}
+
+TEST_CASE("lower: concat of conv outputs, a constant and a graph input (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 4, 9, 9});
+  Value* a = b.conv(x, 16, 4, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* c = b.conv(x, 8, 4, 1);
+  Value* k = b.weight({1, 3, 9, 9});
+  Value* cat = b.op("Concat", {a, c, x, k}, {{"axis", std::int64_t{1}}});
+  Value* out = b.conv(cat, 8, 31, 1);
+  b.g.add_output(out);
+  b.g.add_output(b.op("Concat", {x, x}, {{"axis", std::int64_t{-1}}}));
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "Concat", "reference") == 0);
+}
+
+TEST_CASE("lower: a reference op between oneDNN ops gets row-major data and reorders back (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 8, 10, 10});
+  Value* c = b.conv(x, 16, 8, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* e = b.op("Erf", {c});                 // no oneDNN eltwise for erf
+  Value* p = b.op("Pad", {e, b.g.add_constant("pads", Tensor::from_vector<std::int64_t>({8}, {0, 0, 1, 1, 0, 0, 1, 1}))});
+  Value* d = b.conv(p, 8, 16, 3);
+  b.g.add_output(b.op("Relu", {d}));
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "Erf", "reference") == 1);
+  CHECK(count_impl(m, "Pad", "reference") == 1);
+  CHECK(count_impl(m, "Conv", "reference") == 0);
+
+  // The same graph with Conv forced onto the reference kernels (CompileOptions::reference_ops).
+  lower::CompileOptions opts;
+  opts.reference_ops = {"Conv"};
+  CompiledModel r = check_graph(b.g, 1e-5, opts);
+  CHECK(count_impl(r, "Conv", "reference") == 2);
+}
+
+TEST_CASE("lower: eltwise activations and broadcasting binary ops (1e-4)", "[lower]") {
+  Builder b;
+  b.g.opsets[""] = 14;
+  Value* x = b.input("x", {2, 8, 5, 5});
+  Value* v = b.input("v", {8, 1, 1});
+  Value* c = b.conv(x, 8, 8, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  std::vector<Value*> outs;
+  outs.push_back(b.op("Sigmoid", {c}));
+  outs.push_back(b.op("Tanh", {c}));
+  outs.push_back(b.op("LeakyRelu", {c}, {{"alpha", 0.1f}}));
+  outs.push_back(b.op("HardSigmoid", {c}, {{"alpha", 0.3f}, {"beta", 0.4f}}));
+  outs.push_back(b.op("HardSwish", {c}));
+  outs.push_back(b.op("Elu", {c}, {{"alpha", 0.7f}}));
+  outs.push_back(b.op("Softplus", {c}));
+  outs.push_back(b.op("Neg", {c}));
+  outs.push_back(b.op("Abs", {c}));
+  outs.push_back(b.op("Exp", {b.op("Clip", {c, b.g.add_constant("lo", Tensor::scalar(-1.0f)), b.g.add_constant("hi", Tensor::scalar(1.0f))})}));
+  outs.push_back(b.op("Sqrt", {b.op("Add", {b.op("Abs", {c}), b.g.add_constant("one", Tensor::scalar(1.0f))})}));
+  outs.push_back(b.op("Mul", {c, v}));                           // runtime broadcast operand
+  outs.push_back(b.op("Sub", {c, b.weight({1, 8, 1, 1})}));      // constant per-channel
+  outs.push_back(b.op("Div", {c, b.positive({5}, 1.0f, 2.0f)}));  // broadcast along the last axis
+  outs.push_back(b.op("Sub", {b.weight({8, 1, 1}), c}));         // src0 broadcast: Sub falls back
+  outs.push_back(b.op("Mul", {b.weight({8, 1, 1}), c}));         // commutative: swapped
+  outs.push_back(b.op("Max", {c, b.op("Neg", {c})}));
+  outs.push_back(b.op("Min", {c, x}));
+  outs.push_back(b.op("Pow", {c, b.g.add_constant("two", Tensor::scalar(2.0f))}));
+  outs.push_back(b.op("Pow", {b.op("Abs", {c}), b.g.add_constant("e", Tensor::scalar(1.7f))}));
+  outs.push_back(b.op("Reciprocal", {b.op("Sub", {b.op("Neg", {b.op("Abs", {c})}), b.g.add_constant("half", Tensor::scalar(0.5f))})}));
+  outs.push_back(b.op("Pow", {c, b.g.add_constant("three", Tensor::scalar(3.0f))}));  // negative bases
+  outs.push_back(b.op("Transpose", {c}, {{"perm", Dims{2, 0, 3, 1}}}));
+  outs.push_back(b.op("Transpose", {x}));
+  for (Value* o : outs) b.g.add_output(o);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_impl(m, "Sub", "reference") == 1);
+  CHECK(count_impl(m, "Mul", "reference") == 0);
+  CHECK(count_impl(m, "Sigmoid", "reference") == 0);
+  CHECK(count_impl(m, "HardSigmoid", "reference") == 0);
+  CHECK(count_impl(m, "Pow", "reference") == 0);
+  CHECK(count_impl(m, "Transpose", "reference") == 0);
+}
+
+TEST_CASE("lower: reshape views are zero-copy, outputs are copied, unused nodes drop out (1e-4)", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {2, 4, 6, 6});
+  Value* c = b.conv(x, 4, 4, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* r = b.op("Reshape", {c, b.g.add_constant("target", Tensor::from_vector<std::int64_t>({2}, {2, -1}))});
+  Value* fc = b.op("MatMul", {r, b.weight({144, 5})});
+  Value* u = b.op("Unsqueeze", {fc, b.g.add_constant("axes", Tensor::from_vector<std::int64_t>({1}, {1}))});
+  Value* id = b.op("Identity", {u});
+  Value* flat = b.op("Flatten", {x}, {{"axis", std::int64_t{2}}});
+  b.op("Shape", {c});  // nothing reads it
+  b.g.add_output(id);
+  b.g.add_output(r);
+  b.g.add_output(b.op("Relu", {flat}));
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_op(m, "Shape") == 0);
+  CHECK(count_impl(m, "Unsqueeze", "view") == 1);
+  CHECK(count_impl(m, "Flatten", "view") == 1);
+  CHECK(count_impl(m, "Reshape", "memcpy") == 1);  // a graph output: copied into the caller's tensor
+  CHECK(count_impl(m, "MatMul", "reference") == 0);
+}
+
+TEST_CASE("lower: graph inputs and constants as outputs, duplicate outputs, caller-provided outputs", "[lower]") {
+  Builder b;
+  Value* x = b.input("x", {1, 4, 5, 5});
+  Value* k = b.weight({3, 3});
+  Value* y = b.op("Relu", {x});
+  b.g.add_output(x);
+  b.g.add_output(k);
+  b.g.add_output(y);
+  b.g.add_output(y);
+  infer_shapes(b.g);
+  CompiledModel m = check_graph(b.g, 0);
+  auto inputs = random_inputs(b.g);
+  std::map<std::string, Tensor> outputs;
+  Tensor mine(DType::Float32, {1, 4, 5, 5});
+  outputs[y->name()] = mine;
+  ExecContext ctx = m.make_context();
+  m.run(ctx, inputs, outputs);
+  REQUIRE(outputs.at(y->name()).raw() == mine.raw());  // written in place
+  auto want = ReferenceExecutor(b.g).run(inputs);
+  CHECK(relative_error(mine, want.at(y->name())) == 0);
+  CHECK(relative_error(outputs.at("x"), inputs.at("x")) == 0);
+  CHECK(relative_error(outputs.at(k->name()), k->constant()) == 0);
+
+  std::map<std::string, Tensor> wrong{{y->name(), Tensor(DType::Float32, {1, 4, 5, 4})}};
+  CHECK_THROWS_WITH(m.run(ctx, inputs, wrong), Catch::Contains("[1,4,5,5]"));
+}
+
+TEST_CASE("lower: 4 threads run one compiled model at once", "[lower][threads]") {
+  Builder b;
+  Value* x = b.input("x", {1, 16, 20, 20});
+  Value* s = b.op("Relu", {b.batchnorm(b.conv(x, 32, 16, 3, {{"pads", Dims{1, 1, 1, 1}}}), 32)});
+  Value* y = b.op("Relu", {b.conv(s, 32, 32, 3, {{"pads", Dims{1, 1, 1, 1}}})});
+  y = b.op("Add", {b.conv(y, 32, 32, 3, {{"pads", Dims{1, 1, 1, 1}}}), s});
+  y = b.op("Erf", {y});
+  y = b.op("GlobalAveragePool", {y});
+  y = b.op("Gemm", {b.op("Flatten", {y}), b.weight({10, 32}), b.weight({10})}, {{"transB", std::int64_t{1}}});
+  b.g.add_output(y);
+  infer_shapes(b.g);
+  lower::CompileOptions opts;
+  opts.threads = 1;
+  CompiledModel m = lower::compile(b.g, opts);
+  const int kThreads = 4, kRuns = 8;
+  std::vector<std::map<std::string, Tensor>> inputs(kThreads);
+  std::vector<Tensor> expected(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    inputs[static_cast<std::size_t>(t)] = random_inputs(b.g, 1000 + static_cast<unsigned>(t));
+    expected[static_cast<std::size_t>(t)] = ReferenceExecutor(b.g).run(inputs[static_cast<std::size_t>(t)]).at(y->name());
+    require_nontrivial(expected[static_cast<std::size_t>(t)], "expected");
+  }
+  std::vector<double> worst(kThreads, 0.0);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        auto ti = static_cast<std::size_t>(t);
+        ExecContext ctx = m.make_context();  // one per thread, reused across runs
+        for (int r = 0; r < kRuns; ++r) {
+          auto out = (r % 2) ? m.run(ctx, inputs[ti]) : m.run(inputs[ti]);
+          const Tensor& got = out.at(y->name());
+          double scale = max_abs(expected[ti]), err = 0;
+          for (std::int64_t i = 0; i < got.numel(); ++i)
+            err = std::max(err, std::abs(static_cast<double>(got.data<float>()[i]) - expected[ti].data<float>()[i]));
+          worst[ti] = std::max(worst[ti], err / scale);
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(t)] = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    INFO("thread " << t);
+    CHECK(errors[static_cast<std::size_t>(t)].empty());
+    CHECK(worst[static_cast<std::size_t>(t)] <= 1e-4);
+  }
+}
+
+TEST_CASE("lower: one ExecContext used by two threads at once is refused, not corrupted", "[lower][threads]") {
+  Builder b;
+  Value* x = b.input("x", {1, 64, 64, 64});
+  Value* y = x;
+  for (int i = 0; i < 6; ++i) y = b.op("Relu", {b.conv(y, 64, 64, 3, {{"pads", Dims{1, 1, 1, 1}}})});
+  b.g.add_output(y);
+  infer_shapes(b.g);
+  CompiledModel m = lower::compile(b.g);
+  ExecContext ctx = m.make_context();
+  auto inputs = random_inputs(b.g);
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&] {
+      for (int r = 0; r < 3; ++r) {
+        try {
+          m.run(ctx, inputs);
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("already running") != std::string::npos) ++refused;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  SUCCEED("refused " << refused.load() << " concurrent uses");
+}
+
+TEST_CASE("lower: errors", "[lower][errors]") {
+  SECTION("symbolic dims not bound name the input") {
+    Graph g;
+    Value* x = g.add_input("images", DType::Float32, Shape{Dim::named("batch"), 3, 8, 8});
+    g.add_output(g.add_op("Relu", {x}));
+    CHECK_THROWS_WITH(lower::compile(g), Catch::Contains("images") && Catch::Contains("bind_dims"));
+    bind_dims(g, {{"batch", 2}});
+    CompiledModel m = lower::compile(g);
+    CHECK(m.inputs().at(0).dims == Dims{2, 3, 8, 8});
+  }
+  SECTION("wrong input shape, dtype, missing and unknown inputs at run") {
+    Builder b;
+    Value* x = b.input("x", {1, 3, 8, 8});
+    b.g.add_output(b.conv(x, 4, 3, 3));
+    infer_shapes(b.g);
+    CompiledModel m = lower::compile(b.g);
+    CHECK_THROWS_WITH(m.run({{"x", random_tensor({1, 3, 8, 9}, 1)}}), Catch::Contains("'x'") && Catch::Contains("[1,3,8,8]"));
+    CHECK_THROWS_WITH(m.run({{"x", Tensor(DType::Int64, {1, 3, 8, 8})}}), Catch::Contains("int64"));
+    CHECK_THROWS_WITH(m.run({}), Catch::Contains("missing input 'x'"));
+    CHECK_THROWS_WITH(m.run({{"x", random_tensor({1, 3, 8, 8}, 1)}, {"y", random_tensor({1}, 1)}}),
+                      Catch::Contains("'y' is not an input"));
+    CompiledModel other = lower::compile(b.g);
+    ExecContext ctx = other.make_context();
+    CHECK_THROWS_WITH(m.run(ctx, {{"x", random_tensor({1, 3, 8, 8}, 1)}}), Catch::Contains("another compiled model"));
+    CHECK_THROWS_AS(CompiledModel().run({}), Error);
+  }
+  SECTION("unsupported ops are listed") {
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{2, 2});
+    g.add_output(g.add_node("FancyOp", {x}, {"y"}, {}, "fancy")->output(0));
+    CHECK_THROWS_WITH(lower::compile(g), Catch::Contains("FancyOp") && Catch::Contains("fancy"));
+  }
+  SECTION("bad attributes are reported with the node") {
+    Builder b;
+    Value* x = b.input("x", {1, 3, 8, 8});
+    b.g.add_output(b.op("Conv", {x, b.weight({4, 3, 3, 3})}, {{"strides", Dims{0, 1}}}));
+    CHECK_THROWS_AS(lower::compile(b.g), Error);
+  }
+}
+
+// --- ResNet-50 (hidden; run with "[.slow]" or by name) ---------------------------------------------
+
+#ifdef ONDINE_TEST_HAVE_IMPORT
+TEST_CASE("lower: ResNet-50 at batch 1 matches the reference (1e-3)", "[.slow][lower]") {
+  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/resnet50.onnx";
+  if (!std::ifstream(path)) {
+    WARN("models/resnet50.onnx not found (scripts/make_models.py writes it); skipped");
+    return;
+  }
+  Graph g = ondine::onnx::load_model(path);
+  auto dims = symbolic_dims(g);
+  std::map<std::string, std::int64_t> bind;
+  for (auto& d : dims) bind[d] = 1;
+  if (!bind.empty()) bind_dims(g, bind);
+  infer_shapes(g);
+  auto inputs = random_inputs(g, 5);
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  auto want = ReferenceExecutor(g).run(inputs);
+  auto t1 = clock::now();
+  std::vector<std::string> log;
+  lower::CompileOptions opts;
+  opts.log = [&](const std::string& l) { log.push_back(l); };
+  CompiledModel m = lower::compile(g, opts);
+  auto t2 = clock::now();
+  ExecContext ctx = m.make_context();
+  auto got = m.run(ctx, inputs);  // warm-up
+  auto t3 = clock::now();
+  const int kRuns = 10;
+  for (int i = 0; i < kRuns; ++i) got = m.run(ctx, inputs);
+  auto t4 = clock::now();
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  for (auto& [name, w] : want) {
+    require_nontrivial(w, name);
+    CHECK(relative_error(got.at(name), w) <= 1e-3);
+  }
+  std::printf("ResNet-50 b1: reference %.1f ms, compile %.1f ms, first run %.2f ms, mean of %d runs %.2f ms\n",
+              ms(t1 - t0), ms(t2 - t1), ms(t3 - t2), kRuns, ms(t4 - t3) / kRuns);
+  std::printf("%s", m.to_text().c_str());
+  for (auto& [impl, count] : m.implementation_histogram()) std::printf("  %4zu x %s\n", count, impl.c_str());
+}
+#endif
