@@ -1,7 +1,8 @@
 // ondine - the command-line tool.
 //
-//   ondine inspect MODEL [--dim batch=1] [--json] [--graph] [--dot FILE]
+//   ondine inspect MODEL [--dim batch=1] [--json] [--graph] [--dot FILE] [--compiled]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
+//              [--threads N] [--reference] [--check]
 //
 // Errors go to stderr with exit code 1 (2 for bad command lines).
 #include <algorithm>
@@ -11,7 +12,9 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -20,7 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "ondine/ir/stats.hpp"
+#include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 
 namespace fs = std::filesystem;
@@ -93,8 +96,46 @@ std::string summary(const Tensor& t) {
   return os.str();
 }
 
+// Largest |a-b| over the outputs, absolute and relative to max|b|.
+struct Difference {
+  double max_abs = 0, max_ref = 0;
+  double relative() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+};
+Difference difference(const Tensor& a, const Tensor& b) {
+  Difference d;
+  for (std::int64_t i = 0; i < b.numel(); ++i) {
+    double x = a.at_double(static_cast<std::size_t>(i)), y = b.at_double(static_cast<std::size_t>(i));
+    d.max_abs = std::max(d.max_abs, std::abs(x - y));
+    d.max_ref = std::max(d.max_ref, std::abs(y));
+  }
+  return d;
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
+// What compile() made of the model: ISA, every step with oneDNN's implementation, the memory plan.
+void print_compiled(const Graph& bound, int threads) {
+  auto t0 = std::chrono::steady_clock::now();
+  lower::CompileOptions opts;
+  opts.threads = threads;
+  CompiledModel model = lower::compile(bound, opts);
+  double ms = elapsed_ms(t0);
+  std::cout << "\ncompiled: isa " << model.isa() << ", " << model.steps().size() << " steps, compile "
+            << std::fixed << std::setprecision(1) << ms << " ms\n";
+  const auto& mem = model.memory();
+  std::cout << "memory:   arena " << human(static_cast<double>(mem.arena_bytes), "B") << " (peak live "
+            << human(static_cast<double>(mem.peak_bytes), "B") << ", all activations "
+            << human(static_cast<double>(mem.total_bytes), "B") << ")\n";
+  std::cout << "implementations:\n";
+  for (auto& [impl, n] : model.implementation_histogram())
+    std::cout << "  " << std::left << std::setw(40) << impl << std::right << std::setw(6) << n << "\n";
+  std::cout << "steps:\n" << model.to_text();
+}
+
 int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_specs, bool json, bool print_graph,
-                const std::string& dot_file) {
+                const std::string& dot_file, bool compiled, int threads) {
   Graph g = ondine::onnx::load_model(path);
   auto bindings = parse_dims(dim_specs);
   // FLOPs need static shapes: unbound symbolic dims count as 1 (one sample).
@@ -155,11 +196,16 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     }
   }
   if (print_graph) std::cout << "\n" << g.to_text();
+  if (compiled) {
+    if (!bad.empty()) throw Error("cannot compile: the model has unsupported ops (listed above)").in_file(path);
+    print_compiled(bound, threads);
+  }
   return 0;
 }
 
 int cmd_run(const std::string& path, const std::vector<std::string>& input_specs,
-            const std::vector<std::string>& dim_specs, const std::string& output_dir, std::uint64_t seed, int runs) {
+            const std::vector<std::string>& dim_specs, const std::string& output_dir, std::uint64_t seed, int runs,
+            bool use_reference, int threads, bool check, double check_tolerance) {
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);  // every unsupported op at once, before anything runs
   std::map<std::string, Tensor> inputs;
@@ -189,18 +235,37 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   for (Value* in : g.inputs())
     if (!inputs.count(in->name())) inputs[in->name()] = random_input(*in, rng);
 
-  ReferenceExecutor exec(g);
+  check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
+
+  // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
+  std::function<std::map<std::string, Tensor>()> engine;
+  std::optional<ReferenceExecutor> reference_exec;
+  std::optional<CompiledModel> compiled;
+  std::optional<ExecContext> context;
+  double compile_ms = 0;
+  if (use_reference) {
+    reference_exec.emplace(g);
+    engine = [&] { return reference_exec->run(inputs); };
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    lower::CompileOptions opts;
+    opts.threads = threads;
+    compiled = lower::compile(g, opts);
+    compile_ms = elapsed_ms(t0);
+    context.emplace(compiled->make_context());
+    engine = [&] { return compiled->run(*context, inputs); };
+  }
   std::map<std::string, Tensor> outputs;
   std::vector<double> ms;
   for (int r = 0; r < std::max(runs, 1); ++r) {
     auto t0 = std::chrono::steady_clock::now();
     try {
-      outputs = exec.run(inputs);
+      outputs = engine();
     } catch (Error& e) {
       e.in_file(path);
       throw;
     }
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(elapsed_ms(t0));
   }
   for (Value* o : g.outputs()) std::cout << o->name() << ": " << summary(outputs.at(o->name())) << "\n";
   if (!output_dir.empty()) {
@@ -215,8 +280,25 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   std::sort(ms.begin(), ms.end());
   std::string at;
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ",") + k + "=" + std::to_string(v);
-  std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=reference " << (at.empty() ? "" : at + " ")
-            << "runs=" << ms.size() << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms\n";
+  std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=" << (use_reference ? "reference" : "compiled")
+            << (use_reference ? "" : " isa=" + compiled->isa()) << " " << (at.empty() ? "" : at + " ")
+            << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default")) << " runs=" << ms.size()
+            << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms";
+  if (!use_reference) std::cout << " compile=" << compile_ms << " ms";
+  std::cout << "\n";
+  if (check && !use_reference) {
+    // Every optimisation is checked against the oracle: same inputs through the reference executor.
+    auto expected = ReferenceExecutor(g).run(inputs);
+    bool ok = true;
+    for (Value* o : g.outputs()) {
+      Difference d = difference(outputs.at(o->name()), expected.at(o->name()));
+      ok = ok && d.relative() <= check_tolerance;
+      std::cout << std::scientific << std::setprecision(2) << "check: " << o->name() << " max_abs_err " << d.max_abs
+                << " rel_to_max " << d.relative() << (d.relative() <= check_tolerance ? " ok" : " FAILED") << "\n";
+    }
+    if (!ok) throw Error("compiled outputs differ from the reference executor by more than " +
+                         std::to_string(check_tolerance) + " relative").in_file(path);
+  }
   return 0;
 }
 
@@ -229,9 +311,10 @@ int main(int argc, char** argv) {
 
   std::string model, output_dir, dot_file;
   std::vector<std::string> dims, input_specs;
-  bool json = false, print_graph = false, reference = false;
+  bool json = false, print_graph = false, reference = false, compiled = false, check = false;
   std::uint64_t seed = 0;
-  int runs = 1;
+  int runs = 1, threads = 0;
+  double tolerance = 1e-4;
 
   auto* inspect = app.add_subcommand("inspect", "ops histogram, parameters, FLOPs, inputs/outputs, unsupported ops");
   inspect->add_option("model", model, "ONNX model file")->required();
@@ -239,6 +322,8 @@ int main(int argc, char** argv) {
   inspect->add_flag("--json", json, "print as JSON");
   inspect->add_flag("--graph", print_graph, "also print the graph as text");
   inspect->add_option("--dot", dot_file, "write the graph as Graphviz DOT to this file");
+  inspect->add_flag("--compiled", compiled, "compile it and show the ISA, each step's oneDNN implementation, the memory plan");
+  inspect->add_option("--threads", threads, "threads for --compiled (default: OpenMP's)");
 
   auto* run = app.add_subcommand("run", "run a model on .npy or seeded random inputs");
   run->add_option("model", model, "ONNX model file")->required();
@@ -247,7 +332,10 @@ int main(int argc, char** argv) {
   run->add_option("--output-dir", output_dir, "write each output as DIR/NAME.npy");
   run->add_option("--seed", seed, "seed of the random inputs");
   run->add_option("--runs", runs, "timed runs for the benchmark line")->check(CLI::PositiveNumber);
-  run->add_flag("--reference", reference, "use the reference executor (the only engine until lowering lands)");
+  run->add_option("--threads", threads, "oneDNN threads (default: OpenMP's, i.e. OMP_NUM_THREADS or all cores)");
+  run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
+  run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
+  run->add_option("--tolerance", tolerance, "--check's bound on max|compiled-reference| / max|reference|");
 
   try {
     app.parse(argc, argv);
@@ -255,8 +343,8 @@ int main(int argc, char** argv) {
     return app.exit(e) ? 2 : 0;
   }
   try {
-    if (*inspect) return cmd_inspect(model, dims, json, print_graph, dot_file);
-    if (*run) return cmd_run(model, input_specs, dims, output_dir, seed, runs);
+    if (*inspect) return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads);
+    if (*run) return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance);
   } catch (const std::exception& e) {
     std::cerr << "ondine: error: " << e.what() << "\n";
     return 1;

@@ -32,7 +32,10 @@ expect 0 'Relu +1' -- "$ondine" inspect "$relu"
 expect 0 '"ops"' -- "$ondine" inspect "$relu" --json
 expect 0 'unsupported ops \(1\)' -- "$ondine" inspect "$lstm"
 expect 0 'y: float32\[3,4,5\]' -- "$ondine" run "$relu" --output-dir "$work/out"
-expect 0 'benchmark: engine=reference' -- "$ondine" run "$relu" --runs 2
+expect 0 'benchmark: engine=reference' -- "$ondine" run "$relu" --runs 2 --reference
+expect 0 'benchmark: engine=compiled isa=' -- "$ondine" run "$relu" --runs 2
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$conv" --check --threads 1
+expect 0 'compiled: isa .* steps' -- "$ondine" inspect "$conv" --compiled
 
 # Bad files: each error names the file.
 expect 1 "missing\.onnx.*cannot open" -- "$ondine" run "$work/missing.onnx"

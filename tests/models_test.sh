@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The bundled example models: written by scripts/make_models.py (seeded, no download), then inspected
-# and run by the `ondine` tool at batch 1 and 2 on the reference executor. Checks that the symbolic batch
-# binds, that no op is unsupported, and that the outputs have the expected shapes and are finite.
+# The bundled example models: written by scripts/make_models.py (seeded, no download), then inspected,
+# compiled and run by the `ondine` tool at batch 1 and 2, each compiled run checked against the reference
+# executor (--check, 1e-4 relative to max |reference|). Checks that the symbolic batch binds, that no op
+# is unsupported, and that the outputs have the expected shapes and are finite.
 set -euo pipefail
 ondine=$1 src=$2 out=$3
 mkdir -p "$out"
@@ -9,7 +10,8 @@ mkdir -p "$out"
 
 check() {  # check MODEL DIMS PATTERN: runs the model and greps its output summary
   local log
-  log=$("$ondine" run "$out/$1.onnx" --dim "$2" 2>&1) || { echo "FAIL: ondine run $1 --dim $2"; echo "$log"; exit 1; }
+  log=$("$ondine" run "$out/$1.onnx" --dim "$2" --check --tolerance 1e-4 2>&1) || { echo "FAIL: ondine run $1 --dim $2"; echo "$log"; exit 1; }
+  grep -qE -- "check: .* ok" <<<"$log" || { echo "FAIL: $1: no passing check line"; echo "$log"; exit 1; }
   grep -qE -- "$3" <<<"$log" || { echo "FAIL: $1 --dim $2: output does not match /$3/"; echo "$log"; exit 1; }
   if grep -qiE 'nan|inf' <<<"$log"; then echo "FAIL: $1 produced non-finite values"; echo "$log"; exit 1; fi
   echo "ok: $1 $2: $(head -1 <<<"$log")"
@@ -24,6 +26,7 @@ done
 "$ondine" inspect "$out/resnet50.onnx" | grep -qE 'FLOPs: +8\.[0-9]+ GFLOP at batch=1' || { echo "FAIL: ResNet-50 FLOPs"; exit 1; }
 passed=$((passed + 1))
 check resnet50 batch=1 'logits: float32\[1,1000\]'
+check resnet50 batch=2 'logits: float32\[2,1000\]'
 check mobilenetv2 batch=2 'logits: float32\[2,1000\]'
 check bert batch=2 'last_hidden_state: float32\[2,128,256\]'
 echo "$passed passed, 0 failed"
