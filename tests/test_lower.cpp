@@ -14,6 +14,7 @@
 
 #include "ondine/ir/stats.hpp"
 #include "ondine/lower/lower.hpp"
+#include "ondine/lower/shape_cache.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/memory_plan.hpp"
 
@@ -640,6 +641,38 @@ TEST_CASE("lower: errors", "[lower][errors]") {
 // --- ResNet-50 (hidden; run with "[.slow]" or by name) ---------------------------------------------
 
 #ifdef ONDINE_TEST_HAVE_IMPORT
+TEST_CASE("shape cache: one compile per batch size, LRU-bounded, results match the reference (1e-4)", "[lower][cache]") {
+  Builder b;
+  Value* x = b.g.add_input("x", DType::Float32, Shape{Dim::named("batch"), 3, 8, 8});
+  Value* y = b.op("Relu", {b.conv(x, 4, 3, 3, {{"pads", Dims{1, 1, 1, 1}}})});
+  b.g.add_output(b.op("GlobalAveragePool", {y}));
+  infer_shapes(b.g);
+  Graph reference_graph = b.g.clone();
+  ReferenceExecutor reference(reference_graph);
+  lower::ShapeCache cache(std::move(b.g), {}, /*capacity=*/2);
+  auto run_batch = [&](std::int64_t n) {
+    std::map<std::string, Tensor> in{{"x", random_tensor({n, 3, 8, 8}, static_cast<unsigned>(n))}};
+    auto got = cache.run(in);
+    auto want = reference.run(in);
+    require_nontrivial(want.begin()->second, "reference output");
+    CHECK(relative_error(got.begin()->second, want.begin()->second) <= 1e-4);
+    CHECK(got.begin()->second.dims() == Dims{n, 4, 1, 1});
+  };
+  run_batch(1);
+  run_batch(3);
+  run_batch(1);  // cached
+  CHECK(cache.compilations() == 2);
+  run_batch(5);  // evicts batch 3, the least recently used
+  CHECK(cache.size() == 2);
+  run_batch(1);  // still cached
+  CHECK(cache.compilations() == 3);
+  run_batch(3);  // compiled again
+  CHECK(cache.compilations() == 4);
+  // Bad input is refused before anything compiles.
+  REQUIRE_THROWS_AS(cache.run({{"x", random_tensor({2, 4, 8, 8}, 7)}}), Error);
+  CHECK(cache.compilations() == 4);
+}
+
 TEST_CASE("lower: ResNet-50 at batch 1 matches the reference (1e-3)", "[.slow][lower]") {
   std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/resnet50.onnx";
   if (!std::ifstream(path)) {

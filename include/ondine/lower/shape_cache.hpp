@@ -1,0 +1,88 @@
+// ondine/lower/shape_cache.hpp - run a model with symbolic dims: compile per concrete shape, cached.
+//
+//   ondine::lower::ShapeCache model(std::move(graph), {/*threads*/ 2}, /*capacity*/ 8);
+//   auto out = model.run({{"input", batch_of_8}});   // compiles for batch=8 on first use
+//
+// The compiled runtime needs static shapes. A ShapeCache keeps the graph with its symbolic dims, binds
+// them from each call's input shapes (checked: one size per symbol), and compiles once per distinct
+// binding. It holds at most `capacity` compiled models and evicts the least recently used one; models
+// evicted while a call still runs them stay alive until that call returns (shared ownership). Safe to
+// call from several threads: compiling happens under a lock, running does not.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "ondine/ir/stats.hpp"
+#include "ondine/lower/lower.hpp"
+
+namespace ondine::lower {
+
+class ShapeCache {
+ public:
+  using Binding = std::map<std::string, std::int64_t>;
+
+  explicit ShapeCache(Graph graph, CompileOptions options = {}, std::size_t capacity = 8)
+      : graph_(std::move(graph)), options_(std::move(options)), capacity_(capacity ? capacity : 1) {
+    check_supported(graph_);
+  }
+
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) {
+    check_inputs(graph_, inputs);  // names, dtypes, ranks, static dims and consistent symbols
+    std::shared_ptr<const CompiledModel> model = get(binding_of(inputs));
+    return model->run(inputs);
+  }
+
+  // The compiled model for a binding (compiled now if not cached).
+  std::shared_ptr<const CompiledModel> get(const Binding& binding) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->first == binding) {
+        entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+        return entries_.front().second;
+      }
+    Graph bound = graph_.clone();
+    bind_dims(bound, binding);
+    auto model = std::make_shared<const CompiledModel>(compile(bound, options_));
+    ++compilations_;
+    entries_.emplace_front(binding, model);
+    if (entries_.size() > capacity_) entries_.pop_back();
+    return model;
+  }
+
+  std::size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.size();
+  }
+  std::size_t capacity() const { return capacity_; }
+  std::size_t compilations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return compilations_;
+  }
+
+ private:
+  Binding binding_of(const std::map<std::string, Tensor>& inputs) const {
+    Binding b;
+    for (Value* in : graph_.inputs()) {
+      if (!in->shape().rank_known()) continue;
+      const Tensor& t = inputs.at(in->name());
+      for (std::size_t d = 0; d < in->shape().rank(); ++d)
+        if (!in->shape()[d].is_static() && !in->shape()[d].symbol.empty()) b[in->shape()[d].symbol] = t.dims()[d];
+    }
+    return b;
+  }
+
+  Graph graph_;
+  CompileOptions options_;
+  std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::list<std::pair<Binding, std::shared_ptr<const CompiledModel>>> entries_;
+  std::size_t compilations_ = 0;
+};
+
+}  // namespace ondine::lower
