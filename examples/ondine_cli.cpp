@@ -3,6 +3,7 @@
 //   ondine inspect MODEL [--dim batch=1] [--json] [--graph] [--dot FILE] [--compiled]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
 //              [--threads N] [--reference] [--check]
+//   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
 //
 // Errors go to stderr with exit code 1 (2 for bad command lines).
 #include <algorithm>
@@ -14,11 +15,15 @@
 #include <iostream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
+#include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -113,6 +118,85 @@ Difference difference(const Tensor& a, const Tensor& b) {
 
 double elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
+// Random inputs (seeded) for every graph input not given.
+void fill_random_inputs(const Graph& g, std::map<std::string, Tensor>& inputs, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (Value* in : g.inputs())
+    if (!inputs.count(in->name())) inputs[in->name()] = random_input(*in, rng);
+}
+
+// What runs a model: the oneDNN-compiled model, or the reference executor (the oracle). It keeps the
+// compiled model and one execution context alive, so runs after the first reuse them.
+struct Engine {
+  std::string name;       // "compiled" or "reference"
+  std::string isa;        // the compiled model's ISA; empty for the reference executor
+  double compile_ms = 0;  // time lower::compile took
+  std::function<std::map<std::string, Tensor>(const std::map<std::string, Tensor>&)> run;
+};
+
+Engine make_engine(const Graph& g, bool use_reference, int threads) {
+  Engine engine;
+  if (use_reference) {
+    auto exec = std::make_shared<ReferenceExecutor>(g);
+    engine.name = "reference";
+    engine.run = [exec](const std::map<std::string, Tensor>& in) { return exec->run(in); };
+    return engine;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  lower::CompileOptions opts;
+  opts.threads = threads;
+  auto model = std::make_shared<CompiledModel>(lower::compile(g, opts));
+  engine.compile_ms = elapsed_ms(t0);
+  auto context = std::make_shared<ExecContext>(model->make_context());
+  engine.name = "compiled";
+  engine.isa = model->isa();
+  engine.run = [model, context](const std::map<std::string, Tensor>& in) { return model->run(*context, in); };
+  return engine;
+}
+
+// Times `runs` calls of the engine (ms each); the last call's outputs go to *last when given.
+// Long loops report progress on stderr ("LABEL: run 20/50"), at most about once a second.
+std::vector<double> time_runs(const Engine& engine, const std::map<std::string, Tensor>& inputs, int runs,
+                              const std::string& path, const std::string& progress_label = "",
+                              std::map<std::string, Tensor>* last = nullptr) {
+  std::vector<double> ms;
+  auto shown = std::chrono::steady_clock::now();
+  bool progressed = false;
+  for (int r = 0; r < runs; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      auto outputs = engine.run(inputs);
+      ms.push_back(elapsed_ms(t0));
+      if (last) *last = std::move(outputs);
+    } catch (Error& e) {
+      e.in_file(path);
+      throw;
+    }
+    if (!progress_label.empty() && elapsed_ms(shown) > 1000) {
+      std::cerr << progress_label << ": run " << r + 1 << "/" << runs << "\n";
+      shown = std::chrono::steady_clock::now();
+      progressed = true;
+    }
+  }
+  if (progressed) std::cerr << progress_label << ": run " << runs << "/" << runs << " done\n";
+  return ms;
+}
+
+// The q-quantile (0..1) of samples, nearest rank.
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, i ? i - 1 : 0)];
+}
+
+// The process's peak resident set so far (Linux reports ru_maxrss in KiB).
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
 // What compile() made of the model: ISA, every step with oneDNN's implementation, the memory plan.
@@ -231,42 +315,14 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
           bindings.emplace(in->shape()[d].symbol, it->second.dims()[d]);
   for (auto& sym : symbolic_dims(g)) bindings.emplace(sym, 1);
   bind_dims(g, bindings);
-  std::mt19937_64 rng(seed);
-  for (Value* in : g.inputs())
-    if (!inputs.count(in->name())) inputs[in->name()] = random_input(*in, rng);
+  fill_random_inputs(g, inputs, seed);
 
   check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
-  std::function<std::map<std::string, Tensor>()> engine;
-  std::optional<ReferenceExecutor> reference_exec;
-  std::optional<CompiledModel> compiled;
-  std::optional<ExecContext> context;
-  double compile_ms = 0;
-  if (use_reference) {
-    reference_exec.emplace(g);
-    engine = [&] { return reference_exec->run(inputs); };
-  } else {
-    auto t0 = std::chrono::steady_clock::now();
-    lower::CompileOptions opts;
-    opts.threads = threads;
-    compiled = lower::compile(g, opts);
-    compile_ms = elapsed_ms(t0);
-    context.emplace(compiled->make_context());
-    engine = [&] { return compiled->run(*context, inputs); };
-  }
+  Engine engine = make_engine(g, use_reference, threads);
   std::map<std::string, Tensor> outputs;
-  std::vector<double> ms;
-  for (int r = 0; r < std::max(runs, 1); ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      outputs = engine();
-    } catch (Error& e) {
-      e.in_file(path);
-      throw;
-    }
-    ms.push_back(elapsed_ms(t0));
-  }
+  std::vector<double> ms = time_runs(engine, inputs, std::max(runs, 1), path, "", &outputs);
   for (Value* o : g.outputs()) std::cout << o->name() << ": " << summary(outputs.at(o->name())) << "\n";
   if (!output_dir.empty()) {
     fs::create_directories(output_dir);
@@ -281,10 +337,10 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   std::string at;
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ",") + k + "=" + std::to_string(v);
   std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=" << (use_reference ? "reference" : "compiled")
-            << (use_reference ? "" : " isa=" + compiled->isa()) << " " << (at.empty() ? "" : at + " ")
+            << (use_reference ? "" : " isa=" + engine.isa) << " " << (at.empty() ? "" : at + " ")
             << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default")) << " runs=" << ms.size()
             << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms";
-  if (!use_reference) std::cout << " compile=" << compile_ms << " ms";
+  if (!use_reference) std::cout << " compile=" << engine.compile_ms << " ms";
   std::cout << "\n";
   if (check && !use_reference) {
     // Every optimisation is checked against the oracle: same inputs through the reference executor.
@@ -298,6 +354,156 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
     }
     if (!ok) throw Error("compiled outputs differ from the reference executor by more than " +
                          std::to_string(check_tolerance) + " relative").in_file(path);
+  }
+  return 0;
+}
+
+// ---- ondine bench ----
+
+// Which symbolic dim --batch sets, and the other dims' bindings, from --dim NAME (the batch dim) and
+// --dim NAME=SIZE (fixed). Without a bare NAME, the model's only symbolic dim is the batch dim; a model
+// with no symbolic dim has none (its batch is fixed).
+struct BatchDims {
+  std::string batch;  // empty: the model's shapes are static
+  std::map<std::string, std::int64_t> fixed;
+};
+
+BatchDims batch_dims(const Graph& g, const std::vector<std::string>& dim_specs, const std::string& path) {
+  BatchDims out;
+  std::vector<std::string> bindings;
+  for (auto& spec : dim_specs) {
+    if (spec.find('=') != std::string::npos) bindings.push_back(spec);
+    else if (!out.batch.empty()) throw Error("--dim NAME (the batch dim) given twice: " + out.batch + ", " + spec);
+    else out.batch = spec;
+  }
+  out.fixed = parse_dims(bindings);
+  auto symbols = symbolic_dims(g);
+  std::string names;
+  for (auto& sym : symbols) names += (names.empty() ? "" : ", ") + sym;
+  if (!out.batch.empty()) {
+    if (std::find(symbols.begin(), symbols.end(), out.batch) == symbols.end())
+      throw Error("--dim " + out.batch + ": the model has no symbolic dim of that name (symbolic dims: " +
+                  (names.empty() ? "none" : names) + ")").in_file(path);
+    return out;
+  }
+  std::vector<std::string> unbound;
+  for (auto& sym : symbols)
+    if (!out.fixed.count(sym)) unbound.push_back(sym);
+  if (unbound.size() == 1) out.batch = unbound[0];
+  else if (unbound.size() > 1)
+    throw Error("the model has several symbolic dims (" + names +
+                "): name the one --batch sets with --dim NAME (and fix others with --dim NAME=SIZE)").in_file(path);
+  return out;
+}
+
+// The batch of a model with static shapes: the leading dim of its first input (1 for a scalar).
+std::int64_t static_batch(const Graph& g) {
+  if (g.inputs().empty()) return 1;
+  const Shape& s = g.inputs().front()->shape();
+  return s.rank_known() && s.rank() > 0 && s[0].is_static() ? s[0].value : 1;
+}
+
+// The graph with the batch dim bound (other symbolic dims: --dim NAME=SIZE, else 1).
+Graph bind_batch(const Graph& g, const BatchDims& dims, std::int64_t batch) {
+  auto bindings = dims.fixed;
+  if (!dims.batch.empty()) bindings[dims.batch] = batch;
+  for (auto& sym : symbolic_dims(g)) bindings.emplace(sym, 1);
+  Graph bound = g.clone();
+  bind_dims(bound, bindings);
+  return bound;
+}
+
+// The batch sizes to measure: --batch, which for a model with static shapes can only be its own batch.
+std::vector<std::int64_t> bench_batches(const Graph& g, const BatchDims& dims, std::vector<std::int64_t> batches,
+                                        const std::string& path) {
+  if (!dims.batch.empty()) return batches.empty() ? std::vector<std::int64_t>{1} : batches;
+  std::int64_t own = static_batch(g);
+  for (auto b : batches)
+    if (b != own)
+      throw Error("--batch " + std::to_string(b) + ": the model has no symbolic dim, its batch is fixed at " +
+                  std::to_string(own) + " (leave out --batch, or give --batch " + std::to_string(own) + ")")
+          .in_file(path);
+  return {own};
+}
+
+struct BenchResult {
+  std::int64_t batch = 0;
+  double compile_ms = 0, median_ms = 0, p90_ms = 0, samples_per_s = 0, peak_rss_mib = 0;
+};
+
+BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batch, bool use_reference, int threads,
+                        int warmup, int runs, std::uint64_t seed, const std::string& path, std::string& isa) {
+  Graph bound = bind_batch(g, dims, batch);
+  std::map<std::string, Tensor> inputs;
+  fill_random_inputs(bound, inputs, seed);
+  Engine engine = make_engine(bound, use_reference, threads);
+  isa = engine.isa;
+  std::string label = "batch " + std::to_string(batch);
+  time_runs(engine, inputs, warmup, path, label + " warmup");
+  auto ms = time_runs(engine, inputs, runs, path, label);
+  BenchResult r;
+  r.batch = batch;
+  r.compile_ms = engine.compile_ms;
+  r.median_ms = quantile(ms, 0.5);
+  r.p90_ms = quantile(ms, 0.9);
+  r.samples_per_s = r.median_ms > 0 ? static_cast<double>(batch) * 1000.0 / r.median_ms : 0;
+  r.peak_rss_mib = peak_rss_mib();
+  return r;
+}
+
+// FLOPs of one sample: the graph's FLOPs at batch 1 (a model with static shapes: divided by its batch).
+std::optional<double> flops_per_sample(const Graph& g, const BatchDims& dims) {
+  GraphStats stats = graph_stats(bind_batch(g, dims, 1));
+  if (!stats.flops) return std::nullopt;
+  return dims.batch.empty() ? *stats.flops / static_cast<double>(static_batch(g)) : *stats.flops;
+}
+
+int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_list,
+              const std::vector<std::string>& dim_specs, int threads, int warmup, int runs, std::uint64_t seed,
+              bool use_reference, const std::string& json_file) {
+  Graph g = ondine::onnx::load_model(path);
+  check_supported(g);
+  BatchDims dims = batch_dims(g, dim_specs, path);
+  auto batches = bench_batches(g, dims, batch_list, path);
+  auto flops = flops_per_sample(g, dims);
+  int used_threads = threads > 0 ? threads : omp_get_max_threads();
+
+  std::string isa;
+  std::vector<BenchResult> results;
+  for (auto batch : batches)
+    results.push_back(bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa));
+  double rss = peak_rss_mib();
+
+  std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa)
+            << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs << "\n";
+  std::cout << "FLOPs:   " << (flops ? human(*flops, "FLOP") : std::string("unknown")) << " per sample\n";
+  std::cout << std::right << std::setw(7) << "batch" << std::setw(13) << "median ms" << std::setw(11) << "p90 ms"
+            << std::setw(13) << "samples/s" << std::setw(13) << "compile ms" << "\n";
+  for (auto& r : results)
+    std::cout << std::fixed << std::setprecision(3) << std::setw(7) << r.batch << std::setw(13) << r.median_ms
+              << std::setw(11) << r.p90_ms << std::setw(13) << std::setprecision(1) << r.samples_per_s
+              << std::setw(13) << r.compile_ms << "\n";
+  std::cout << "peak RSS: " << std::fixed << std::setprecision(1) << rss << " MiB\n";
+
+  if (!json_file.empty()) {
+    nlohmann::json j;
+    j["model"] = path;
+    j["engine"] = use_reference ? "reference" : "compiled";
+    j["isa"] = isa;
+    j["threads"] = used_threads;
+    j["warmup"] = warmup;
+    j["runs"] = runs;
+    j["batch_dim"] = dims.batch;
+    j["flops_per_sample"] = flops ? nlohmann::json(*flops) : nlohmann::json(nullptr);
+    j["peak_rss_mib"] = rss;
+    j["results"] = nlohmann::json::array();
+    for (auto& r : results)
+      j["results"].push_back({{"batch", r.batch}, {"median_ms", r.median_ms}, {"p90_ms", r.p90_ms},
+                              {"samples_per_s", r.samples_per_s}, {"compile_ms", r.compile_ms},
+                              {"peak_rss_mib", r.peak_rss_mib}});
+    std::ofstream out(json_file);
+    if (!out) throw Error("--json " + json_file + ": cannot open for writing");
+    out << j.dump(2) << "\n";
   }
   return 0;
 }
@@ -337,6 +543,22 @@ int main(int argc, char** argv) {
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance, "--check's bound on max|compiled-reference| / max|reference|");
 
+  std::vector<std::int64_t> batches;
+  std::string json_file;
+  int warmup = 5, bench_runs = 50;
+  auto* bench = app.add_subcommand("bench", "latency and throughput of the compiled model per batch size");
+  bench->add_option("model", model, "ONNX model file")->required();
+  bench->add_option("--batch", batches, "batch sizes, e.g. 1,8 (default 1; a model with static shapes: its own)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
+  bench->add_option("--dim", dims, "NAME: the symbolic dim --batch sets (needed when there are several); "
+                                   "NAME=SIZE: fix another symbolic dim (repeatable)");
+  bench->add_option("--threads", threads, "oneDNN threads (default: OpenMP's)");
+  bench->add_option("--warmup", warmup, "untimed runs per batch size first")->check(CLI::NonNegativeNumber);
+  bench->add_option("--runs", bench_runs, "timed runs per batch size")->check(CLI::PositiveNumber);
+  bench->add_option("--seed", seed, "seed of the random inputs");
+  bench->add_option("--json", json_file, "also write the results as JSON to this file");
+  bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -344,6 +566,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (*inspect) return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads);
+    if (*bench)
+      return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file);
     if (*run) return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance);
   } catch (const std::exception& e) {
     std::cerr << "ondine: error: " << e.what() << "\n";

@@ -56,6 +56,12 @@ expect 1 "NAME=SIZE" -- "$ondine" run "$relu" --dim batch
 expect 1 "no input dim named 'batch'" -- "$ondine" run "$relu" --dim batch=2
 expect 1 "not a .npy" -- "$ondine" run "$relu" --input x="$relu"
 
+# ondine bench: a model with static shapes measures its own batch only; --json writes valid JSON.
+expect 0 'batch +median ms.*samples/s' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threads 1 --json "$work/bench.json"
+expect 0 '"samples_per_s"' -- /usr/bin/python3 -m json.tool "$work/bench.json"
+expect 1 "--batch 8: the model has no symbolic dim, its batch is fixed at 1" -- "$ondine" bench "$conv" --batch 1,8
+expect 1 "no symbolic dim of that name" -- "$ondine" bench "$relu" --dim batch
+
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate
 expect 2 "" -- "$ondine" run

@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""Ondine against its peers on this machine: ONNX Runtime (bench/ort_run.mjs) and PyTorch eager.
+
+Usage (Debian's Python; needs a build with the examples, node with bench/node_modules, and models/):
+    /usr/bin/python3 bench/peers.py [--threads 2] [--rounds 3] [--runs 10] [--warmup 3]
+        [--models resnet50,mobilenetv2,bert] [--batches 1,8] [--build build] [--models-dir models]
+
+For every model and batch size, each round runs Ondine (`ondine bench --json`), ONNX Runtime
+(intraOpNumThreads = --threads, graph optimization 'all') and PyTorch eager (bench/torch_models.py: the
+same architectures with random weights, torch.set_num_threads, inference_mode) one after the other, so
+that load changes on the machine hit every engine alike; a result is the median over rounds of each
+round's median latency. Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32 matmul GFLOP/s
+that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is skipped.
+Make the models with: /usr/bin/python3 scripts/make_models.py --out models
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INPUTS = {"resnet50": ("input", "image"), "mobilenetv2": ("input", "image"), "bert": ("input_ids", "tokens")}
+
+
+def run_json(cmd):
+    """Runs cmd and returns its stdout's last line as JSON; a failure prints its stderr and exits."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"peers: failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peak_gflops(peak_exe, threads):
+    out = subprocess.run([peak_exe, "--threads", str(threads)], capture_output=True, text=True, check=True).stdout
+    return float(out.split("best ")[1].split(" GFLOP/s")[0]), out.strip()
+
+
+def write_input(model, batch, directory):
+    """A seeded random input as .npy (image N(0,1) floats, or token ids in [0, 8000))."""
+    name, kind = INPUTS[model]
+    rng = np.random.default_rng(batch)
+    array = (rng.standard_normal((batch, 3, 224, 224), dtype=np.float32) if kind == "image"
+             else rng.integers(0, 8000, size=(batch, 128), dtype=np.int64))
+    path = os.path.join(directory, f"{model}.b{batch}.npy")
+    np.save(path, array)
+    return name, path
+
+
+class Ondine:
+    name = "ondine"
+
+    def __init__(self, exe, args, tmp):
+        self.exe, self.args, self.json = exe, args, os.path.join(tmp, "ondine.json")
+        self.flops = {}
+
+    def measure(self, model, path, batch, input_spec):
+        a = self.args
+        subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",
+                        str(a.warmup), "--runs", str(a.runs), "--json", self.json], check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(self.json) as f:
+            j = json.load(f)
+        self.flops[model] = j["flops_per_sample"]
+        self.isa = j["isa"]
+        return j["results"][0]["median_ms"]
+
+
+class OnnxRuntime:
+    name = "ort"
+
+    def __init__(self, args):
+        self.args = args
+
+    def measure(self, model, path, batch, input_spec):
+        a = self.args
+        j = run_json(["node", os.path.join(REPO, "bench", "ort_run.mjs"), path, "--input", input_spec, "--threads",
+                      str(a.threads), "--opt-level", "all", "--iterations", str(a.runs), "--warmup", str(a.warmup)])
+        return j["median_ms"]
+
+
+class PyTorch:
+    name = "torch"
+
+    def __init__(self, args):
+        import torch  # noqa: F401  (ImportError: the caller skips PyTorch)
+        sys.path.insert(0, os.path.join(REPO, "bench"))
+        import torch_models
+        self.torch, self.models, self.args = torch, torch_models, args
+        torch.set_num_threads(args.threads)
+        self.cache = {}
+
+    def measure(self, model, path, batch, input_spec):
+        torch, a = self.torch, self.args
+        if model not in self.cache:
+            torch.manual_seed(0)
+            self.cache[model] = self.models.make(model)
+        net, make_input = self.cache[model]
+        x = make_input(batch)
+        times = []
+        with torch.inference_mode():
+            for i in range(a.warmup + a.runs):
+                t0 = time.perf_counter()
+                net(x)
+                if i >= a.warmup:
+                    times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+
+def load():
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runs", type=int, default=10, help="timed runs per engine per round")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per engine per round")
+    p.add_argument("--models", default="resnet50,mobilenetv2,bert")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--build", default=os.path.join(REPO, "build"), help="the CMake build dir with ondine, ondine_peak")
+    p.add_argument("--models-dir", default=os.path.join(REPO, "models"))
+    a = p.parse_args()
+    models = [m for m in a.models.split(",") if m]
+    batches = [int(b) for b in a.batches.split(",") if b]
+    for m in models:
+        if m not in INPUTS:
+            sys.exit(f"peers: unknown model '{m}' (known: {', '.join(INPUTS)})")
+        if not os.path.exists(os.path.join(a.models_dir, f"{m}.onnx")):
+            sys.exit(f"peers: {a.models_dir}/{m}.onnx missing; run /usr/bin/python3 scripts/make_models.py --out models")
+    ondine_exe = os.path.join(a.build, "examples", "ondine")
+    peak_exe = os.path.join(a.build, "bench", "ondine_peak")
+    for exe in (ondine_exe, peak_exe):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"peers: {exe} missing; build the targets ondine_cli and ondine_peak in {a.build}")
+    if not shutil.which("node"):
+        sys.exit("peers: node not found (ONNX Runtime runs through bench/ort_run.mjs)")
+
+    tmp = tempfile.mkdtemp(prefix="ondine-peers-")
+    ondine = Ondine(ondine_exe, a, tmp)
+    engines = [ondine, OnnxRuntime(a)]
+    notes = []
+    try:
+        engines.append(PyTorch(a))
+        if "BLAS_INFO=generic" in engines[-1].torch.__config__.show():
+            notes.append("note: this PyTorch is built with BLAS_INFO=generic (reference BLAS, as Debian's python3-torch): "
+                         "its Linear/MatMul are far slower than a PyPI build's (convolutions use oneDNN either way)")
+    except ImportError as e:
+        notes.append(f"PyTorch skipped: {e}")
+
+    load_before = load()
+    peak, peak_line = peak_gflops(peak_exe, a.threads)
+    inputs = {(m, b): write_input(m, b, tmp) for m in models for b in batches}
+    ms = {}  # (model, batch, engine) -> per-round medians
+    for r in range(a.rounds):
+        for m in models:
+            path = os.path.join(a.models_dir, f"{m}.onnx")
+            for b in batches:
+                name, file = inputs[(m, b)]
+                for e in engines:
+                    print(f"round {r + 1}/{a.rounds}: {m} batch {b} {e.name}", file=sys.stderr)
+                    ms.setdefault((m, b, e.name), []).append(e.measure(m, path, b, f"{name}={file}"))
+    load_after = load()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    have_torch = any(e.name == "torch" for e in engines)
+    print(f"threads {a.threads}, {a.rounds} rounds x {a.runs} runs (warmup {a.warmup}), isa {ondine.isa}; "
+          f"load average before {load_before}, after {load_after} ({os.cpu_count()} CPUs)")
+    print(peak_line)
+    cols = ["model", "batch", "ondine/s", "ort/s"] + (["torch/s"] if have_torch else []) + \
+        ["ondine/ort"] + (["ondine/torch"] if have_torch else []) + ["GFLOP/s", "% of peak"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("---" for _ in cols) + "|")
+    for m in models:
+        for b in batches:
+            rate = {e.name: b * 1000.0 / statistics.median(ms[(m, b, e.name)]) for e in engines}
+            gflops = (ondine.flops[m] or 0) * rate["ondine"] / 1e9
+            row = [m, str(b), f"{rate['ondine']:.1f}", f"{rate['ort']:.1f}"]
+            row += [f"{rate['torch']:.1f}"] if have_torch else []
+            row += [f"{rate['ondine'] / rate['ort']:.2f}"]
+            row += [f"{rate['ondine'] / rate['torch']:.2f}"] if have_torch else []
+            row += [f"{gflops:.1f}", f"{100 * gflops / peak:.0f}%"]
+            print("| " + " | ".join(row) + " |")
+    for n in notes:
+        print(n)
+
+
+if __name__ == "__main__":
+    main()
