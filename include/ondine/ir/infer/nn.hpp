@@ -246,21 +246,43 @@ inline void check_vector(const Node& n, const Value* v, const Dim& count, const 
 
 // --- the ops --------------------------------------------------------------------------------------
 
-inline void infer_conv(Node& n) {
+// What Conv and ConvTranspose check alike: X and W of one floating type and one rank >= 3, a positive
+// group. Returns nullopt (output set to unknown) when neither rank is known.
+struct ConvOperands {
+  Value& x;
+  Value& w;
+  std::size_t spatial;
+  std::int64_t group;
+  Shape xs, ws;  // the shapes, with unknown dims when only the rank is known
+};
+inline std::optional<ConvOperands> conv_operands(Node& n) {
   Value& x = required_input(n, 0);
   Value& w = required_input(n, 1);
   require_floating(n, x);
   require_same_dtype(n, x, w);
   std::int64_t rank = rank_of(&x) >= 0 ? rank_of(&x) : rank_of(&w);
-  if (rank < 0) return set_output(n, 0, x.dtype(), Shape::unknown());
+  if (rank < 0) {
+    set_output(n, 0, x.dtype(), Shape::unknown());
+    return std::nullopt;
+  }
   if (rank < 3) throw n.error("input '" + x.name() + "' has rank " + std::to_string(rank) + ", expected >= 3 (N, C, spatial...)");
   require_rank(n, x, static_cast<std::size_t>(rank));
   require_rank(n, w, static_cast<std::size_t>(rank));
-  std::size_t spatial = static_cast<std::size_t>(rank) - 2;
   std::int64_t group = n.attr_int("group", 1);
   if (group <= 0) throw n.error("group " + std::to_string(group) + " must be positive");
-  Shape xs = x.shape().rank_known() ? x.shape() : Shape(std::vector<Dim>(static_cast<std::size_t>(rank)));
-  Shape ws = w.shape().rank_known() ? w.shape() : Shape(std::vector<Dim>(static_cast<std::size_t>(rank)));
+  auto shape_or_unknown_dims = [&](const Value& v) {
+    return v.shape().rank_known() ? v.shape() : Shape(std::vector<Dim>(static_cast<std::size_t>(rank)));
+  };
+  return ConvOperands{x, w, static_cast<std::size_t>(rank) - 2, group, shape_or_unknown_dims(x), shape_or_unknown_dims(w)};
+}
+
+inline void infer_conv(Node& n) {
+  auto ops = conv_operands(n);
+  if (!ops) return;
+  Value &x = ops->x, &w = ops->w;
+  std::size_t spatial = ops->spatial;
+  std::int64_t group = ops->group;
+  Shape &xs = ops->xs, &ws = ops->ws;
   const Dim &c = xs[1], &m = ws[0], &wc = ws[1];
   if (c.is_static() && wc.is_static() && c.value != wc.value * group)
     throw n.error("input '" + x.name() + "' has " + std::to_string(c.value) + " channels but weight '" + w.name() +
@@ -285,26 +307,18 @@ inline void infer_conv(Node& n) {
     Window win = read_window(n, kernel);
     for (std::size_t i = 0; i < spatial; ++i) out.push_back(window_output_dim(n, win, i, xs[i + 2]));
   } else {
-    out.resize(static_cast<std::size_t>(rank));
+    out.resize(spatial + 2);
   }
   set_output(n, 0, x.dtype(), Shape(out));
 }
 
 inline void infer_conv_transpose(Node& n) {
-  Value& x = required_input(n, 0);
-  Value& w = required_input(n, 1);
-  require_floating(n, x);
-  require_same_dtype(n, x, w);
-  std::int64_t rank = rank_of(&x) >= 0 ? rank_of(&x) : rank_of(&w);
-  if (rank < 0) return set_output(n, 0, x.dtype(), Shape::unknown());
-  if (rank < 3) throw n.error("input '" + x.name() + "' has rank " + std::to_string(rank) + ", expected >= 3 (N, C, spatial...)");
-  require_rank(n, x, static_cast<std::size_t>(rank));
-  require_rank(n, w, static_cast<std::size_t>(rank));
-  std::size_t spatial = static_cast<std::size_t>(rank) - 2;
-  std::int64_t group = n.attr_int("group", 1);
-  if (group <= 0) throw n.error("group " + std::to_string(group) + " must be positive");
-  Shape xs = x.shape().rank_known() ? x.shape() : Shape(std::vector<Dim>(static_cast<std::size_t>(rank)));
-  Shape ws = w.shape().rank_known() ? w.shape() : Shape(std::vector<Dim>(static_cast<std::size_t>(rank)));
+  auto ops = conv_operands(n);
+  if (!ops) return;
+  Value &x = ops->x, &w = ops->w;
+  std::size_t spatial = ops->spatial;
+  std::int64_t group = ops->group;
+  Shape &xs = ops->xs, &ws = ops->ws;
   unify(n, xs[1], ws[0], "input channels of '" + x.name() + "' and weight '" + w.name() + "' differ");
   if (ws[0].is_static() && ws[0].value % group != 0)
     throw n.error("weight '" + w.name() + "' has " + std::to_string(ws[0].value) + " input channels, not a multiple of group " +
@@ -336,7 +350,7 @@ inline void infer_conv_transpose(Node& n) {
       }
     }
   } else {
-    out.resize(static_cast<std::size_t>(rank));
+    out.resize(spatial + 2);
   }
   set_output(n, 0, x.dtype(), Shape(out));
 }
