@@ -13,6 +13,9 @@
 #include "ondine/ir/stats.hpp"
 #include "ondine/onnx/export.hpp"
 #include "ondine/onnx/import.hpp"
+#include "ondine/passes/pattern.hpp"
+#include "ondine/passes/pipeline.hpp"
+#include "ondine/passes/rewrite.hpp"
 #include "ondine/reference/executor.hpp"
 
 namespace ondine {

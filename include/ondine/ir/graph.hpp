@@ -35,6 +35,24 @@ struct Use {
   bool operator==(const Use& o) const { return node == o.node && index == o.index; }
 };
 
+// Where a tensor's bytes go, as decided by the layout pass (ondine/passes/layout.hpp).
+enum class Layout {
+  Unset,         // no decision: the lowering picks (oneDNN's preferred layout between its primitives)
+  RowMajor,      // plain row-major (NCHW for images): what reference kernels and callers read
+  ChannelsLast,  // NHWC / NDHWC / NWC
+  Blocked,       // whatever oneDNN prefers for its producer (e.g. nChw16c)
+};
+
+inline const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::Unset: return "unset";
+    case Layout::RowMajor: return "row-major";
+    case Layout::ChannelsLast: return "channels-last";
+    case Layout::Blocked: return "blocked";
+  }
+  return "?";
+}
+
 class Value {
  public:
   const std::string& name() const { return name_; }
@@ -63,10 +81,16 @@ class Value {
   bool is_graph_input() const { return is_input_; }
   bool is_graph_output() const { return is_output_; }
 
+  // The memory layout the layout pass chose for this value (Layout::Unset: the lowering decides).
+  // The IR's semantics never depend on it: every tensor is indexed by its logical dims.
+  Layout layout() const { return layout_; }
+  void set_layout(Layout l) { layout_ = l; }
+
  private:
   friend class Graph;
   friend class Node;
   std::string name_;
+  Layout layout_ = Layout::Unset;
   DType dtype_ = DType::Undefined;
   Shape shape_ = Shape::unknown();
   Node* producer_ = nullptr;
@@ -80,6 +104,8 @@ class Node {
  public:
   const std::string& op_type() const { return op_type_; }
   const std::string& domain() const { return domain_; }
+  // The key of this op in Ondine's op tables: "Conv" for the ONNX domain, "ondine.FusedConv" for others.
+  std::string op_key() const { return domain_.empty() ? op_type_ : domain_ + "." + op_type_; }
   const std::string& name() const { return name_; }
   void set_name(std::string n) { name_ = std::move(n); }
   // Opset version of this node's domain in the model it came from; kernels use it for
@@ -411,6 +437,7 @@ class Graph {
       c->dtype_ = v->dtype_;
       c->shape_ = v->shape_;
       c->constant_ = v->constant_;
+      c->layout_ = v->layout_;
       map[v.get()] = c;
     }
     for (Value* v : inputs_) {

@@ -11,7 +11,8 @@
 
 namespace ondine {
 
-// The table of inference functions for every op Ondine supports (default ONNX domain).
+// The table of inference functions for every op Ondine supports, keyed by Node::op_key() (ONNX ops by
+// name, Ondine's own fused ops as "ondine.<op>").
 inline const InferTable& infer_table() {
   static const InferTable table = [] {
     InferTable t;
@@ -29,7 +30,7 @@ inline const InferTable& infer_table() {
 inline void infer_shapes(Graph& g) {
   const InferTable& table = infer_table();
   for (Node* n : g.topo_order()) {
-    auto it = n->domain().empty() ? table.find(n->op_type()) : table.end();
+    auto it = table.find(n->op_key());
     if (it == table.end()) {
       for (Value* out : n->outputs()) out->set_shape(Shape::unknown());
       continue;

@@ -76,7 +76,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
 
 inline void lower_reference(Lowering& L, const Node& n) {
   const auto& kernels = reference::kernel_table();
-  auto it = kernels.find(n.op_type());
+  auto it = kernels.find(n.op_key());
   if (it == kernels.end()) throw n.error("unsupported op: no oneDNN lowering and no reference kernel");
   std::vector<ReferenceStep::Operand> ins, outs;
   std::string detail;
@@ -125,9 +125,8 @@ inline void check_node_shapes(const Graph& g) {
 inline void check_ops(const Graph& g) {
   std::map<std::string, std::vector<const Node*>> bad;
   for (Node* n : g.nodes()) {
-    bool ok = n->domain().empty() &&
-              (lowering_table().count(n->op_type()) || reference::kernel_table().count(n->op_type()));
-    if (!ok) bad[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()].push_back(n);
+    bool ok = lowering_table().count(n->op_key()) || reference::kernel_table().count(n->op_key());
+    if (!ok) bad[n->op_key()].push_back(n);
   }
   if (bad.empty()) return;
   std::string msg = "unsupported op" + std::string(bad.size() > 1 ? "s" : "") + ": ";
@@ -213,8 +212,8 @@ inline CompiledModel compile(const Graph& graph, const CompileOptions& options =
   for (Node* n : g->topo_order()) {
     if (L.fused.count(n)) continue;
     try {
-      auto it = table.find(n->op_type());
-      bool lowered = it != table.end() && !options.reference_ops.count(n->op_type()) && it->second(L, *n);
+      auto it = table.find(n->op_key());
+      bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && it->second(L, *n);
       if (!lowered) lower_reference(L, *n);
     } catch (const dnnl::error& e) {
       throw n->error(std::string("oneDNN: ") + e.what());

@@ -34,8 +34,8 @@ inline const KernelTable& kernel_table() {
 
 // An op is supported when it has both shape inference and a reference kernel.
 inline bool is_supported_op(const std::string& domain, const std::string& op_type) {
-  if (!domain.empty() && domain != "ai.onnx") return false;
-  return reference::kernel_table().count(op_type) && infer_table().count(op_type);
+  std::string key = domain.empty() || domain == "ai.onnx" ? op_type : domain + "." + op_type;
+  return reference::kernel_table().count(key) && infer_table().count(key);
 }
 
 inline std::set<std::string> supported_ops() {
@@ -58,7 +58,7 @@ inline void check_supported(const Graph& g) {
   auto bad = unsupported_nodes(g);
   if (bad.empty()) return;
   std::map<std::string, std::vector<std::string>> by_op;
-  for (const Node* n : bad) by_op[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()].push_back(n->name());
+  for (const Node* n : bad) by_op[n->op_key()].push_back(n->name());
   std::string msg = "unsupported op" + std::string(by_op.size() > 1 ? "s" : "") + ": ";
   bool first = true;
   for (auto& [op, names] : by_op) {
@@ -134,7 +134,7 @@ class ReferenceExecutor {
       }
       std::vector<Tensor> outs;
       try {
-        outs = kernels.at(n->op_type())(*n, args);
+        outs = kernels.at(n->op_key())(*n, args);
       } catch (Error& e) {
         if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
         throw;

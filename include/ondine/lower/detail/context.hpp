@@ -80,6 +80,25 @@ inline memory::desc any_md(const Dims& dims, memory::data_type dt = memory::data
   return memory::desc(at_least_1d(dims), dt, memory::format_tag::any);
 }
 
+// The descriptor a layout-choosing primitive (conv, pooling, ...) asks for activation `v`: the layout
+// the layout pass chose (ondine/passes/layout.hpp), else format_tag::any so oneDNN picks.
+inline memory::desc activation_md(const Value* v, const Dims& dims, memory::data_type dt = memory::data_type::f32) {
+  using tag = memory::format_tag;
+  switch (v ? v->layout() : Layout::Unset) {
+    case Layout::RowMajor:
+      return plain_md(dims, dt);
+    case Layout::ChannelsLast:
+      if (dims.size() == 3) return memory::desc(dims, dt, tag::nwc);
+      if (dims.size() == 4) return memory::desc(dims, dt, tag::nhwc);
+      if (dims.size() == 5) return memory::desc(dims, dt, tag::ndhwc);
+      return plain_md(dims, dt);
+    case Layout::Blocked:
+    case Layout::Unset:
+      break;
+  }
+  return any_md(dims, dt);
+}
+
 // True when the descriptor's bytes are exactly the row-major bytes of its dims (strides of size-1
 // dims do not matter; no blocking, padding or offset).
 inline bool is_row_major(const memory::desc& md) {

@@ -1,0 +1,59 @@
+// ondine/passes/pipeline.hpp - every built-in pass, the process-wide pass registry, and the default
+// pipeline that `ondine compile` and lower::compile run.
+//
+//   Graph g = onnx::load_model("resnet50.onnx");
+//   PassManager pm = make_pass_manager();           // the default pipeline
+//   pm.run(g);
+//
+//   pass_registry().add<MyPass>();                    // a user pass becomes nameable in pipelines
+//   PassManager custom = make_pass_manager("fold-bn,my-pass,fuse");
+#pragma once
+
+#include <string>
+
+#include "ondine/passes/cancel_transposes.hpp"
+#include "ondine/passes/dce.hpp"
+#include "ondine/passes/fold_batchnorm.hpp"
+#include "ondine/passes/fold_constants.hpp"
+#include "ondine/passes/fuse_gelu.hpp"
+#include "ondine/passes/fuse_layernorm.hpp"
+#include "ondine/passes/fuse_post_ops.hpp"
+#include "ondine/passes/layout.hpp"
+#include "ondine/passes/pass_manager.hpp"
+#include "ondine/passes/remove_identity.hpp"
+
+namespace ondine {
+
+// The pipeline for inference: clean up, fold, fuse into what oneDNN runs as one primitive, then
+// decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops; Gelu and
+// LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse.
+inline const char* default_pipeline() {
+  return "remove-identity,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse,cancel-transposes,layout,dce";
+}
+
+// The process-wide registry: every built-in pass, plus whatever the program adds.
+inline PassRegistry& pass_registry() {
+  static PassRegistry registry = [] {
+    PassRegistry r;
+    r.add<DeadCodeElimination>()
+        .add<FoldConstants>()
+        .add<RemoveIdentity>()
+        .add<FoldBatchNorm>()
+        .add<FuseGelu>()
+        .add<FuseLayerNorm>()
+        .add<FusePostOps>()
+        .add<CancelTransposes>()
+        .add<AssignLayouts>();
+    return r;
+  }();
+  return registry;
+}
+
+inline PassManager make_pass_manager(const std::string& pipeline = default_pipeline(),
+                                     PassManager::Options options = {}) {
+  PassManager pm(std::move(options));
+  pm.add_pipeline(pipeline, pass_registry());
+  return pm;
+}
+
+}  // namespace ondine
