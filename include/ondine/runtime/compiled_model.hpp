@@ -15,7 +15,10 @@
 // behind the type-erased per-context ContextBackend and StepState.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -155,6 +158,18 @@ class ExecContext {
 
   // Threads for runs with this context; 0 uses the model's setting (CompileOptions::threads).
   int threads = 0;
+  // With profile on, every run adds each step's wall time to step_seconds() and the whole run's to
+  // run_seconds() (CompiledModel::profile_text summarises them). Off by default: it costs two clock
+  // reads per step.
+  bool profile = false;
+  const std::vector<double>& step_seconds() const { return step_seconds_; }
+  double run_seconds() const { return run_seconds_; }
+  std::size_t profiled_runs() const { return profiled_runs_; }
+  void reset_profile() {
+    step_seconds_.assign(step_seconds_.size(), 0.0);
+    run_seconds_ = 0;
+    profiled_runs_ = 0;
+  }
 
   // The address of a slot's bytes for the current run.
   void* ptr(SlotId id) const {
@@ -206,6 +221,7 @@ class ExecContext {
     backend_ = program_->make_backend ? program_->make_backend() : std::make_unique<ContextBackend>();
     states_.reserve(program_->steps.size());
     for (auto& s : program_->steps) states_.push_back(s->make_state(*this));
+    step_seconds_.assign(program_->steps.size(), 0.0);
   }
 
   std::shared_ptr<const Program> program_;
@@ -213,6 +229,9 @@ class ExecContext {
   std::vector<void*> inputs_, outputs_;
   std::vector<std::unique_ptr<StepState>> states_;
   std::unique_ptr<ContextBackend> backend_;
+  std::vector<double> step_seconds_;
+  double run_seconds_ = 0;
+  std::size_t profiled_runs_ = 0;
   std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
 };
 
@@ -270,6 +289,8 @@ class CompiledModel {
       ~Release() { busy.store(false); }
     } release{*ctx.busy_};
 
+    using Clock = std::chrono::steady_clock;
+    auto run_start = Clock::now();
     bind_inputs(ctx, inputs);
     bind_outputs(ctx, outputs);
     ContextBackend& backend = *ctx.backend_;
@@ -278,12 +299,66 @@ class CompiledModel {
       ContextBackend& b;
       ~Leave() { b.leave(); }
     } leave{backend};
-    for (auto& step : p_->steps) step->execute(ctx);
-    backend.wait();
+    if (!ctx.profile) {
+      for (auto& step : p_->steps) step->execute(ctx);
+      backend.wait();
+      return;
+    }
+    for (std::size_t i = 0; i < p_->steps.size(); ++i) {
+      auto t0 = Clock::now();
+      p_->steps[i]->execute(ctx);
+      backend.wait();
+      ctx.step_seconds_[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    ctx.run_seconds_ += std::chrono::duration<double>(Clock::now() - run_start).count();
+    ++ctx.profiled_runs_;
   }
   void run(const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs) const {
     ExecContext ctx = make_context();
     run(ctx, inputs, outputs);
+  }
+
+  // Where a profiled context's time went: per op and implementation (descending), then the share of
+  // time in library primitives, in reference kernels / copies, and outside every step (binding,
+  // dispatch, thread setup: the framework's own overhead).
+  std::string profile_text(const ExecContext& ctx) const {
+    check_compiled();
+    if (ctx.program_ != p_) throw Error("profile_text: the ExecContext was made by another compiled model");
+    std::ostringstream os;
+    if (!ctx.profiled_runs_) return "no profiled runs (set ExecContext::profile = true before running)\n";
+    double runs = static_cast<double>(ctx.profiled_runs_), total = ctx.run_seconds_ / runs;
+    std::map<std::pair<std::string, std::string>, std::pair<double, std::size_t>> by_kind;
+    double in_steps = 0, in_fallback = 0;
+    for (std::size_t i = 0; i < p_->steps.size(); ++i) {
+      const Step& s = *p_->steps[i];
+      double t = ctx.step_seconds_[i] / runs;
+      auto& e = by_kind[{s.op(), s.implementation()}];
+      e.first += t;
+      ++e.second;
+      in_steps += t;
+      if (s.implementation() == "reference" || s.implementation() == "memcpy") in_fallback += t;
+    }
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [key, v] : by_kind) {
+      char line[200];
+      std::snprintf(line, sizeof line, "  %-22s %-28s %5zu steps %9.3f ms %5.1f%%\n", key.first.c_str(),
+                    key.second.c_str(), v.second, v.first * 1e3, total > 0 ? 100.0 * v.first / total : 0.0);
+      rows.emplace_back(v.first, line);
+    }
+    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    char head[200];
+    std::snprintf(head, sizeof head, "profile: %.3f ms per run (mean of %zu runs)\n", total * 1e3, ctx.profiled_runs_);
+    os << head;
+    for (auto& r : rows) os << r.second;
+    double outside = std::max(0.0, total - in_steps);
+    auto pct = [&](double t) { return total > 0 ? 100.0 * t / total : 0.0; };
+    char tail[300];
+    std::snprintf(tail, sizeof tail,
+                  "  library primitives %.1f%%, reference kernels and copies %.1f%%, outside steps (framework "
+                  "overhead) %.1f%%\n",
+                  pct(in_steps - in_fallback), pct(in_fallback), pct(outside));
+    os << tail;
+    return os.str();
   }
 
   // A readable listing: ISA, memory, then one line per step (op, name, implementation, layouts).
