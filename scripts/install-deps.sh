@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake          # toolchain
   libdnnl-dev                    # oneDNN 2.6: the kernels Ondine lowers to
+  ocl-icd-opencl-dev             # only a recommends of libdnnl-dev, but its CMake config requires OpenCL
   libprotobuf-dev protobuf-compiler libonnx-dev  # ONNX's generated protobuf classes
   catch2                         # unit tests (Catch2 2.13)
   libcli11-dev nlohmann-json3-dev  # the command-line tool and its JSON reports
