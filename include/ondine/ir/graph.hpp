@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -67,11 +68,19 @@ class Value {
   bool has_uses() const { return !uses_.empty(); }
 
   // Constants are initializers (or folded values): their data is known at compile time. Treat the
-  // tensor as immutable; a pass that changes weights installs a new tensor.
+  // tensor as immutable unless constant_for_update says no one else can see it.
   bool is_constant() const { return constant_.has_value(); }
   const Tensor& constant() const {
     if (!constant_) throw Error("value '" + name_ + "' is not a constant");
     return *constant_;
+  }
+  // The constant's tensor for an in-place update, or nullptr when that could be seen by anyone but
+  // `reader`: the value has other readers, is a graph output, or its storage is shared (a cloned
+  // graph shares constants) or not the tensor's own. Saves a pass that rewrites every weight a fresh
+  // copy of the model (page faults on fresh memory dominate such passes).
+  Tensor* constant_for_update(const Node* reader) {
+    if (!constant_ || is_output_ || uses_.size() != 1 || uses_[0].node != reader) return nullptr;
+    return constant_->is_sole_owner() ? &*constant_ : nullptr;
   }
   void set_constant(Tensor t) {
     dtype_ = t.dtype();
@@ -361,6 +370,39 @@ class Graph {
     auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](auto& p) { return p.get() == n; });
     if (it != nodes_.end()) nodes_.erase(it);
   }
+  // Removes a set of nodes in one pass over the graph (remove_node per node would be quadratic).
+  // Their outputs may be read only by nodes of the set and must not be graph outputs (throws
+  // otherwise, before anything changes).
+  void remove_nodes(const std::vector<Node*>& dead) {
+    if (dead.empty()) return;
+    std::unordered_set<const Node*> in_set(dead.begin(), dead.end());
+    for (Node* n : dead)
+      for (Value* out : n->outputs_) {
+        bool read_outside = out->is_output_;
+        for (auto& u : out->uses_) read_outside |= !in_set.count(u.node);
+        if (read_outside)
+          throw Error("cannot remove a node whose output '" + out->name_ + "' is still used")
+              .at_node(n->name_, n->op_type_);
+      }
+    for (Node* n : dead) {
+      for (std::size_t i = 0; i < n->inputs_.size(); ++i) n->set_input(i, nullptr);
+      for (Value* out : n->outputs_) out->producer_ = nullptr;
+    }
+    nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [&](auto& p) { return in_set.count(p.get()) != 0; }),
+                 nodes_.end());
+  }
+  // Puts the nodes in `order`, a permutation of nodes(). The node order is topo_order's tie-break (and
+  // so the order the lowering visits them): a pass that adds nodes can schedule them where they belong.
+  void set_node_order(const std::vector<Node*>& order) {
+    std::unordered_map<const Node*, std::size_t> at;
+    for (std::size_t i = 0; i < order.size(); ++i) at.emplace(order[i], i);
+    bool permutation = at.size() == order.size() && order.size() == nodes_.size() &&
+                       std::all_of(nodes_.begin(), nodes_.end(), [&](auto& n) { return at.count(n.get()) != 0; });
+    if (!permutation) throw Error("set_node_order: the order is not a permutation of the graph's nodes");
+    std::vector<std::unique_ptr<Node>> sorted(nodes_.size());
+    for (auto& n : nodes_) sorted[at.at(n.get())] = std::move(n);
+    nodes_ = std::move(sorted);
+  }
   // Drops values that nothing produces, uses or exports (e.g. constants left behind by a fold).
   void remove_dead_values() {
     std::vector<std::unique_ptr<Value>> keep;
@@ -473,7 +515,10 @@ class Graph {
   std::string to_text() const {
     std::ostringstream os;
     os << "graph " << name << " (opset " << opset() << ")\n";
-    for (Value* v : inputs_) os << "  input  %" << v->name_ << ": " << value_type_str(v) << "\n";
+    auto typed = [](const Value* v) {  // type and shape, then the layout once the layout pass chose one
+      return value_type_str(v) + (v->layout() == Layout::Unset ? "" : std::string(" @") + layout_name(v->layout()));
+    };
+    for (Value* v : inputs_) os << "  input  %" << v->name_ << ": " << typed(v) << "\n";
     for (Value* v : constants()) os << "  const  %" << v->name_ << ": " << value_type_str(v) << "\n";
     std::vector<Node*> order;
     try {
@@ -498,11 +543,11 @@ class Graph {
         os << "}";
       }
       os << " : ";
-      for (std::size_t i = 0; i < n->outputs_.size(); ++i) os << (i ? ", " : "") << value_type_str(n->outputs_[i]);
+      for (std::size_t i = 0; i < n->outputs_.size(); ++i) os << (i ? ", " : "") << typed(n->outputs_[i]);
       if (!n->name_.empty()) os << "  # " << n->name_;
       os << "\n";
     }
-    for (Value* v : outputs_) os << "  output %" << v->name_ << ": " << value_type_str(v) << "\n";
+    for (Value* v : outputs_) os << "  output %" << v->name_ << ": " << typed(v) << "\n";
     return os.str();
   }
 

@@ -41,10 +41,15 @@ class Tensor {
     if (p) std::memset(p, 0, bytes);
     storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
     data_ = p;
+    owns_allocation_ = true;
   }
   // Wraps memory owned by `owner` (no copy).
   Tensor(DType dtype, std::vector<std::int64_t> dims, void* data, std::shared_ptr<void> owner)
       : dtype_(dtype), dims_(std::move(dims)), storage_(std::move(owner)), data_(data) {}
+
+  // True when no other Tensor shares this storage and the storage is a heap block of its own (not
+  // wrapped, possibly read-only memory): the data may then be changed in place without anyone seeing.
+  bool is_sole_owner() const { return owns_allocation_ && storage_ && storage_.use_count() == 1; }
 
   template <typename T>
   static Tensor from_vector(std::vector<std::int64_t> dims, const std::vector<T>& values) {
@@ -138,6 +143,7 @@ class Tensor {
   std::vector<std::int64_t> dims_;
   std::shared_ptr<void> storage_;
   void* data_ = nullptr;
+  bool owns_allocation_ = false;  // storage_ is this class's own heap block (not wrapped memory)
 };
 
 }  // namespace ondine

@@ -1,14 +1,88 @@
-// ondine/passes/remove_identity.hpp - remove-identity: removes Identity, inference-mode Dropout and no-op casts/reshapes.
-// (stub: being written)
+// ondine/passes/remove_identity.hpp - remove-identity: removes nodes that pass their input through.
+//
+// Rewrites (x is input 0, y output 0; every reader of y then reads x):
+//   Identity(x)                          -> x
+//   Dropout(x)                           -> x   inference mode: before opset 12 always (as the reference
+//                                               executor runs it), from opset 12 when training_mode is
+//                                               absent or a constant false; the mask output is unused
+//   Cast(x, to = dtype(x))               -> x
+//   Reshape/Flatten/Squeeze/Unsqueeze(x) -> x   when x has a static shape and y's shape is the same
+// Preconditions: x and y have the same dtype and shape as inferred; y is not a graph output that x
+// could not stand in for. A graph output keeps its name (rewrite::replace_value renames x to it), so
+// when x is itself a graph input or another graph output the node stays: x cannot take a second
+// name, and the output needs a producer of its own (an Identity from an input to an output is the
+// model's interface, not dead weight).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "ondine/passes/pass.hpp"
+#include "ondine/passes/rewrite.hpp"
 
 namespace ondine {
 
+namespace detail::remove_identity {
+
+// True when `t` is an omitted input or a constant whose value is false (zero).
+inline bool absent_or_false(const Value* t) {
+  if (!t) return true;
+  if (!t->is_constant() || t->constant().numel() != 1) return false;
+  return t->constant().at_double(0) == 0;
+}
+
+inline bool unread(const Value* v) { return !v || (!v->has_uses() && !v->is_graph_output()); }
+
+// The value n's output 0 always equals, or nullptr when n is not a pass-through.
+inline Value* passed_through(const Node& n) {
+  if (!n.domain().empty() || n.num_outputs() == 0) return nullptr;
+  Value* x = n.input(0);
+  Value* y = n.output(0);
+  if (!x || !y) return nullptr;
+  const std::string& op = n.op_type();
+  bool same_type = x->dtype() != DType::Undefined && x->dtype() == y->dtype();
+  if (op == "Identity") return x;
+  if (op == "Dropout") {
+    // Dropout(x) = x in inference mode; the mask (output 1) would still need computing.
+    for (std::size_t i = 1; i < n.num_outputs(); ++i)
+      if (!unread(n.output(i))) return nullptr;
+    if (n.opset() >= 12 && !absent_or_false(n.input(2))) return nullptr;
+    return x;
+  }
+  if (op == "Cast") return same_type && x->shape() == y->shape() ? x : nullptr;  // Cast to its own dtype
+  if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze")
+    // A reshape to the shape it already has: the same elements in the same order.
+    return same_type && x->shape().is_static() && x->shape() == y->shape() ? x : nullptr;
+  return nullptr;
+}
+
+// Whether every reader of y (and y's role as a graph output) can move to x.
+inline bool can_replace(const Value* y, const Value* x) {
+  if (!y->is_graph_output()) return true;
+  return !x->is_graph_input() && !x->is_graph_output();
+}
+
+}  // namespace detail::remove_identity
+
 struct RemoveIdentity {
   static constexpr const char* name = "remove-identity";
-  bool run(Graph&, PassContext&) { return false; }
+
+  bool run(Graph& g, PassContext& ctx) {
+    namespace d = detail::remove_identity;
+    std::vector<Node*> removed;
+    for (Node* n : g.topo_order()) {
+      Value* x = d::passed_through(*n);
+      if (!x || !d::can_replace(n->output(0), x)) continue;
+      Value* y = n->output(0);
+      ctx.rewrite("removed '" + (n->name().empty() ? y->name() : n->name()) + "' (" + n->op_type() + ")");
+      rewrite::replace_value(g, y, x);
+      removed.push_back(n);
+    }
+    if (removed.empty()) return false;
+    g.remove_nodes(removed);
+    g.remove_dead_values();
+    return true;
+  }
 };
 
 }  // namespace ondine
