@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/fused.hpp"
+#include "ondine/ir/infer/layout.hpp"
 #include "ondine/ir/infer/math.hpp"
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
@@ -19,6 +21,8 @@ inline const InferTable& infer_table() {
     infer::register_nn_infer(t);
     infer::register_math_infer(t);
     infer::register_tensor_ops_infer(t);
+    infer::register_fused_infer(t);
+    infer::register_layout_infer(t);
     return t;
   }();
   return table;

@@ -19,7 +19,7 @@ struct GraphStats {
   std::int64_t parameters = 0;        // elements of all constants
   std::int64_t parameter_bytes = 0;
   std::optional<double> flops;        // nullopt when some shape is not static
-  std::map<std::string, double> flops_by_op;
+  std::map<std::string, double> flops_by_op;  // keyed by Node::op_key()
 };
 
 // Replaces named symbolic dims of the graph inputs by sizes (e.g. {"batch", 8}) and re-infers shapes.
@@ -67,7 +67,10 @@ inline std::optional<double> node_flops(const Node& n) {
   const Value* out = n.output(0);
   auto out_elems = numel(out);
   if (!out_elems) return std::nullopt;
-  const std::string& op = n.op_type();
+  // Ondine's fused ops cost what the op they extend costs (their post-ops are noise next to it).
+  const std::string key = n.op_key();
+  const std::string op = key == "ondine.FusedConv" ? "Conv" : key == "ondine.FusedMatMul" ? "MatMul"
+                         : key == "ondine.FusedGemm" ? "Gemm" : key;
   if (op == "Conv" || op == "ConvTranspose") {
     const Value* w = n.input(1);
     if (!w || !w->shape().is_static() || w->shape().rank() < 3) return std::nullopt;
@@ -108,7 +111,7 @@ inline GraphStats graph_stats(const Graph& g) {
       continue;
     }
     total += *f;
-    s.flops_by_op[n->op_type()] += *f;
+    s.flops_by_op[n->op_key()] += *f;
   }
   if (known) s.flops = total;
   return s;

@@ -13,6 +13,8 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/common.hpp"
+#include "ondine/reference/fused.hpp"
+#include "ondine/reference/layout.hpp"
 #include "ondine/reference/math.hpp"
 #include "ondine/reference/nn.hpp"
 #include "ondine/reference/tensor_ops.hpp"
@@ -26,6 +28,8 @@ inline const KernelTable& kernel_table() {
     register_nn_kernels(t);
     register_math_kernels(t);
     register_tensor_ops_kernels(t);
+    register_fused_kernels(t);
+    register_layout_kernels(t);
     return t;
   }();
   return table;

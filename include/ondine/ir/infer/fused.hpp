@@ -1,0 +1,79 @@
+// ondine/ir/infer/fused.hpp - shape and type inference for Ondine's own ops (ir/fused_ops.hpp):
+// ondine.FusedConv, ondine.FusedMatMul, ondine.FusedGemm, ondine.Gelu.
+//
+// A fused op's output is its base op's (Conv, MatMul, Gemm: the same functions infer them); the
+// operands it adds are checked against that output: Bias is [N] (MatMul's last output dim), Sum has
+// exactly the output's shape (a fused sum does not broadcast), and the activation chain is well formed.
+#pragma once
+
+#include <string>
+
+#include "ondine/ir/fused_ops.hpp"
+#include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/nn.hpp"
+
+namespace ondine::infer {
+namespace detail_fused {
+
+// The Sum operand (input `i`) must have the output's dtype and shape.
+inline void check_sum_operand(const Node& n, std::size_t i) {
+  const Value* sum = n.input(i);
+  const Value* y = n.output(0);
+  if (!sum || !y) return;
+  detail_nn::require_same_dtype(n, required_input(n, 0), *sum);
+  if (!sum->shape().rank_known() || !y->shape().rank_known()) return;
+  const Shape &ss = sum->shape(), &ys = y->shape();
+  if (ss.rank() != ys.rank())
+    throw n.error("Sum '" + sum->name() + "' has shape " + ss.str() + ", expected the output's " + ys.str());
+  for (std::size_t d = 0; d < ss.rank(); ++d)
+    detail_nn::unify(n, ss[d], ys[d], "Sum '" + sum->name() + "' has shape " + ss.str() + ", not the output's " + ys.str());
+}
+
+inline void infer_fused_conv(Node& n) {
+  fused::read_activations(n);
+  detail_nn::infer_conv(n);
+  check_sum_operand(n, 3);
+}
+
+inline void infer_fused_matmul(Node& n) {
+  fused::read_activations(n);
+  detail_nn::require_floating(n, required_input(n, 0));
+  detail_nn::infer_matmul(n);
+  const Value* y = n.output(0);
+  if (const Value* bias = n.input(2)) {
+    detail_nn::require_same_dtype(n, required_input(n, 0), *bias);
+    if (y && y->shape().rank_known()) {
+      if (y->shape().rank() == 0) throw n.error("a Bias needs an output of rank >= 1");
+      detail_nn::check_vector(n, bias, y->shape()[y->shape().rank() - 1], "Bias");
+    }
+  }
+  check_sum_operand(n, 3);
+}
+
+inline void infer_fused_gemm(Node& n) {
+  fused::read_activations(n);
+  detail_nn::require_floating(n, required_input(n, 0));
+  detail_nn::infer_gemm(n);
+}
+
+inline void infer_gelu(Node& n) {
+  Value& x = required_input(n, 0);
+  detail_nn::require_floating(n, x);
+  std::string approximate = n.attr_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    throw n.error("approximate must be \"none\" or \"tanh\", not \"" + approximate + "\"");
+  set_output(n, 0, x.dtype(), x.shape());
+}
+
+}  // namespace detail_fused
+
+inline void register_fused_infer(InferTable& table) {
+  using namespace detail_fused;
+  const std::string d = std::string(fused::kDomain) + ".";
+  table[d + "FusedConv"] = infer_fused_conv;
+  table[d + "FusedMatMul"] = infer_fused_matmul;
+  table[d + "FusedGemm"] = infer_fused_gemm;
+  table[d + "Gelu"] = infer_gelu;
+}
+
+}  // namespace ondine::infer

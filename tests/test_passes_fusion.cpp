@@ -1,0 +1,854 @@
+// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse):
+// - the ops: the activation chain attributes, activation recognition and semantics, shape inference;
+// - structure: op counts after each pass;
+// - numbers: the graph before and after a pass agree on the reference executor (seeded inputs,
+//   tolerance stated per test as a fraction of max |reference|), and every fused op compiled with
+//   oneDNN agrees with its reference kernel;
+// - must-not-fire: the cases where a rewrite would be wrong leave the graph as it was.
+// Inputs and outputs are checked to be non-trivial so no test passes vacuously.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "ondine/ir/fused_ops.hpp"
+#include "ondine/lower/lower.hpp"
+#include "ondine/passes/fuse_gelu.hpp"
+#include "ondine/passes/fuse_layernorm.hpp"
+#include "ondine/passes/fuse_post_ops.hpp"
+#include "ondine/passes/pipeline.hpp"
+#include "ondine/reference/executor.hpp"
+
+#if __has_include("ondine/onnx/import.hpp")
+#include "ondine/ir/stats.hpp"
+#include "ondine/onnx/import.hpp"
+#define ONDINE_TEST_HAVE_IMPORT 1
+#endif
+
+using namespace ondine;
+using Dims = std::vector<std::int64_t>;
+using fused::Activation;
+
+namespace {
+
+Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t(DType::Float32, dims);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+Value* scalar_const(Graph& g, float v) {
+  return g.add_constant(g.unique_name("c"), Tensor::from_vector<float>({}, {v}));
+}
+
+// A seeded graph builder: constants get fresh names and reproducible values.
+struct Builder {
+  Graph g;
+  unsigned seed = 1;
+  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
+  Value* weight(const Dims& dims, float scale = 0.5f) {
+    return g.add_constant(g.unique_name("w"), random_tensor(dims, seed++, -scale, scale));
+  }
+  Value* scalar(float v) { return scalar_const(g, v); }
+  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {},
+            const std::string& domain = "") {
+    return g.add_node(type, inputs, {""}, std::move(attrs), g.unique_name(type), domain)->output(0);
+  }
+  Value* conv(Value* x, std::int64_t out_channels, std::int64_t in_channels, std::int64_t k, bool bias = true) {
+    std::vector<Value*> in{x, weight({out_channels, in_channels, k, k})};
+    if (bias) in.push_back(weight({out_channels}));
+    std::int64_t p = k / 2;
+    return op("Conv", in, {{"pads", Dims{p, p, p, p}}});
+  }
+  // x * 0.5 * (1 + erf(x / sqrt 2)) as scripts/make_models.py (and torch at opset < 20) writes it.
+  Value* gelu_erf(Value* x) {
+    Value* erf = op("Erf", {op("Div", {x, scalar(1.41421356f)})});
+    Value* product = op("Mul", {x, op("Add", {erf, scalar(1.0f)})});
+    return op("Mul", {product, scalar(0.5f)});
+  }
+  // LayerNorm over the last axis, decomposed as opset-13 exporters write it.
+  Value* layer_norm(Value* x, std::int64_t hidden, bool affine = true) {
+    Value* mean = op("ReduceMean", {x}, {{"axes", Dims{-1}}, {"keepdims", std::int64_t{1}}});
+    Value* centered = op("Sub", {x, mean});
+    Value* var = op("ReduceMean", {op("Pow", {centered, scalar(2.0f)})}, {{"axes", Dims{-1}}});
+    Value* y = op("Div", {centered, op("Sqrt", {op("Add", {var, scalar(1e-5f)})})});
+    if (!affine) return y;
+    y = op("Mul", {y, weight({hidden})});
+    return op("Add", {y, weight({hidden}, 0.1f)});
+  }
+};
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.at_double(static_cast<std::size_t>(i))));
+  return m;
+}
+
+// Non-trivial: finite, not all equal, not all zero.
+void require_nontrivial(const Tensor& t, const std::string& what) {
+  INFO(what << " " << dims_str(t.dims()));
+  REQUIRE(t.numel() > 0);
+  double lo = t.at_double(0), hi = lo;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.at_double(static_cast<std::size_t>(i));
+    REQUIRE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  REQUIRE(hi > lo);
+}
+
+// max |a - b| / max |b|
+double relative_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.dims() == want.dims());
+  REQUIRE(got.dtype() == want.dtype());
+  double scale = max_abs(want), err = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i)
+    err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
+  return scale > 0 ? err / scale : err;
+}
+
+std::map<std::string, Tensor> random_inputs(const Graph& g, unsigned seed = 100, float range = 2.0f) {
+  std::map<std::string, Tensor> in;
+  for (Value* v : g.inputs()) {
+    if (v->dtype() == DType::Int64) {  // token ids
+      Tensor t(DType::Int64, v->shape().sizes());
+      std::mt19937 rng(seed++);
+      for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int64_t>()[i] = static_cast<std::int64_t>(rng() % 100);
+      in[v->name()] = t;
+      continue;
+    }
+    in[v->name()] = random_tensor(v->shape().sizes(), seed++, -range, range);
+  }
+  return in;
+}
+
+// Runs `pipeline` on a copy of g; checks the copy is valid, infers its shapes again, and checks its
+// outputs agree with g's on the reference executor within `tol`. Returns the rewritten graph.
+Graph run_passes(const Graph& g, const std::string& pipeline, double tol = 1e-5, std::size_t* rewrites = nullptr) {
+  Graph before = g.clone();
+  infer_shapes(before);
+  Graph after = before.clone();
+  PassManager pm = make_pass_manager(pipeline);
+  pm.run(after);
+  after.verify();
+  if (rewrites) {
+    *rewrites = 0;
+    for (auto& r : pm.records()) *rewrites += r.rewrites;
+  }
+  // The passes set the types of what they create; inference must agree with them.
+  std::map<const Value*, std::string> set_by_pass;
+  for (Value* v : after.values()) set_by_pass[v] = Graph::value_type_str(v);
+  infer_shapes(after);
+  for (Node* n : after.nodes())
+    for (Value* v : n->outputs()) CHECK(set_by_pass[v] == Graph::value_type_str(v));
+  auto inputs = random_inputs(before);
+  for (auto& [name, t] : inputs) require_nontrivial(t, "input " + name);
+  auto want = ReferenceExecutor(before).run(inputs);
+  auto got = ReferenceExecutor(after).run(inputs);
+  REQUIRE(got.size() == want.size());
+  for (auto& [name, w] : want) {
+    require_nontrivial(w, "reference output " + name);
+    INFO("output " << name << "\n" << after.to_text());
+    REQUIRE(got.count(name));
+    CHECK(relative_error(got.at(name), w) <= tol);
+  }
+  return after;
+}
+
+// The pass leaves the graph as it was: same text before and after.
+void check_untouched(const Graph& g, const std::string& pipeline) {
+  Graph copy = g.clone();
+  infer_shapes(copy);
+  std::string before = copy.to_text();
+  PassManager pm = make_pass_manager(pipeline);
+  CHECK_FALSE(pm.run(copy));
+  CHECK(copy.to_text() == before);
+}
+
+// Compiles g (after `pipeline`; by default none, so the fused nodes are lowered as built) and compares
+// with the reference executor; returns the model (and the compile log).
+CompiledModel check_compiled(Graph& g, double tol, std::vector<std::string>* log = nullptr,
+                             const std::string& pipeline = "") {
+  g.verify();
+  infer_shapes(g);
+  auto inputs = random_inputs(g, 300);
+  auto want = ReferenceExecutor(g).run(inputs);
+  lower::CompileOptions opts;
+  opts.passes = pipeline;
+  if (log) opts.log = [log](const std::string& line) { log->push_back(line); };
+  CompiledModel model = lower::compile(g, opts);
+  auto got = model.run(inputs);
+  for (auto& [name, w] : want) {
+    require_nontrivial(w, "reference output " + name);
+    INFO("output " << name << "\n" << model.to_text());
+    REQUIRE(got.count(name));
+    CHECK(relative_error(got.at(name), w) <= tol);
+  }
+  return model;
+}
+
+std::size_t count_steps(const CompiledModel& m, const std::string& op, const std::string& impl_part = "") {
+  std::size_t k = 0;
+  for (auto& s : m.steps())
+    if (s.op == op && s.implementation.find(impl_part) != std::string::npos) ++k;
+  return k;
+}
+bool any_reference_step(const CompiledModel& m) {
+  for (auto& s : m.steps())
+    if (s.implementation == "reference") return true;
+  return false;
+}
+
+std::size_t count(const Graph& g, const std::string& op) { return g.count_ops(op); }
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// --- the ops ------------------------------------------------------------------------------------
+
+TEST_CASE("fused ops: the chain attributes round-trip and are validated", "[fusion][ops]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 3});
+  Node* n = g.add_node("FusedGemm", {x, g.add_constant("w", random_tensor({3, 4}, 1))}, {"y"}, {}, "gemm",
+                       fused::kDomain);
+  CHECK(fused::read_activations(*n).empty());
+  std::vector<Activation> chain{{"Clip", -1.0f, 6.0f}, {"LeakyRelu", 0.1f, 0.0f}, {"Gelu"}};
+  fused::write_activations(*n, chain);
+  CHECK(fused::read_activations(*n) == chain);
+  CHECK(fused::activations_str(chain) == "Clip+LeakyRelu+Gelu");
+  fused::write_activations(*n, {});
+  CHECK_FALSE(n->has_attr("activations"));
+
+  n->set_attr("activations", std::vector<std::string>{"Relu", "Swish"});
+  CHECK(error_of([&] { fused::read_activations(*n); }).find("unknown activation 'Swish'") != std::string::npos);
+  n->set_attr("activations", std::vector<std::string>{"Relu"});
+  n->set_attr("activation_alpha", std::vector<float>{0, 0});
+  CHECK(error_of([&] { fused::read_activations(*n); }).find("activation_alpha has 2") != std::string::npos);
+  CHECK(error_of([&] { infer_shapes(g); }).find("activation_alpha has 2") != std::string::npos);
+}
+
+TEST_CASE("fused ops: activation nodes are recognised with their parameters", "[fusion][ops]") {
+  Builder b;
+  Value* x = b.input("x", {4});
+  auto act = [&](Value* v) { return fused::as_activation(*v->producer()); };
+  CHECK(act(b.op("Relu", {x})) == Activation{"Relu"});
+  CHECK(act(b.op("LeakyRelu", {x})) == Activation{"LeakyRelu", 0.01f});
+  CHECK(act(b.op("LeakyRelu", {x}, {{"alpha", 0.2f}})) == Activation{"LeakyRelu", 0.2f});
+  CHECK(act(b.op("Sigmoid", {x})) == Activation{"Sigmoid"});
+  CHECK(act(b.op("Tanh", {x})) == Activation{"Tanh"});
+  CHECK(act(b.op("HardSwish", {x})) == Activation{"HardSwish"});
+  CHECK(act(b.op("HardSigmoid", {x})) == Activation{"HardSigmoid", 0.2f, 0.5f});
+  CHECK(act(b.op("Elu", {x}, {{"alpha", 0.5f}})) == Activation{"Elu", 0.5f});
+  CHECK(act(b.op("Gelu", {x}, {}, fused::kDomain)) == Activation{"Gelu"});
+  CHECK(act(b.op("Gelu", {x}, {{"approximate", std::string("tanh")}}, fused::kDomain)) == Activation{"GeluTanh"});
+  // Clip: constant scalar inputs at opset >= 11 (an omitted one is unbounded), attributes before.
+  CHECK(act(b.op("Clip", {x, b.scalar(0.0f), b.scalar(6.0f)})) == Activation{"Clip", 0.0f, 6.0f});
+  Value* lower_only = b.op("Clip", {x, b.scalar(-1.0f)});
+  CHECK(act(lower_only) == Activation{"Clip", -1.0f, std::numeric_limits<float>::infinity()});
+  Node* old_clip = b.g.add_node("Clip", {x}, {""}, {{"min", -2.0f}, {"max", 2.0f}});
+  old_clip->set_opset(6);
+  CHECK(fused::as_activation(*old_clip) == Activation{"Clip", -2.0f, 2.0f});
+  // Not activations: a runtime bound, a binary op, an unknown op, an integer input.
+  CHECK_FALSE(act(b.op("Clip", {x, b.input("lo", {})})));
+  CHECK_FALSE(act(b.op("Add", {x, x})));
+  CHECK_FALSE(act(b.op("Softplus", {x})));
+  Value* ix = b.g.add_input("ix", DType::Int32, Shape{4});
+  CHECK_FALSE(act(b.op("Relu", {ix})));
+}
+
+TEST_CASE("fused ops: activation semantics match the ONNX ops' reference kernels", "[fusion][ops]") {
+  // Each activation applied by fused::apply agrees with the standalone op on the reference executor.
+  struct Case {
+    std::string op;
+    std::map<std::string, Attribute> attrs;
+    Activation act;
+  };
+  std::vector<Case> cases{{"Relu", {}, {"Relu"}},
+                          {"LeakyRelu", {{"alpha", 0.3f}}, {"LeakyRelu", 0.3f}},
+                          {"Sigmoid", {}, {"Sigmoid"}},
+                          {"Tanh", {}, {"Tanh"}},
+                          {"HardSwish", {}, {"HardSwish"}},
+                          {"HardSigmoid", {{"alpha", 0.3f}, {"beta", 0.4f}}, {"HardSigmoid", 0.3f, 0.4f}},
+                          {"Elu", {{"alpha", 0.7f}}, {"Elu", 0.7f}}};
+  Tensor xs = random_tensor({64}, 5, -6.0f, 6.0f);
+  for (auto& c : cases) {
+    INFO(c.op);
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{64});
+    g.add_output(g.add_op(c.op, {x}, c.attrs));
+    infer_shapes(g);
+    Tensor y = ReferenceExecutor(g).run({{"x", xs}}).begin()->second;
+    for (std::int64_t i = 0; i < 64; ++i)
+      CHECK(static_cast<float>(fused::apply(c.act, xs.data<float>()[i])) == Approx(y.data<float>()[i]).margin(1e-6));
+  }
+  // Gelu: x * Phi(x); the tanh form within 1e-3 of it; Clip clamps.
+  CHECK(fused::apply(Activation{"Gelu"}, 1.0) == Approx(0.8413447460685429));
+  CHECK(fused::apply(Activation{"Gelu"}, -2.0) == Approx(-0.04550026389635842));
+  CHECK(fused::apply(Activation{"GeluTanh"}, 1.0) == Approx(0.8411919906082768));
+  CHECK(fused::apply(Activation{"Clip", -1.0f, 6.0f}, 7.5) == 6.0);
+  CHECK(fused::apply(Activation{"Clip", -1.0f, 6.0f}, -3.0) == -1.0);
+  CHECK(fused::apply(std::vector<Activation>{{"Relu"}, {"Clip", 0.0f, 1.0f}}, 3.0) == 1.0);
+}
+
+TEST_CASE("fused ops: shape inference checks Bias, Sum and the attributes", "[fusion][ops][infer]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("batch"), 3, 8, 8});
+  Value* w = g.add_constant("w", random_tensor({4, 3, 3, 3}, 1));
+  Value* s = g.add_input("s", DType::Float32, Shape{Dim::named("batch"), 4, 6, 6});
+  Node* conv = g.add_node("FusedConv", {x, w, nullptr, s}, {"y"}, {}, "conv", fused::kDomain);
+  Value* a = g.add_input("a", DType::Float32, Shape{2, 5, 3});
+  Value* bias = g.add_constant("bias", random_tensor({7}, 2));
+  Value* sum = g.add_input("sum", DType::Float32, Shape{2, 5, 7});
+  Node* mm = g.add_node("FusedMatMul", {a, g.add_constant("b", random_tensor({3, 7}, 3)), bias, sum}, {"z"}, {}, "mm",
+                        fused::kDomain);
+  Node* gelu = g.add_node("Gelu", {sum}, {"g"}, {{"approximate", std::string("tanh")}}, "gelu", fused::kDomain);
+  Node* gemm = g.add_node("FusedGemm", {g.add_input("ga", DType::Float32, Shape{3, 2}), g.add_constant("gb", random_tensor({4, 3}, 4))},
+                          {"gy"}, {{"transA", std::int64_t{1}}, {"transB", std::int64_t{1}}}, "gemm", fused::kDomain);
+  infer_shapes(g);
+  CHECK(conv->output(0)->shape().str() == "[batch,4,6,6]");
+  CHECK(mm->output(0)->shape().str() == "[2,5,7]");
+  CHECK(gelu->output(0)->shape().str() == "[2,5,7]");
+  CHECK(gemm->output(0)->shape().str() == "[2,4]");
+  CHECK(is_supported_op(fused::kDomain, "FusedConv"));
+  CHECK(is_supported_op(fused::kDomain, "Gelu"));
+
+  g.add_node("FusedMatMul", {a, g.add_constant("b2", random_tensor({3, 7}, 5)), g.add_constant("bad_bias", random_tensor({5}, 6))},
+             {"z2"}, {}, "bad_bias_mm", fused::kDomain);
+  CHECK(error_of([&] { infer_shapes(g); }).find("Bias 'bad_bias' has the wrong length") != std::string::npos);
+
+  Graph h;
+  Value* hx = h.add_input("x", DType::Float32, Shape{1, 3, 8, 8});
+  Value* hs = h.add_input("s", DType::Float32, Shape{1, 4, 1, 1});  // broadcasts, but a Sum may not
+  h.add_node("FusedConv", {hx, h.add_constant("w", random_tensor({4, 3, 3, 3}, 1)), nullptr, hs}, {"y"}, {}, "conv",
+             fused::kDomain);
+  CHECK(error_of([&] { infer_shapes(h); }).find("Sum 's' has shape [1,4,1,1]") != std::string::npos);
+
+  Graph k;
+  k.add_node("Gelu", {k.add_input("x", DType::Float32, Shape{2})}, {"y"}, {{"approximate", std::string("fast")}}, "gelu",
+             fused::kDomain);
+  CHECK(error_of([&] { infer_shapes(k); }).find("approximate must be") != std::string::npos);
+}
+
+// --- fuse-gelu ----------------------------------------------------------------------------------
+
+TEST_CASE("fuse-gelu: the erf form in the orders exporters write (1e-5)", "[fusion][gelu]") {
+  // Each variant builds P = 1 + erf(x / sqrt2) and 0.5 * x * P its own way.
+  using Variant = std::function<Value*(Builder&, Value*)>;
+  auto erf_plus_one = [](Builder& b, Value* x, bool by_mul) {
+    Value* scaled = by_mul ? b.op("Mul", {b.scalar(0.70710678f), x}) : b.op("Div", {x, b.scalar(1.4142135f)});
+    return b.op("Add", {b.scalar(1.0f), b.op("Erf", {scaled})});
+  };
+  std::vector<std::pair<std::string, Variant>> variants{
+      {"(x * P) * 0.5", [&](Builder& b, Value* x) { return b.op("Mul", {b.op("Mul", {x, erf_plus_one(b, x, false)}), b.scalar(0.5f)}); }},
+      {"(x * 0.5) * P (torch)", [&](Builder& b, Value* x) { return b.op("Mul", {b.op("Mul", {x, b.scalar(0.5f)}), erf_plus_one(b, x, false)}); }},
+      {"x * (P * 0.5), Mul by 1/sqrt2", [&](Builder& b, Value* x) { return b.op("Mul", {x, b.op("Mul", {b.scalar(0.5f), erf_plus_one(b, x, true)})}); }},
+      {"0.5 * (P * x)", [&](Builder& b, Value* x) { return b.op("Mul", {b.scalar(0.5f), b.op("Mul", {erf_plus_one(b, x, true), x})}); }},
+      {"(x * P) / 2", [&](Builder& b, Value* x) { return b.op("Div", {b.op("Mul", {x, erf_plus_one(b, x, false)}), b.scalar(2.0f)}); }},
+  };
+  for (auto& [name, build] : variants) {
+    INFO(name);
+    Builder b;
+    Value* x = b.op("Sigmoid", {b.input("x", {2, 16})});  // x produced by a node, read three times
+    Value* y = build(b, x);
+    b.g.rename_value(y, "y");
+    b.g.add_output(y);
+    std::size_t rewrites = 0;
+    Graph f = run_passes(b.g, "fuse-gelu", 1e-5, &rewrites);
+    CHECK(rewrites == 1);
+    CHECK(count(f, "Gelu") == 1);
+    CHECK(f.num_nodes() == 2);  // Sigmoid, Gelu
+    REQUIRE(f.outputs().size() == 1);
+    CHECK(f.outputs()[0]->name() == "y");  // the graph output keeps its name
+    CHECK(f.outputs()[0]->producer()->op_key() == "ondine.Gelu");
+    CHECK(f.outputs()[0]->producer()->attr_string("approximate") == "none");
+    CHECK(f.opset(fused::kDomain) == fused::kDomainVersion);
+  }
+}
+
+TEST_CASE("fuse-gelu: the tanh form, with Pow(x, 3) and with x * x * x (1e-5)", "[fusion][gelu]") {
+  for (bool pow : {true, false}) {
+    INFO((pow ? "Pow" : "x*x*x"));
+    Builder b;
+    Value* x = b.input("x", {3, 8});
+    Value* cube = pow ? b.op("Pow", {x, b.scalar(3.0f)}) : b.op("Mul", {x, b.op("Mul", {x, x})});
+    Value* inner = b.op("Add", {x, b.op("Mul", {b.scalar(0.044715f), cube})});
+    Value* t = b.op("Tanh", {b.op("Mul", {inner, b.scalar(0.7978845608f)})});
+    Value* y = b.op("Mul", {b.op("Mul", {b.scalar(0.5f), x}), b.op("Add", {t, b.scalar(1.0f)})});
+    b.g.add_output(b.op("Relu", {y}));
+    Graph f = run_passes(b.g, "fuse-gelu");
+    CHECK(count(f, "Gelu") == 1);
+    CHECK(f.num_nodes() == 2);
+    for (Node* n : f.nodes())
+      if (n->op_type() == "Gelu") CHECK(n->attr_string("approximate") == "tanh");
+  }
+}
+
+TEST_CASE("fuse-gelu: must not fire", "[fusion][gelu][must-not-fire]") {
+  SECTION("a wrong constant (x / 1.5)") {
+    Builder b;
+    Value* x = b.input("x", {8});
+    Value* erf = b.op("Erf", {b.op("Div", {x, b.scalar(1.5f)})});
+    b.g.add_output(b.op("Mul", {b.op("Mul", {x, b.op("Add", {erf, b.scalar(1.0f)})}), b.scalar(0.5f)}));
+    check_untouched(b.g, "fuse-gelu");
+  }
+  SECTION("a wrong 0.5 (0.6)") {
+    Builder b;
+    Value* x = b.input("x", {8});
+    Value* erf = b.op("Erf", {b.op("Div", {x, b.scalar(1.4142135f)})});
+    b.g.add_output(b.op("Mul", {b.op("Mul", {x, b.op("Add", {erf, b.scalar(1.0f)})}), b.scalar(0.6f)}));
+    check_untouched(b.g, "fuse-gelu");
+  }
+  SECTION("an intermediate with a second consumer") {
+    Builder b;
+    Value* x = b.input("x", {8});
+    Value* erf = b.op("Erf", {b.op("Div", {x, b.scalar(1.4142135f)})});
+    b.g.add_output(b.op("Mul", {b.op("Mul", {x, b.op("Add", {erf, b.scalar(1.0f)})}), b.scalar(0.5f)}));
+    b.g.add_output(b.op("Neg", {erf}));
+    check_untouched(b.g, "fuse-gelu");
+  }
+  SECTION("an intermediate that is a graph output") {
+    Builder b;
+    Value* x = b.input("x", {8});
+    Value* erf = b.op("Erf", {b.op("Div", {x, b.scalar(1.4142135f)})});
+    Value* product = b.op("Mul", {x, b.op("Add", {erf, b.scalar(1.0f)})});
+    b.g.add_output(b.op("Mul", {product, b.scalar(0.5f)}));
+    b.g.add_output(product);
+    check_untouched(b.g, "fuse-gelu");
+  }
+  SECTION("two different x") {
+    Builder b;
+    Value* x = b.input("x", {8});
+    Value* x2 = b.input("x2", {8});
+    Value* erf = b.op("Erf", {b.op("Div", {x2, b.scalar(1.4142135f)})});
+    b.g.add_output(b.op("Mul", {b.op("Mul", {x, b.op("Add", {erf, b.scalar(1.0f)})}), b.scalar(0.5f)}));
+    check_untouched(b.g, "fuse-gelu");
+  }
+}
+
+// --- fuse-layernorm -----------------------------------------------------------------------------
+
+TEST_CASE("fuse-layernorm: the exporters' decomposition becomes LayerNormalization (1e-5)", "[fusion][layernorm]") {
+  SECTION("with gamma and beta, opset 13") {
+    Builder b;
+    b.g.opsets[""] = 13;
+    Value* x = b.op("Add", {b.input("x", {2, 5, 32}), b.weight({5, 32})});
+    Value* y = b.layer_norm(x, 32);
+    b.g.add_output(b.op("Relu", {y}));
+    b.g.add_output(x);  // x itself may have other readers
+    Graph f = run_passes(b.g, "fuse-layernorm");
+    CHECK(count(f, "LayerNormalization") == 1);
+    CHECK(f.num_nodes() == 3);  // Add, LayerNormalization, Relu
+    CHECK(f.opset() == 17);
+    for (Node* n : f.nodes())
+      if (n->op_type() == "LayerNormalization") {
+        CHECK(n->opset() == 17);
+        CHECK(n->attr_int("axis") == -1);
+        CHECK(n->attr_float("epsilon") == Approx(1e-5f));
+        CHECK(n->num_inputs() == 3);
+      }
+  }
+  SECTION("without gamma and beta, Mul(d, d) for the square, eps + var") {
+    Builder b;
+    Value* x = b.input("x", {4, 16});
+    Value* mean = b.op("ReduceMean", {x}, {{"axes", Dims{1}}});
+    Value* d = b.op("Sub", {x, mean});
+    Value* var = b.op("ReduceMean", {b.op("Mul", {d, d})}, {{"axes", Dims{-1}}});
+    b.g.add_output(b.op("Div", {d, b.op("Sqrt", {b.op("Add", {b.scalar(1e-3f), var})})}));
+    Graph f = run_passes(b.g, "fuse-layernorm");
+    CHECK(count(f, "LayerNormalization") == 1);
+    CHECK(f.num_nodes() == 1);
+    Node* ln = f.nodes()[0];
+    REQUIRE(ln->num_inputs() == 2);  // Scale = ones, no B
+    CHECK(ln->input(1)->constant().dims() == Dims{16});
+    CHECK(ln->attr_float("epsilon") == Approx(1e-3f));
+  }
+  SECTION("opset 18: the axes as a constant input; gamma as [1, 1, hidden]") {
+    Builder b;
+    b.g.opsets[""] = 18;
+    Value* x = b.input("x", {2, 3, 8});
+    Value* axes = b.g.add_constant("axes", Tensor::from_vector<std::int64_t>({1}, {2}));
+    Value* mean = b.op("ReduceMean", {x, axes});
+    Value* d = b.op("Sub", {x, mean});
+    Value* var = b.op("ReduceMean", {b.op("Pow", {d, b.scalar(2.0f)}), axes});
+    Value* n = b.op("Div", {d, b.op("Sqrt", {b.op("Add", {var, b.scalar(1e-5f)})})});
+    b.g.add_output(b.op("Add", {b.op("Mul", {b.weight({1, 1, 8}), n}), b.weight({8})}));
+    Graph f = run_passes(b.g, "fuse-layernorm");
+    CHECK(count(f, "LayerNormalization") == 1);
+    CHECK(f.num_nodes() == 1);
+  }
+  SECTION("over the two trailing axes: axis -2") {
+    Builder b;
+    Value* x = b.input("x", {2, 4, 6});
+    Value* mean = b.op("ReduceMean", {x}, {{"axes", Dims{-1, -2}}});
+    Value* d = b.op("Sub", {x, mean});
+    Value* var = b.op("ReduceMean", {b.op("Pow", {d, b.scalar(2.0f)})}, {{"axes", Dims{1, 2}}});
+    Value* n = b.op("Div", {d, b.op("Sqrt", {b.op("Add", {var, b.scalar(1e-5f)})})});
+    b.g.add_output(b.op("Mul", {n, b.weight({6})}));  // gamma broadcast along axis 1: expanded to [4, 6]
+    Graph f = run_passes(b.g, "fuse-layernorm");
+    REQUIRE(count(f, "LayerNormalization") == 1);
+    CHECK(f.nodes()[0]->attr_int("axis") == -2);
+    CHECK(f.nodes()[0]->input(1)->constant().dims() == Dims{4, 6});
+  }
+}
+
+TEST_CASE("fuse-layernorm: must not fire", "[fusion][layernorm][must-not-fire]") {
+  auto decomposed = [](Builder& b, Value* x, Dims axes) {
+    Value* mean = b.op("ReduceMean", {x}, {{"axes", axes}});
+    Value* d = b.op("Sub", {x, mean});
+    Value* var = b.op("ReduceMean", {b.op("Pow", {d, b.scalar(2.0f)})}, {{"axes", axes}});
+    return std::make_pair(mean, b.op("Div", {d, b.op("Sqrt", {b.op("Add", {var, b.scalar(1e-5f)})})}));
+  };
+  SECTION("over a non-last axis") {
+    Builder b;
+    b.g.add_output(decomposed(b, b.input("x", {2, 6, 8}), {1}).second);
+    check_untouched(b.g, "fuse-layernorm");
+  }
+  SECTION("the mean has a second consumer") {
+    Builder b;
+    auto [mean, y] = decomposed(b, b.input("x", {2, 8}), {-1});
+    b.g.add_output(y);
+    b.g.add_output(b.op("Neg", {mean}));
+    check_untouched(b.g, "fuse-layernorm");
+  }
+  SECTION("an intermediate is a graph output") {
+    Builder b;
+    auto [mean, y] = decomposed(b, b.input("x", {2, 8}), {-1});
+    b.g.add_output(y);
+    b.g.add_output(mean);
+    check_untouched(b.g, "fuse-layernorm");
+  }
+  SECTION("the two means over different axes") {
+    Builder b;
+    Value* x = b.input("x", {2, 4, 6});
+    Value* d = b.op("Sub", {x, b.op("ReduceMean", {x}, {{"axes", Dims{-1}}})});
+    Value* var = b.op("ReduceMean", {b.op("Pow", {d, b.scalar(2.0f)})}, {{"axes", Dims{-2, -1}}});
+    b.g.add_output(b.op("Div", {d, b.op("Sqrt", {b.op("Add", {var, b.scalar(1e-5f)})})}));
+    check_untouched(b.g, "fuse-layernorm");
+  }
+  SECTION("a cube instead of a square") {
+    Builder b;
+    Value* x = b.input("x", {2, 8});
+    Value* d = b.op("Sub", {x, b.op("ReduceMean", {x}, {{"axes", Dims{-1}}})});
+    Value* var = b.op("ReduceMean", {b.op("Pow", {d, b.scalar(3.0f)})}, {{"axes", Dims{-1}}});
+    b.g.add_output(b.op("Div", {d, b.op("Sqrt", {b.op("Add", {var, b.scalar(1e-5f)})})}));
+    check_untouched(b.g, "fuse-layernorm");
+  }
+  SECTION("a runtime gamma: the LayerNorm fuses, the Mul by gamma stays") {
+    Builder b;
+    Value* y = decomposed(b, b.input("x", {2, 8}), {-1}).second;
+    b.g.add_output(b.op("Mul", {y, b.input("gamma", {8})}));
+    Graph f = run_passes(b.g, "fuse-layernorm");
+    CHECK(count(f, "LayerNormalization") == 1);
+    CHECK(count(f, "Mul") == 1);
+  }
+}
+
+// --- fuse (post-ops) ----------------------------------------------------------------------------
+
+TEST_CASE("fuse: Conv + residual Add + Relu -> FusedConv with bias, Sum and the chain (1e-5)", "[fusion][post-ops]") {
+  Builder b;
+  Value* x = b.input("x", {1, 8, 10, 10});
+  Value* shortcut = b.op("Relu", {b.conv(x, 8, 8, 1)});
+  Value* y = b.conv(shortcut, 8, 8, 3);
+  y = b.op("Add", {shortcut, y});  // the residual on either side
+  y = b.op("Relu", {y});
+  b.g.add_output(b.op("Clip", {y, b.scalar(0.0f), b.scalar(6.0f)}));
+  std::size_t rewrites = 0;
+  Graph f = run_passes(b.g, "fuse", 1e-5, &rewrites);
+  CHECK(rewrites == 2);
+  CHECK(count(f, "FusedConv") == 2);
+  CHECK(f.num_nodes() == 2);
+  for (Node* n : f.nodes()) {
+    CHECK(n->op_key() == "ondine.FusedConv");
+    CHECK(n->input(2) != nullptr);  // the conv bias stays B
+    if (n->num_inputs() == 4) {
+      CHECK(n->input(3)->producer()->op_type() == "FusedConv");  // Sum: the shortcut
+      CHECK(fused::activations_str(fused::read_activations(*n)) == "Relu+Clip");
+      CHECK(n->attr_ints("pads") == Dims{1, 1, 1, 1});  // the conv's attributes are kept
+    } else {
+      CHECK(fused::activations_str(fused::read_activations(*n)) == "Relu");
+    }
+  }
+}
+
+TEST_CASE("fuse: MatMul + bias + residual + Gelu, Gemm + activations (1e-5)", "[fusion][post-ops]") {
+  Builder b;
+  Value* x = b.input("x", {2, 5, 16});
+  Value* h = b.op("MatMul", {x, b.weight({16, 16})});
+  h = b.op("Add", {b.weight({16}), h});  // bias on the left
+  h = b.op("Add", {h, x});               // residual
+  h = b.op("Gelu", {h}, {}, fused::kDomain);
+  Value* g2 = b.op("MatMul", {h, b.weight({16, 8})});
+  g2 = b.op("Add", {g2, b.weight({1, 1, 8})});  // a bias written [1, 1, N]
+  b.g.add_output(b.op("Tanh", {g2}));
+  Value* flat = b.input("flat", {3, 16});
+  Value* gemm = b.op("Gemm", {flat, b.weight({8, 16}), b.weight({8})}, {{"transB", std::int64_t{1}}, {"alpha", 0.5f}});
+  gemm = b.op("HardSigmoid", {gemm}, {{"alpha", 0.3f}});
+  b.g.add_output(b.op("LeakyRelu", {gemm}, {{"alpha", 0.2f}}));
+  Graph f = run_passes(b.g, "fuse");
+  CHECK(count(f, "FusedMatMul") == 2);
+  CHECK(count(f, "FusedGemm") == 1);
+  CHECK(f.num_nodes() == 3);
+  for (Node* n : f.nodes()) {
+    auto chain = fused::activations_str(fused::read_activations(*n));
+    if (n->op_type() == "FusedGemm") {
+      CHECK(chain == "HardSigmoid+LeakyRelu");
+      CHECK(n->attr_float("alpha") == 0.5f);
+    } else if (n->input(0)->is_graph_input()) {
+      REQUIRE(n->num_inputs() == 4);
+      CHECK(n->input(3)->name() == "x");
+      CHECK(chain == "Gelu");
+    } else {
+      REQUIRE(n->num_inputs() == 3);
+      CHECK(n->input(2)->constant().dims() == Dims{8});
+      CHECK(chain == "Tanh");
+    }
+  }
+}
+
+TEST_CASE("fuse: a fused node takes further activations, so the pass can run again", "[fusion][post-ops]") {
+  Builder b;
+  Value* x = b.input("x", {1, 4, 6, 6});
+  Value* w = b.weight({4, 4, 3, 3});
+  Node* conv = b.g.add_node("FusedConv", {x, w}, {"c"}, {{"pads", Dims{1, 1, 1, 1}}}, "conv", fused::kDomain);
+  fused::write_activations(*conv, {{"Relu"}});
+  Value* y = b.op("Sigmoid", {conv->output(0)});
+  b.g.add_output(b.op("Elu", {y}, {{"alpha", 0.5f}}));
+  Graph f = run_passes(b.g, "fuse");
+  REQUIRE(f.num_nodes() == 1);
+  CHECK(fused::activations_str(fused::read_activations(*f.nodes()[0])) == "Relu+Sigmoid+Elu");
+  CHECK(f.nodes()[0]->name() == "conv");
+  check_untouched(f, "fuse");  // nothing more to take
+  // ... but not a Sum after activations: act(conv) + s is not act(conv + s).
+  Builder c;
+  Value* cx = c.input("x", {1, 4, 6, 6});
+  Node* cconv = c.g.add_node("FusedConv", {cx, c.weight({4, 4, 3, 3})}, {"c"}, {{"pads", Dims{1, 1, 1, 1}}}, "conv",
+                             fused::kDomain);
+  fused::write_activations(*cconv, {{"Relu"}});
+  c.g.add_output(c.op("Add", {cconv->output(0), cx}));
+  check_untouched(c.g, "fuse");
+}
+
+TEST_CASE("fuse: must not fire", "[fusion][post-ops][must-not-fire]") {
+  SECTION("the conv output has a second consumer") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Relu", {c}));
+    b.g.add_output(b.op("Sigmoid", {c}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("the conv output is a graph output") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Relu", {c}));
+    b.g.add_output(c);
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("a runtime bias after a MatMul (it broadcasts, so it is no Sum either)") {
+    Builder b;
+    Value* m = b.op("MatMul", {b.input("x", {4, 8}), b.weight({8, 6})});
+    b.g.add_output(b.op("Add", {m, b.input("bias", {6})}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("a residual Add whose operand broadcasts") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Add", {c, b.input("s", {1, 4, 1, 1})}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("a constant 'residual' on a conv (not a runtime Sum)") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Add", {c, b.weight({1, 4, 6, 6})}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("a Clip with a runtime bound") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Clip", {c, b.input("lo", {}), b.scalar(6.0f)}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("a float64 conv") {
+    Builder b;
+    Value* x = b.g.add_input("x", DType::Float64, Shape{1, 2, 4, 4});
+    Tensor w(DType::Float64, {2, 2, 1, 1});
+    for (int i = 0; i < 4; ++i) w.data<double>()[i] = 0.25 * (i + 1);
+    b.g.add_output(b.op("Relu", {b.op("Conv", {x, b.g.add_constant("w64", w)})}));
+    check_untouched(b.g, "fuse");
+  }
+}
+
+// --- compiled fused ops vs their reference kernels ------------------------------------------------
+
+TEST_CASE("compiled: FusedConv with Sum and every activation matches the reference (1e-4)", "[fusion][lower]") {
+  std::vector<std::vector<Activation>> chains{
+      {{"Relu"}},
+      {{"LeakyRelu", 0.1f}, {"Clip", -0.5f, 0.5f}},
+      {{"Sigmoid"}, {"Tanh"}},
+      {{"HardSwish"}, {"HardSigmoid", 0.2f, 0.5f}},
+      {{"Elu", 0.7f}, {"Gelu"}},
+      {{"GeluTanh"}, {"Clip", 0.0f, std::numeric_limits<float>::infinity()}},
+  };
+  for (auto& chain : chains) {
+    INFO(fused::activations_str(chain));
+    Builder b;
+    Value* x = b.input("x", {1, 8, 9, 9});
+    Value* s = b.op("Relu", {b.conv(x, 16, 8, 1)});
+    Node* n = b.g.add_node("FusedConv", {x, b.weight({16, 8, 3, 3}), b.weight({16}), s}, {"y"},
+                           {{"pads", Dims{1, 1, 1, 1}}}, "fused", fused::kDomain);
+    fused::write_activations(*n, chain);
+    b.g.add_output(n->output(0));
+    CompiledModel m = check_compiled(b.g, 1e-4);
+    INFO(m.to_text());
+    CHECK(count_steps(m, "FusedConv", "brgconv") == 1);
+    CHECK(count_steps(m, "Conv") == 1);  // the shortcut, with its Relu as a post-op
+    CHECK_FALSE(any_reference_step(m));
+  }
+}
+
+TEST_CASE("compiled: a Sum whose other readers ran before is overwritten in place, else copied (1e-4)", "[fusion][lower]") {
+  for (bool read_later : {false, true}) {
+    INFO((read_later ? "the shortcut is read again later" : "the fused conv reads the shortcut last"));
+    Builder b;
+    Value* x = b.input("x", {1, 8, 8, 8});
+    Value* shortcut = b.op("Relu", {b.conv(x, 8, 8, 1)});
+    Value* a = b.op("Relu", {b.conv(shortcut, 8, 8, 3)});  // reads the shortcut before the fused conv
+    Node* n = b.g.add_node("FusedConv", {a, b.weight({8, 8, 3, 3}), b.weight({8}), shortcut}, {"y"},
+                           {{"pads", Dims{1, 1, 1, 1}}}, "fused", fused::kDomain);
+    fused::write_activations(*n, {{"Relu"}});
+    Value* y = n->output(0);
+    if (read_later) y = b.op("Mul", {y, shortcut});
+    b.g.add_output(y);
+    CompiledModel m = check_compiled(b.g, 1e-4);
+    INFO(m.to_text());
+    CHECK(count_steps(m, "Copy") == (read_later ? 1u : 0u));
+    CHECK(count_steps(m, "FusedConv", "brgconv") == 1);
+  }
+}
+
+TEST_CASE("compiled: FusedMatMul (bias, sum, gelu), FusedGemm and Gelu match the reference (1e-4)", "[fusion][lower]") {
+  Builder b;
+  Value* x = b.input("x", {2, 6, 16});
+  Node* mm = b.g.add_node("FusedMatMul", {x, b.weight({16, 16}), b.weight({16}), x}, {"h"}, {}, "mm", fused::kDomain);
+  fused::write_activations(*mm, {{"Gelu"}});
+  Node* mm2 = b.g.add_node("FusedMatMul", {mm->output(0), b.input("rhs", {2, 16, 4})}, {"h2"}, {}, "mm2", fused::kDomain);
+  fused::write_activations(*mm2, {{"Tanh"}});
+  b.g.add_output(b.op("Gelu", {mm2->output(0)}, {{"approximate", std::string("tanh")}}, fused::kDomain));
+  b.g.add_output(mm2->output(0));  // read twice: the Gelu stays a primitive of its own
+  b.g.add_output(b.op("Gelu", {mm->output(0)}, {}, fused::kDomain));
+  Node* gemm = b.g.add_node("FusedGemm", {b.input("a", {5, 16}), b.weight({16, 8}), b.weight({8})}, {"g"},
+                            {{"beta", 0.5f}}, "gemm", fused::kDomain);
+  fused::write_activations(*gemm, {{"HardSigmoid", 0.3f, 0.4f}});
+  b.g.add_output(gemm->output(0));
+  CompiledModel m = check_compiled(b.g, 1e-4);
+  CHECK(count_steps(m, "FusedMatMul") == 2);
+  CHECK(count_steps(m, "FusedGemm") == 1);
+  CHECK(count_steps(m, "Gelu") == 2);
+  CHECK_FALSE(any_reference_step(m));
+}
+
+TEST_CASE("compiled: a fused node oneDNN cannot take runs its reference kernel, and says so", "[fusion][lower]") {
+  Builder b;
+  // A runtime Bias: the matmul lowering wants a constant one.
+  Node* mm = b.g.add_node("FusedMatMul", {b.input("x", {3, 8}), b.weight({8, 4}), b.input("bias", {4})}, {"y"}, {},
+                          "mm", fused::kDomain);
+  fused::write_activations(*mm, {{"Relu"}});
+  b.g.add_output(mm->output(0));
+  std::vector<std::string> log;
+  CompiledModel m = check_compiled(b.g, 1e-5, &log);
+  CHECK(count_steps(m, "FusedMatMul", "reference") == 1);
+  bool said = false;
+  for (auto& line : log) said |= line.find("ondine.FusedMatMul 'mm'") != std::string::npos &&
+                                 line.find("reference kernel") != std::string::npos;
+  CHECK(said);
+}
+
+// --- end to end -----------------------------------------------------------------------------------
+
+namespace {
+// One BERT-style encoder layer as scripts/make_models.py writes it (opset 13): LayerNorm and Gelu
+// decomposed, Linear as MatMul + Add, residual Adds.
+Graph bert_layer(std::int64_t seq, std::int64_t hidden, std::int64_t heads) {
+  Builder b;
+  b.g.opsets[""] = 13;
+  std::int64_t ffn = 4 * hidden, head_dim = hidden / heads;
+  Value* x = b.layer_norm(b.op("Add", {b.input("x", {1, seq, hidden}), b.weight({seq, hidden})}), hidden);
+  auto linear = [&](Value* v, std::int64_t in, std::int64_t out) {
+    return b.op("Add", {b.op("MatMul", {v, b.weight({in, out}, 1.0f / std::sqrt(static_cast<float>(in)))}), b.weight({out}, 0.05f)});
+  };
+  auto split = b.g.add_constant("split", Tensor::from_vector<std::int64_t>({4}, {0, 0, heads, head_dim}));
+  auto heads_of = [&](Value* v, Dims perm) { return b.op("Transpose", {b.op("Reshape", {v, split})}, {{"perm", perm}}); };
+  Value* q = heads_of(linear(x, hidden, hidden), {0, 2, 1, 3});
+  Value* k = heads_of(linear(x, hidden, hidden), {0, 2, 3, 1});
+  Value* v = heads_of(linear(x, hidden, hidden), {0, 2, 1, 3});
+  Value* scores = b.op("Div", {b.op("MatMul", {q, k}), b.scalar(std::sqrt(static_cast<float>(head_dim)))});
+  Value* ctx = b.op("MatMul", {b.op("Softmax", {scores}, {{"axis", std::int64_t{-1}}}), v});
+  ctx = b.op("Reshape", {b.op("Transpose", {ctx}, {{"perm", Dims{0, 2, 1, 3}}}),
+                         b.g.add_constant("merge", Tensor::from_vector<std::int64_t>({3}, {0, 0, hidden}))});
+  x = b.layer_norm(b.op("Add", {linear(ctx, hidden, hidden), x}), hidden);
+  Value* h = b.gelu_erf(linear(x, hidden, ffn));
+  x = b.layer_norm(b.op("Add", {linear(h, ffn, hidden), x}), hidden);
+  b.g.rename_value(x, "last_hidden_state");
+  b.g.add_output(x);
+  return std::move(b.g);
+}
+}  // namespace
+
+TEST_CASE("end to end: a BERT-style layer through fuse-gelu,fuse-layernorm,fuse (1e-5; compiled 1e-4)", "[fusion][e2e]") {
+  Graph g = bert_layer(16, 32, 4);
+  Graph f = run_passes(g, "fuse-gelu,fuse-layernorm,fuse");
+  auto h = f.op_histogram();
+  CHECK(h["LayerNormalization"] == 3);
+  CHECK(h["FusedMatMul"] == 6);  // q, k, v, attention output (+ residual), intermediate (+ Gelu), output (+ residual)
+  CHECK(h["MatMul"] == 2);       // scores and context stay plain
+  CHECK(h["Add"] == 1);          // the position embedding
+  CHECK(h.count("Erf") == 0);
+  CHECK(h.count("ReduceMean") == 0);
+  CHECK(h.count("Gelu") == 0);   // folded into its FusedMatMul
+  CHECK(f.outputs()[0]->name() == "last_hidden_state");
+  std::size_t gelu_chains = 0;
+  for (Node* n : f.nodes())
+    if (n->op_type() == "FusedMatMul") gelu_chains += fused::activations_str(fused::read_activations(*n)) == "Gelu";
+  CHECK(gelu_chains == 1);
+  CompiledModel m = check_compiled(f, 1e-4);
+  CHECK(count_steps(m, "FusedMatMul", "reference") == 0);
+  CHECK(count_steps(m, "FusedMatMul") == 6);
+  // The default pipeline inside compile does the same to the unfused layer.
+  CompiledModel d = check_compiled(g, 1e-4, nullptr, default_pipeline());
+  CHECK(count_steps(d, "FusedMatMul") == 6);
+}
+
+#ifdef ONDINE_TEST_HAVE_IMPORT
+TEST_CASE("end to end: models/bert.onnx (when generated) fuses every Gelu and LayerNorm", "[.slow][fusion][e2e]") {
+  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/bert.onnx";
+  if (!std::ifstream(path)) {
+    WARN("skipped: " << path << " not found (scripts/make_models.py writes it)");
+    return;
+  }
+  Graph g = ondine::onnx::load_model(path);
+  bind_dims(g, {{"batch", 1}});
+  infer_shapes(g);
+  std::size_t layer_norms = g.count_ops("Sqrt"), gelus = g.count_ops("Erf");
+  Graph f = run_passes(g, "fuse-gelu,fuse-layernorm,fuse", 1e-5);
+  CHECK(f.count_ops("LayerNormalization") == layer_norms);
+  CHECK(f.count_ops("Erf") == 0);
+  CHECK(f.count_ops("FusedMatMul") == 6 * gelus);  // six per layer, one Gelu per layer
+  check_compiled(f, 1e-4);
+}
+#endif
