@@ -1,6 +1,6 @@
 // The ONNX backend conformance suite (Debian's libonnx-testdata) on the reference executor.
 //
-//   ondine_conformance DATA_DIR [--filter REGEX] [--verbose] [--exceptions FILE]
+//   ondine_conformance DATA_DIR [--filter REGEX] [--verbose] [--exceptions FILE] [--compiled]
 //
 // Every case under DATA_DIR/{node,pytorch-converted,pytorch-operator,simple} whose ops are all
 // supported is imported, run on every test_data_set_*, and compared with the expected outputs
@@ -9,6 +9,11 @@
 // unsupported op or opset is skipped. Known exceptions (a file of "case_name  # reason" lines) still
 // run; they are reported as skipped-known when they fail, and as an error when they start passing.
 // Exit status 1 when any case fails.
+//
+// --compiled runs each case on the compiled engine (ondine::lower::compile, oneDNN where a lowering
+// takes the node) instead of the reference executor, with the graph's symbolic dims bound from each
+// data set's inputs; a case the compiled engine cannot take (data-dependent shapes) is skipped.
+// With --verbose it lists each passing case's steps as op=implementation.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,12 +22,14 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "onnx/onnx_pb.h"
+#include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 
 namespace fs = std::filesystem;
@@ -35,6 +42,7 @@ struct Options {
   std::string filter;
   bool verbose = false;
   fs::path exceptions;
+  bool compiled = false;  // run on lower::compile's engine instead of the reference executor
 };
 
 struct NamedTensor {
@@ -93,9 +101,25 @@ enum class Outcome { Pass, Fail, Skip };
 struct CaseResult {
   Outcome outcome;
   std::string reason;  // failure reason, or the unsupported ops for a skip
+  std::string steps;   // --compiled: the steps as op=implementation
 };
 
-CaseResult run_case(const fs::path& dir) {
+// The graph compiled for one data set: its symbolic dims bound from the inputs' shapes.
+CompiledModel compile_for(const Graph& g, const std::map<std::string, Tensor>& inputs) {
+  std::map<std::string, std::int64_t> binding;
+  for (Value* in : g.inputs()) {
+    auto it = inputs.find(in->name());
+    if (it == inputs.end() || !in->shape().rank_known() || in->shape().rank() != it->second.rank()) continue;
+    for (std::size_t d = 0; d < in->shape().rank(); ++d)
+      if (!in->shape()[d].is_static() && !in->shape()[d].symbol.empty())
+        binding[in->shape()[d].symbol] = it->second.dims()[d];
+  }
+  Graph bound = g.clone();
+  bind_dims(bound, binding);
+  return lower::compile(bound);
+}
+
+CaseResult run_case(const fs::path& dir, bool compiled) {
   Graph g;
   try {
     g = ondine::onnx::load_model((dir / "model.onnx").string());
@@ -123,6 +147,7 @@ CaseResult run_case(const fs::path& dir) {
     if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
   std::sort(sets.begin(), sets.end());
   if (sets.empty()) return {Outcome::Fail, "no test_data_set_* folders"};
+  std::string steps;
   try {
     ReferenceExecutor exec(g);
     for (auto& set : sets) {
@@ -136,7 +161,21 @@ CaseResult run_case(const fs::path& dir) {
         Value* declared = g.find_value(name);
         inputs[name] = as_bfloat16_if_bits(t.tensor, declared ? declared->dtype() : DType::Undefined);
       }
-      auto outputs = exec.run(inputs);
+      std::map<std::string, Tensor> outputs;
+      if (compiled) {
+        std::optional<CompiledModel> model;
+        try {
+          model.emplace(compile_for(g, inputs));
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("static") != std::string::npos) return {Outcome::Skip, "not-compilable"};
+          throw;
+        }
+        outputs = model->run(inputs);
+        steps.clear();
+        for (auto& s : model->steps()) steps += " " + s.op + "=" + s.implementation;
+      } else {
+        outputs = exec.run(inputs);
+      }
       for (std::size_t i = 0; fs::exists(set / ("output_" + std::to_string(i) + ".pb")); ++i) {
         NamedTensor want = read_pb(set / ("output_" + std::to_string(i) + ".pb"));
         if (i >= g.outputs().size()) return {Outcome::Fail, "more expected outputs than graph outputs"};
@@ -162,7 +201,7 @@ CaseResult run_case(const fs::path& dir) {
   } catch (const std::exception& e) {
     return {Outcome::Fail, e.what()};
   }
-  return {Outcome::Pass, ""};
+  return {Outcome::Pass, "", steps};
 }
 
 std::map<std::string, std::string> read_exceptions(const fs::path& file) {
@@ -187,8 +226,9 @@ int main(int argc, char** argv) {
     if (a == "--filter" && i + 1 < argc) opt.filter = argv[++i];
     else if (a == "--verbose") opt.verbose = true;
     else if (a == "--exceptions" && i + 1 < argc) opt.exceptions = argv[++i];
+    else if (a == "--compiled") opt.compiled = true;
     else if (a.rfind("--", 0) == 0) {
-      std::cerr << "usage: ondine_conformance DATA_DIR [--filter REGEX] [--verbose] [--exceptions FILE]\n";
+      std::cerr << "usage: ondine_conformance DATA_DIR [--filter REGEX] [--verbose] [--exceptions FILE] [--compiled]\n";
       return 2;
     } else opt.root = a;
   }
@@ -216,7 +256,7 @@ int main(int argc, char** argv) {
     std::sort(cases.begin(), cases.end());
     for (auto& c : cases) {
       std::string name = c.filename().string();
-      CaseResult r = run_case(c);
+      CaseResult r = run_case(c, opt.compiled);
       bool is_known = exceptions.count(name) != 0;
       switch (r.outcome) {
         case Outcome::Pass:
@@ -225,7 +265,7 @@ int main(int argc, char** argv) {
             std::cout << "UNEXPECTED PASS " << suite << "/" << name << " (listed as a known exception)\n";
           } else {
             ++passed;
-            if (opt.verbose) std::cout << "pass " << suite << "/" << name << "\n";
+            if (opt.verbose) std::cout << "pass " << suite << "/" << name << (r.steps.empty() ? "" : ":") << r.steps << "\n";
           }
           break;
         case Outcome::Fail:
@@ -251,7 +291,7 @@ int main(int argc, char** argv) {
     for (auto& [op, n] : skipped_ops) std::cout << " " << op << "(" << n << ")";
     std::cout << "\n";
   }
-  std::cout << "conformance: " << supported_ops().size() << " supported ops, " << known
+  std::cout << "conformance" << (opt.compiled ? " (compiled engine)" : "") << ": " << supported_ops().size() << " supported ops, " << known
             << " known exceptions, " << secs << " s\n";
   std::cout << passed << " passed, " << failed << " failed, " << skipped << " skipped (unsupported op)\n";
   return failed ? 1 : 0;

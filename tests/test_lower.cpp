@@ -234,6 +234,7 @@ TEST_CASE("lower: conv + batchnorm + relu + maxpool (fp32, 1e-4)", "[lower]") {
   std::vector<std::string> log;
   lower::CompileOptions opts;
   opts.log = [&](const std::string& line) { log.push_back(line); };
+  opts.passes = "none";  // the lowering's own fusion, on the graph as built
   CompiledModel m = check_graph(b.g, 1e-4, opts);
   CHECK_FALSE(any_reference(m));
   CHECK(count_op(m, "Conv") == 1);
@@ -244,6 +245,55 @@ TEST_CASE("lower: conv + batchnorm + relu + maxpool (fp32, 1e-4)", "[lower]") {
   REQUIRE(!log.empty());
   CHECK(log.back().find("compiled") != std::string::npos);
   for (auto& s : m.steps()) CHECK(!s.implementation.empty());
+}
+
+namespace {
+// A user pass for the pipeline test: counts its runs.
+struct CountRuns {
+  static constexpr const char* name = "test-count-runs";
+  static inline int runs = 0;
+  bool run(Graph&, PassContext&) {
+    ++runs;
+    return false;
+  }
+};
+}  // namespace
+
+TEST_CASE("lower: compile runs options.passes on its own copy first and logs their summary (1e-4)", "[lower][passes]") {
+  Builder b;
+  Value* x = b.input("x", {1, 3, 12, 12});
+  b.g.add_output(b.op("Relu", {b.batchnorm(b.conv(x, 8, 3, 3, {{"pads", Dims{1, 1, 1, 1}}}), 8)}));
+  infer_shapes(b.g);
+  const std::size_t nodes = b.g.num_nodes();
+
+  SECTION("the default pipeline") {
+    std::vector<std::string> log;
+    lower::CompileOptions opts;
+    opts.log = [&](const std::string& line) { log.push_back(line); };
+    CompiledModel m = check_graph(b.g, 1e-4, opts);
+    CHECK(b.g.num_nodes() == nodes);  // the caller's graph is untouched
+    CHECK(count_op(m, "BatchNormalization") == 0);  // fold-bn ran
+    REQUIRE(!log.empty());
+    CHECK(log[0] == std::string("passes: ") + default_pipeline());
+    CHECK(std::any_of(log.begin(), log.end(), [](const std::string& l) { return l.rfind("fold-bn ", 0) == 0; }));
+  }
+  SECTION("a user pass named in the pipeline string; none") {
+    if (!pass_registry().contains(CountRuns::name)) pass_registry().add<CountRuns>();
+    CountRuns::runs = 0;
+    lower::CompileOptions opts;
+    opts.passes = "test-count-runs, dce";
+    check_graph(b.g, 1e-4, opts);
+    CHECK(CountRuns::runs == 1);
+    opts.passes = "none";
+    CompiledModel m = check_graph(b.g, 1e-4, opts);
+    CHECK(CountRuns::runs == 1);
+    CHECK(count_op(m, "BatchNormalization") == 1);
+  }
+  SECTION("a bad pipeline is an error naming the pass") {
+    lower::CompileOptions opts;
+    opts.passes = "fold-bn,no-such-pass";
+    CHECK_THROWS_WITH(lower::compile(b.g, opts), Catch::Contains("unknown pass 'no-such-pass'"));
+  }
 }
 
 TEST_CASE("lower: ceil-mode and padded pools, global average pool + flatten + gemm head (1e-4)", "[lower]") {
@@ -428,6 +478,7 @@ TEST_CASE("lower: a reference op between oneDNN ops gets row-major data and reor
   // The same graph with Conv forced onto the reference kernels (CompileOptions::reference_ops).
   lower::CompileOptions opts;
   opts.reference_ops = {"Conv"};
+  opts.passes = "none";  // else the second Conv becomes an ondine.FusedConv, which is not "Conv"
   CompiledModel r = check_graph(b.g, 1e-5, opts);
   CHECK(count_impl(r, "Conv", "reference") == 2);
 }
@@ -486,7 +537,9 @@ TEST_CASE("lower: reshape views are zero-copy, outputs are copied, unused nodes 
   b.g.add_output(id);
   b.g.add_output(r);
   b.g.add_output(b.op("Relu", {flat}));
-  CompiledModel m = check_graph(b.g, 1e-4);
+  lower::CompileOptions opts;
+  opts.passes = "none";  // the lowering's views on the graph as built (remove-identity would drop the Identity)
+  CompiledModel m = check_graph(b.g, 1e-4, opts);
   CHECK(count_op(m, "Shape") == 0);
   CHECK(count_impl(m, "Unsqueeze", "view") == 1);
   CHECK(count_impl(m, "Flatten", "view") == 1);

@@ -4,12 +4,13 @@
 //   ondine::CompiledModel model = ondine::lower::compile(graph, {/*threads*/ 4});
 //   auto outputs = model.run({{"input", tensor}});      // any number of threads at once
 //
-// Lowering walks the nodes in topological order. Each op with a oneDNN lowering (conv, matmul/gemm,
-// pooling, batch norm, eltwise, binary, softmax, concat, transpose, views) creates its primitive descriptor and
-// primitive once, here, with weights reordered into the primitive's layout once; the rest run their
-// reference kernel (ondine/reference) on row-major tensors. A lowering that finds its case unsupported
-// (a dtype, a non-constant weight, a shape oneDNN rejects) returns false and the node falls back to
-// the reference kernel, so every graph the reference executor runs also compiles.
+// Lowering walks the nodes in topological order. Each op with a oneDNN lowering (conv, conv transpose,
+// matmul/gemm, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
+// creates its primitive descriptor and primitive once, here, with weights reordered into the primitive's
+// layout once; the rest run their reference kernel (ondine/reference) on row-major tensors. A lowering
+// that finds its case unsupported (a dtype, a non-constant weight, a shape oneDNN rejects) returns false
+// and the node falls back to the reference kernel, so every graph the reference executor runs also
+// compiles.
 //
 // After lowering: steps whose results nothing needs are dropped (e.g. the Shape/Gather/Concat chain
 // feeding a Reshape's shape input), and the intermediate slots are placed in one arena by liveness.
@@ -33,10 +34,13 @@
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/conv.hpp"
+#include "ondine/lower/detail/deconv.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
 #include "ondine/lower/detail/pool.hpp"
+#include "ondine/lower/detail/reorder.hpp"
+#include "ondine/lower/detail/resample.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/executor.hpp"
@@ -54,10 +58,17 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
   static const std::map<std::string, LowerFn> table = [] {
     std::map<std::string, LowerFn> t;
     t["Conv"] = lower_conv;
+    t["ConvTranspose"] = lower_deconv;
     t["MatMul"] = lower_matmul;
     t["Gemm"] = lower_gemm;
+    t["ondine.FusedConv"] = lower_conv;
+    t["ondine.FusedMatMul"] = lower_matmul;
+    t["ondine.FusedGemm"] = lower_gemm;
+    t["ondine.Gelu"] = lower_eltwise;
     for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) t[op] = lower_pool;
     t["BatchNormalization"] = lower_batchnorm;
+    t["LayerNormalization"] = lower_layernorm;
+    t["Resize"] = lower_resize;
     t["Softmax"] = lower_softmax;
     t["LogSoftmax"] = lower_softmax;
     for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",
@@ -69,6 +80,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["Transpose"] = lower_transpose;
     t["Identity"] = lower_identity;
     t["Dropout"] = lower_identity;
+    t["ondine.Reorder"] = lower_reorder;
     return t;
   }();
   return table;
@@ -182,11 +194,27 @@ inline void plan_arena(runtime::Program& p, const Lowering& L) {
   p.memory.total_bytes = p.plan.total_bytes;
 }
 
+// Runs options.passes on compile's copy of the graph (shapes already inferred), logging the per-pass
+// summary; then infers again, so values the passes created have their static shapes.
+inline void run_passes(Graph& g, const CompileOptions& options) {
+  PassManager pm = make_pass_manager(options.passes);
+  if (pm.size() == 0) return;
+  pm.run(g);
+  infer_shapes(g);
+  check_ops(g);  // a user pass may have created an op nothing runs
+  check_node_shapes(g);
+  if (options.log) {
+    options.log("passes: " + pm.pipeline());
+    std::istringstream summary(pm.summary_text());
+    for (std::string line; std::getline(summary, line);) options.log(line);
+  }
+}
+
 }  // namespace detail
 
-// Compiles `graph` (unchanged; the model keeps its own copy). Throws an Error naming the input when a
-// graph input has symbolic dims, naming the node for an unsupported op or a value without a static
-// shape.
+// Compiles `graph` (unchanged; the model keeps its own copy, on which options.passes run first). Throws
+// an Error naming the input when a graph input has symbolic dims, naming the node for an unsupported op
+// or a value without a static shape, naming the pass for a pass that fails.
 inline CompiledModel compile(const Graph& graph, const CompileOptions& options = {}) {
   using namespace detail;
   check_static_shapes(graph);
@@ -195,6 +223,7 @@ inline CompiledModel compile(const Graph& graph, const CompileOptions& options =
   check_ops(*g);
   infer_shapes(*g);
   check_node_shapes(*g);
+  run_passes(*g, options);
 
   ThreadCountScope threads(options.threads);
   auto program = std::make_shared<runtime::Program>();

@@ -27,6 +27,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "oneapi/dnnl/dnnl_debug.h"
 #include "ondine/ir/graph.hpp"
+#include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/compiled_model.hpp"
 
@@ -41,6 +42,9 @@ struct CompileOptions {
   std::function<void(const std::string&)> log;
   // Ops to run on the reference kernels even where a oneDNN lowering exists (debugging, bisecting).
   std::set<std::string> reference_ops;
+  // The passes run on compile's own copy of the graph before lowering, as a pipeline string
+  // (ondine/passes/pipeline.hpp: "fold-bn,fuse", "default" for the default pipeline); "" or "none": none.
+  std::string passes = default_pipeline();
 };
 
 namespace detail {

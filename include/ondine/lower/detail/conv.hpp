@@ -1,14 +1,18 @@
 // ondine/lower/detail/conv.hpp - Conv (1-D to 3-D, groups/depthwise, strides, pads incl. auto_pad,
 // dilations, bias) as a oneDNN convolution.
 //
-// Activations and weights use format_tag::any so oneDNN picks its preferred layouts (NHWC activations
-// and blocked weights for fp32 brgconv here); the weights are reordered into that layout once, now.
+// Activations take the layout the layout pass chose for them (activation_md), else format_tag::any
+// like the weights, so oneDNN picks its preferred layouts (NHWC activations and blocked weights for
+// fp32 brgconv here); the weights are reordered into that layout once, now.
 // A following residual Add (sum post-op) and activations (eltwise post-ops) fold into the primitive
 // when their intermediate values have no other reader; if oneDNN rejects the fused form (or only its
 // reference implementation takes it), the conv is created alone and the folded ops are lowered on
-// their own.
+// their own. ondine.FusedConv carries its Sum and activations itself: those are always post-ops
+// (further activations after it may fold as above); if oneDNN rejects them, the node runs its
+// reference kernel.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,24 +55,28 @@ inline bool lower_conv(Lowering& L, const Node& n) {
   }
 
   memory::desc weights_md = const_w ? any_md(weight_dims) : plain_md(weight_dims);
-  PostOpChain chain = plan_post_ops(L, n, true);
+  memory::desc src_md = activation_md(x, xd), dst_md = activation_md(y, yd);
+  bool is_fused_op = !n.domain().empty();
+  std::optional<PostOpChain> planned = is_fused_op ? fused_post_ops(L, n, 3) : plan_post_ops(L, n, true);
+  if (!planned) return decline_fused(L, n, "its Sum is not a float32 tensor of the output's shape");
+  PostOpChain chain = *planned, own = chain.own_part(y);
   bool fused = false;
   auto pd = choose_fusion<dnnl::convolution_forward::primitive_desc>(
       [&](bool with_chain) {
         dnnl::primitive_attr attr = Lowering::base_attr();
-        if (with_chain) attr.set_post_ops(chain.ops());
+        attr.set_post_ops((with_chain ? chain : own).ops());
         auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                        dnnl::algorithm::convolution_direct, any_md(xd), weights_md,
-                                                        plain_md({out_channels}), any_md(yd), strides, dilates,
+                                                        dnnl::algorithm::convolution_direct, src_md, weights_md,
+                                                        plain_md({out_channels}), dst_md, strides, dilates,
                                                         r.pad_begin, r.pad_end)
                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                        dnnl::algorithm::convolution_direct, any_md(xd), weights_md,
-                                                        any_md(yd), strides, dilates, r.pad_begin, r.pad_end);
+                                                        dnnl::algorithm::convolution_direct, src_md, weights_md,
+                                                        dst_md, strides, dilates, r.pad_begin, r.pad_end);
         return dnnl::convolution_forward::primitive_desc(desc, attr, L.engine(), true);
       },
       !chain.nodes.empty(), fused);
-  if (!pd) return false;
-  if (!fused) chain = PostOpChain{y};
+  if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
+  if (!fused) chain = own;
 
   SlotId src = L.slot_in(x, pd.src_desc());
   std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
@@ -88,7 +96,7 @@ inline bool lower_conv(Lowering& L, const Node& n) {
                        dims_str(wd) + (const_w ? "" : " (runtime)") + (group > 1 ? " g" + std::to_string(group) : "") + chain.detail() + " -> dst " +
                        layout_name(pd.dst_desc()) + dims_str(yd);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), read_too});
-  L.add_primitive({n.name(), "Conv", pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
                   pd.scratchpad_desc(), std::move(args), std::move(consts));
   return true;
 }

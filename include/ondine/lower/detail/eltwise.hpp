@@ -8,12 +8,14 @@
 // output's dims: commutative ops swap their operands when needed, Sub/Div fall back otherwise).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "ondine/ir/fused_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 
 namespace ondine::lower::detail {
@@ -38,11 +40,47 @@ inline std::optional<float> constant_scalar(const Node& n, std::size_t i, float 
   return v->constant().data<float>()[0];
 }
 
+// The oneDNN algorithms computing one activation of a fused op's chain (ondine/ir/fused_ops.hpp).
+inline EltwiseSpec eltwise_of(const fused::Activation& a) {
+  using A = dnnl::algorithm;
+  EltwiseSpec s;
+  auto one = [&](A alg, float alpha = 0, float beta = 0) {
+    s.ops.push_back({alg, alpha, beta});
+    return s;
+  };
+  const std::string& op = a.op;
+  if (op == "Relu") return one(A::eltwise_relu);
+  if (op == "LeakyRelu") return one(A::eltwise_relu, a.alpha);
+  if (op == "Sigmoid") return one(A::eltwise_logistic);
+  if (op == "Tanh") return one(A::eltwise_tanh);
+  if (op == "Elu") return one(A::eltwise_elu, a.alpha);
+  if (op == "HardSwish") return one(A::eltwise_hardswish);
+  if (op == "Gelu") return one(A::eltwise_gelu_erf);
+  if (op == "GeluTanh") return one(A::eltwise_gelu_tanh);
+  if (op == "HardSigmoid") {  // max(0, min(1, alpha * x + beta))
+    s.ops.push_back({A::eltwise_linear, a.alpha, a.beta});
+    return one(A::eltwise_clip_v2, 0.0f, 1.0f);
+  }
+  if (op == "Clip") {  // min(max(x, lo), hi); unbounded sides as the float range, lo > hi gives hi
+    const float big = std::numeric_limits<float>::max();
+    float lo = std::max(a.alpha, -big), hi = std::min(a.beta, big);
+    if (lo > hi) lo = hi;
+    if (lo == 0 && hi == big) return one(A::eltwise_relu);
+    return one(A::eltwise_clip_v2, lo, hi);
+  }
+  throw Error("internal: no oneDNN algorithm for activation '" + op + "'");
+}
+
 // The oneDNN algorithms computing node `n` (a unary op on f32), or nullopt.
 inline std::optional<EltwiseSpec> eltwise_spec(const Node& n) {
   using A = dnnl::algorithm;
   const std::string& op = n.op_type();
   if (n.num_outputs() != 1 || !is_f32(n.input(0)) || !is_f32(n.output(0))) return std::nullopt;
+  if (!n.domain().empty()) {  // ondine.Gelu
+    auto act = n.domain() == fused::kDomain && op == "Gelu" ? fused::as_activation(n) : std::nullopt;
+    if (!act) return std::nullopt;
+    return eltwise_of(*act);
+  }
   EltwiseSpec s;
   auto one = [&](A alg, float alpha = 0, float beta = 0) {
     s.ops.push_back({alg, alpha, beta});
@@ -135,7 +173,23 @@ struct PostOpChain {
   const Value* result = nullptr;       // the value the fused primitive writes
   std::vector<const Node*> nodes;      // folded nodes, in order
   const Value* sum_operand = nullptr;  // the other operand of a fused Add (read through DST)
+  const Node* sum_reader = nullptr;    // the node reading it: the Add, or the fused node itself
   std::vector<EltwiseSpec> eltwise;    // activations after the sum
+  // A fused node's own post-ops (its Sum input and the first `own_eltwise` activations, from its
+  // attributes): part of what it computes, so applied with or without the rest of the chain.
+  bool own_sum = false;
+  std::size_t own_eltwise = 0;
+  PostOpChain own_part(const Value* produced) const {
+    PostOpChain c(produced);
+    if (own_sum) {
+      c.sum_operand = sum_operand;
+      c.sum_reader = sum_reader;
+    }
+    c.own_sum = own_sum;
+    c.eltwise.assign(eltwise.begin(), eltwise.begin() + static_cast<std::ptrdiff_t>(own_eltwise));
+    c.own_eltwise = own_eltwise;
+    return c;
+  }
   dnnl::post_ops ops() const {
     dnnl::post_ops p;
     if (sum_operand) p.append_sum(1.0f);
@@ -157,6 +211,20 @@ inline const Node* sole_consumer(const Value* v) {
   return v->uses()[0].node;
 }
 
+// Appends the activations reading chain.result (each its only reader) to the chain.
+inline void extend_with_activations(Lowering& L, PostOpChain& chain) {
+  const Value* cur = chain.result;
+  while (const Node* next = sole_consumer(cur)) {
+    if (L.options.reference_ops.count(next->op_key())) break;
+    auto spec = eltwise_spec(*next);
+    if (!spec || next->input(0) != cur) break;
+    chain.eltwise.push_back(*spec);
+    chain.nodes.push_back(next);
+    cur = next->output(0);
+    chain.result = cur;
+  }
+}
+
 inline PostOpChain plan_post_ops(Lowering& L, const Node& producer, bool allow_sum) {
   PostOpChain chain;
   const Value* cur = producer.output(0);
@@ -171,35 +239,75 @@ inline PostOpChain plan_post_ops(Lowering& L, const Node& producer, bool allow_s
       if (other && is_f32(other) && !other->is_constant() && L.known(other) &&
           other->shape().sizes() == cur->shape().sizes() && add->output(0)->shape().sizes() == cur->shape().sizes()) {
         chain.sum_operand = other;
+        chain.sum_reader = add;
         chain.nodes.push_back(add);
         cur = add->output(0);
         chain.result = cur;
       }
     }
   }
-  while (const Node* next = sole_consumer(cur)) {
-    if (L.options.reference_ops.count(next->op_type())) break;
-    auto spec = eltwise_spec(*next);
-    if (!spec || next->input(0) != cur) break;
-    chain.eltwise.push_back(*spec);
-    chain.nodes.push_back(next);
-    cur = next->output(0);
-    chain.result = cur;
-  }
+  extend_with_activations(L, chain);
   return chain;
 }
 
+// A fused node's own chain (ondine.FusedConv: Sum = input 3 and its activations), extended by the
+// activations that follow it in the graph. nullopt when its Sum cannot be a sum post-op.
+inline std::optional<PostOpChain> fused_post_ops(Lowering& L, const Node& n, std::size_t sum_input) {
+  PostOpChain chain(n.output(0));
+  if (const Value* sum = n.input(sum_input)) {
+    if (!is_f32(sum) || sum->shape().sizes() != n.output(0)->shape().sizes()) return std::nullopt;
+    chain.sum_operand = sum;
+    chain.sum_reader = &n;
+    chain.own_sum = true;
+  }
+  for (const fused::Activation& a : fused::read_activations(n)) chain.eltwise.push_back(eltwise_of(a));
+  chain.own_eltwise = chain.eltwise.size();
+  extend_with_activations(L, chain);
+  return chain;
+}
+
+// A fused node that oneDNN cannot take runs its reference kernel (correct, slow): say so.
+inline bool decline_fused(Lowering& L, const Node& n, const std::string& why) {
+  L.log(n.op_key() + " '" + n.name() + "': " + why + "; it runs on its reference kernel");
+  return false;
+}
+
+// True when the primitive being lowered is the last to read chain.sum_operand in `slot`: its reader
+// reads it once (as the sum, not also as a source), every other reader has been lowered already
+// (their steps run before), and no view shares the slot's bytes.
+inline bool is_last_read(const Lowering& L, const PostOpChain& chain, SlotId slot) {
+  const Value* v = chain.sum_operand;
+  std::size_t own_reads = 0;
+  for (const Use& u : v->uses()) {
+    if (u.node == chain.sum_reader) {
+      ++own_reads;
+      continue;
+    }
+    // Lowered: folded into an earlier primitive, or its outputs are computed (or folded onward).
+    bool lowered = L.fused.count(u.node) != 0;
+    for (const Value* out : u.node->outputs()) {
+      if (lowered) break;
+      lowered = out && (L.known(out) || (out->uses().size() == 1 && L.fused.count(out->uses()[0].node)));
+    }
+    if (!lowered) return false;
+  }
+  if (own_reads != 1) return false;
+  for (const runtime::Slot& s : L.program.slots)
+    if (s.kind == SlotKind::Alias && static_cast<SlotId>(s.index) == slot) return false;
+  return true;
+}
+
 // The DST slot of a primitive with a fused chain. With a sum post-op the destination must already
-// hold the other operand: reuse its slot when nothing else reads it, else copy it into a fresh one.
+// hold the other operand: reuse its slot when nothing reads it afterwards, else copy it into a fresh one.
 inline SlotId post_op_dst(Lowering& L, const PostOpChain& chain, const memory::desc& dst_md, bool& read_too) {
   read_too = false;
   if (!chain.sum_operand) return L.new_value_slot(chain.result, dst_md);
   read_too = true;
   const Value* other = chain.sum_operand;
   SlotId src = L.slot_in(other, dst_md);
-  // In place when this Add is the operand's only reader and its slot is ours to overwrite (an arena
-  // slot: not a caller's tensor, a constant or a view of another value).
-  if (L.program.slots[src].kind == SlotKind::Arena && other->uses().size() == 1 && !other->is_graph_output())
+  // In place when the slot is ours to overwrite (an arena slot: not a caller's tensor, a constant or
+  // a view of another value) and nothing reads the operand after this primitive.
+  if (L.program.slots[src].kind == SlotKind::Arena && !other->is_graph_output() && is_last_read(L, chain, src))
     return src;
   SlotId dst = L.new_value_slot(chain.result, dst_md);
   L.add_step(std::make_unique<CopyStep>(runtime::StepInfo{"copy:" + other->name(), "Copy", "memcpy", "sum operand"},

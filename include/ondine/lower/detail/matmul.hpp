@@ -6,6 +6,9 @@
 // ONNX says ([K] -> [1,K] on the left, [K,1] on the right) and batch dims are left-padded with 1s for
 // oneDNN's broadcasting. Gemm's alpha is folded into constant weights and beta*C into the bias; a
 // following Add of a constant (MatMul + bias) becomes the bias, and activations become post-ops.
+// ondine.FusedMatMul / FusedGemm bring their own Bias, Sum (a binary-add post-op reading it
+// row-major, so the operand is never copied) and activations; activations after them may still fold.
+// If oneDNN rejects a fused node's own post-ops, the node runs its reference kernel.
 #pragma once
 
 #include <optional>
@@ -39,18 +42,30 @@ struct MatmulPlan {
   const Value* c_runtime = nullptr;
   std::optional<Tensor> c_constant;
   Dims c_dims;
+  // A fused node's own Sum (added after C) and activations: part of what it computes.
+  const Value* sum = nullptr;
+  std::vector<EltwiseSpec> own_eltwise;
 
-  // Post-ops that must stay (Gemm semantics), then the optional fused activations.
+  // Post-ops that must stay (Gemm semantics, a fused node's own), then the optional fused activations.
   dnnl::post_ops post_ops(bool with_chain) const {
     dnnl::post_ops p;
     if (out_scale != 1.0f) p.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, out_scale, 0.0f);
     if (c_runtime || c_constant) p.append_binary(dnnl::algorithm::binary_add, plain_md(c_dims));
+    if (sum) p.append_binary(dnnl::algorithm::binary_add, dst_md);
+    for (auto& e : own_eltwise)
+      for (auto& op : e.ops) p.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
     if (with_chain)
       for (auto& e : chain.eltwise)
         for (auto& op : e.ops) p.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
     return p;
   }
   int c_post_op_index() const { return out_scale != 1.0f ? 1 : 0; }
+  int sum_post_op_index() const { return c_post_op_index() + (c_runtime || c_constant ? 1 : 0); }
+  std::string own_detail() const {
+    std::string d = sum ? "+sum('" + sum->name() + "')" : "";
+    for (auto& e : own_eltwise) d += "+" + eltwise_detail(e);
+    return d;
+  }
 };
 
 // Builds the primitive from a plan: with the fused bias-Add and activations first, then alone.
@@ -66,7 +81,8 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   };
   bool fused = false;
   auto pd = choose_fusion<dnnl::matmul::primitive_desc>(make_pd, !plan.chain.nodes.empty() || plan.bias_add, fused);
-  if (!pd) return false;
+  if (!pd)
+    return !n.domain().empty() && decline_fused(L, n, "oneDNN has no matmul with its post-ops" + plan.own_detail());
   if (!fused) {  // the bias-Add and the activations are lowered on their own
     if (plan.bias_add) plan.bias.reset();
     plan.chain = PostOpChain{};
@@ -85,6 +101,9 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   int c_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(plan.c_post_op_index()) | DNNL_ARG_SRC_1;
   if (plan.c_runtime) args.push_back({c_arg, L.row_major_slot(plan.c_runtime), plain_md(plan.c_dims)});
   if (plan.c_constant) consts.emplace_back(c_arg, L.constant_memory(*plan.c_constant, plain_md(plan.c_dims)));
+  if (plan.sum)
+    args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(plan.sum_post_op_index()) | DNNL_ARG_SRC_1,
+                    L.row_major_slot(plan.sum), plan.dst_md});
   memory::desc value_md = plain_md(result->shape().sizes());
   SlotId dst = L.new_value_slot(result, value_md);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
@@ -94,7 +113,7 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   std::string detail = detail_prefix + " wei " + layout_name(pd.weights_desc()) + (plan.weights_constant ? "" : " (runtime)") +
                        (plan.bias ? " +bias" + dims_str(plan.bias_dims) : "") +
                        (plan.out_scale != 1.0f ? " *alpha" : "") + (plan.c_runtime || plan.c_constant ? " +C" + dims_str(plan.c_dims) : "") +
-                       plan.chain.detail() + " -> " +
+                       plan.own_detail() + plan.chain.detail() + " -> " +
                        dims_str(result->shape().sizes());
   L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::matmul(pd), pd.scratchpad_desc(),
                   std::move(args), std::move(consts));
@@ -105,8 +124,10 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
 // matmul has none), then activations.
 inline void plan_matmul_tail(Lowering& L, const Node& n, const Dims& dst_dims, MatmulPlan& plan) {
   const Value* y = n.output(0);
-  // A bias is added before the post-ops, so not when alpha is still to be applied by one.
-  const Node* add = plan.bias || plan.out_scale != 1.0f ? nullptr : sole_consumer(y);
+  // A bias is added before the post-ops, so not when alpha is still to be applied by one, nor after
+  // a fused node (whose own Sum and activations come before anything that follows).
+  bool fused_node = !n.domain().empty();
+  const Node* add = plan.bias || plan.out_scale != 1.0f || fused_node ? nullptr : sole_consumer(y);
   if (add && add->op_type() == "Add" && add->num_inputs() == 2 && !L.options.reference_ops.count("Add")) {
     const Value* c = add->input(0) == y ? add->input(1) : add->input(0);
     if (c && c != y && c->is_constant() && is_f32(c) && is_f32(add->output(0)) &&
@@ -122,6 +143,25 @@ inline void plan_matmul_tail(Lowering& L, const Node& n, const Dims& dst_dims, M
   }
   plan.chain = plan_post_ops(L, plan.bias_add ? *plan.bias_add : n, false);
   if (plan.chain.nodes.empty()) plan.chain.result = nullptr;
+}
+
+// ondine.FusedMatMul's own operands: Bias (a constant [N]) as the matmul's bias, Sum (the output's
+// shape) and the activations as post-ops.
+inline bool plan_fused_matmul(Lowering& L, const Node& n, const Dims& dst_dims, MatmulPlan& plan) {
+  const Value* y = n.output(0);
+  if (const Value* bias = n.input(2)) {
+    if (!bias->is_constant() || !is_f32(bias) || bias->shape().sizes() != Dims{dst_dims.back()})
+      return decline_fused(L, n, "its Bias is not a constant float32 [N]");
+    plan.bias_dims = left_pad(bias->shape().sizes(), dst_dims.size());
+    plan.bias = bias->constant();
+  }
+  if (const Value* sum = n.input(3)) {
+    if (!is_f32(sum) || sum->shape().sizes() != y->shape().sizes())
+      return decline_fused(L, n, "its Sum is not a float32 tensor of the output's shape");
+    plan.sum = sum;
+  }
+  for (const fused::Activation& act : fused::read_activations(n)) plan.own_eltwise.push_back(eltwise_of(act));
+  return true;
 }
 
 inline bool lower_matmul(Lowering& L, const Node& n) {
@@ -154,6 +194,7 @@ inline bool lower_matmul(Lowering& L, const Node& n) {
   plan.weights_constant = b->is_constant();
   plan.weights_md = plan.weights_constant ? any_md(bd) : plain_md(bd);
   if (plan.weights_constant) plan.weights = b->constant();
+  if (!n.domain().empty() && !plan_fused_matmul(L, n, dd, plan)) return false;
   plan_matmul_tail(L, n, dd, plan);
   return emit_matmul(L, n, a, b, plan, "src " + dims_str(ad) + " x " + dims_str(bd));
 }
@@ -210,6 +251,7 @@ inline bool lower_gemm(Lowering& L, const Node& n) {
       plan.c_runtime = c;
     }
   }
+  for (const fused::Activation& act : fused::read_activations(n)) plan.own_eltwise.push_back(eltwise_of(act));
   plan_matmul_tail(L, n, {m, nn}, plan);
   return emit_matmul(L, n, a, b, plan,
                      std::string("src ") + (trans_a ? "ba" : "ab") + dims_str(ad) + (trans_b ? " x B^T" : " x B") +

@@ -1,16 +1,22 @@
-// ondine/lower/detail/norm.hpp - BatchNormalization (inference) and Softmax / LogSoftmax.
+// ondine/lower/detail/norm.hpp - BatchNormalization (inference), LayerNormalization and Softmax /
+// LogSoftmax.
 //
 // BatchNormalization with constant statistics and parameters is oneDNN's batch_normalization in
 // inference mode (use_global_stats | use_scale | use_shift), on the producer's layout. Softmax uses
 // softmax_v2 on one axis: ONNX opset >= 13 normalises one axis; before 13 it flattens to 2-D at
 // `axis`, which is the same only when axis is the last one (other cases run the reference kernel).
+// LayerNormalization normalises X[axis:] jointly; oneDNN's layer_normalization normalises the last
+// dim, so the row-major X is viewed as [prod(X[:axis]), prod(X[axis:])] (any axis), with Scale and B
+// broadcast to the normalised dims and flattened.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/reference/nn.hpp"
 
 namespace ondine::lower::detail {
 
@@ -82,7 +88,7 @@ inline bool lower_softmax(Lowering& L, const Node& n) {
   memory::desc src_md = L.md_of(x);
   dnnl::softmax_v2_forward::desc desc(dnnl::prop_kind::forward_inference,
                                       log ? dnnl::algorithm::softmax_log : dnnl::algorithm::softmax_accurate, src_md,
-                                      any_md(xd), static_cast<int>(axis));
+                                      activation_md(y, xd), static_cast<int>(axis));
   dnnl::softmax_v2_forward::primitive_desc pd(desc, Lowering::base_attr(), L.engine(), true);
   if (!pd) return false;
   SlotId src = L.slot_in(x, pd.src_desc());
@@ -92,6 +98,70 @@ inline bool lower_softmax(Lowering& L, const Node& n) {
                    "axis " + std::to_string(axis) + " " + layout_name(pd.src_desc()) + dims_str(xd)},
                   &n, dnnl::softmax_v2_forward(pd), pd.scratchpad_desc(),
                   {{DNNL_ARG_SRC, src, pd.src_desc()}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, {});
+  return true;
+}
+
+// LayerNormalization (opset 17) in f32 with the f32 stash type. Declines when the Mean / InvStdDev
+// outputs are read: oneDNN's inference mode does not return them.
+inline bool lower_layernorm(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!is_f32(x) || !is_f32(y) || x->is_constant() || y->shape().sizes() != x->shape().sizes()) return false;
+  if (!n.input(1)) return false;  // Scale is required: the reference kernel reports it
+  for (std::size_t i = 1; i < n.num_outputs(); ++i)
+    if (n.output(i) && (n.output(i)->has_uses() || n.output(i)->is_graph_output())) return false;
+  if (n.attr_int("stash_type", 1) != 1) return false;
+  Dims xd = x->shape().sizes();
+  auto rank = static_cast<std::int64_t>(xd.size());
+  std::int64_t axis = n.attr_int("axis", -1);
+  if (rank == 0 || axis < -rank || axis >= rank) return false;  // the reference kernel reports it
+  if (axis < 0) axis += rank;
+  Dims norm_dims(xd.begin() + axis, xd.end());
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= xd[static_cast<std::size_t>(i)];
+  if (outer == 0 || inner == 0) return false;
+
+  // Scale and B: constants are broadcast to the normalised dims now; a runtime one must already have
+  // them (leading 1s aside) to be read in place as the [inner] vector oneDNN wants.
+  for (std::size_t i = 1; i <= 2; ++i) {
+    const Value* p = n.input(i);
+    if (p && (!is_f32(p) || (!p->is_constant() && p->shape().numel().value_or(-1) != inner))) return false;
+  }
+  bool has_bias = n.input(2) != nullptr;
+  float epsilon = n.attr_float("epsilon", 1e-5f);
+  auto flags = dnnl::normalization_flags::use_scale;
+  if (has_bias) flags = flags | dnnl::normalization_flags::use_shift;
+  memory::desc data_md = plain_md({outer, inner});
+  dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, data_md, epsilon, flags);
+  dnnl::layer_normalization_forward::primitive_desc pd(desc, Lowering::base_attr(), L.engine(), true);
+  if (!pd) return false;
+
+  std::vector<std::pair<int, memory>> consts;
+  std::vector<SlotArg> args;
+  memory::desc vec = plain_md({inner});
+  const int param_args[2] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT};
+  for (std::size_t i = 1; i <= 2; ++i) {
+    const Value* p = n.input(i);
+    if (!p) continue;
+    if (p->is_constant()) {
+      std::vector<double> full = reference::detail::nn::broadcast_param(n, p->constant(), norm_dims, i == 1 ? "Scale" : "B");
+      consts.emplace_back(param_args[i - 1], L.constant_memory(std::vector<float>(full.begin(), full.end()), vec));
+    } else {
+      args.push_back({param_args[i - 1], L.row_major_slot(p), vec});
+    }
+  }
+  char epsilon_text[32];
+  std::snprintf(epsilon_text, sizeof epsilon_text, "%g", static_cast<double>(epsilon));  // 1e-12, not 0.000000
+  // The 2-D view is the row-major bytes of X and Y; Y is defined with its own dims for its readers.
+  SlotId src = L.row_major_slot(x);
+  SlotId dst = L.new_plain_slot(y);
+  L.define_plain(y, dst);
+  args.push_back({DNNL_ARG_SRC, src, pd.src_desc()});
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  L.add_primitive({n.name(), "LayerNormalization", pd.impl_info_str(),
+                   "axis " + std::to_string(axis) + " eps " + epsilon_text + (has_bias ? "" : " no-bias") +
+                       " " + dims_str(xd) + " as " + dims_str({outer, inner})},
+                  &n, dnnl::layer_normalization_forward(pd), pd.scratchpad_desc(), std::move(args), std::move(consts));
   return true;
 }
 

@@ -1,5 +1,6 @@
 // ondine/lower/detail/pool.hpp - MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool as oneDNN
-// pooling_v2 (dilated pooling), created on the producer's layout.
+// pooling_v2 (dilated pooling), created on the producer's layout; the output in the layout the layout pass
+// chose for it (activation_md), else the one oneDNN picks (the source's).
 //
 // Pads: oneDNN requires (in - extent + pad_l + pad_r) / stride + 1 == out, so with ceil_mode the right
 // pad grows to cover the last window. Max pooling and exclude-pad averaging ignore padding, so that
@@ -53,7 +54,7 @@ inline bool lower_pool(Lowering& L, const Node& n) {
   if (Dims(yd.begin() + 2, yd.end()) != out || yd[0] != xd[0] || yd[1] != xd[1]) return false;
 
   memory::desc src_md = L.md_of(x);
-  dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md, any_md(yd), strides, kernel,
+  dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md, activation_md(y, yd), strides, kernel,
                                       dilates, pad_l, pad_r);
   PostOpChain chain = plan_post_ops(L, n, false);
   bool fused = false;
