@@ -1,11 +1,15 @@
 // ondine - the command-line tool.
 //
-//   ondine inspect MODEL [--dim batch=1] [--json] [--graph] [--dot FILE] [--compiled]
+//   ondine inspect MODEL [--dim batch=1] [--json] [--graph] [--dot FILE] [--compiled] [--passes P]
+//   ondine compile MODEL [--passes P] [--print-passes] [--dump-after NAME] [--dot] [-o OUT.onnx] [--check]
+//                  [--dim batch=1] [--seed N] [--tolerance T]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
-//              [--threads N] [--reference] [--check]
+//              [--threads N] [--reference] [--check] [--passes P]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
+//                [--passes P]
 //
-// Errors go to stderr with exit code 1 (2 for bad command lines).
+// P is a pipeline string: "default" (the default pipeline), "none", or pass names ("fold-bn,fuse*").
+// Errors go to stderr with exit code 1 (2 for bad command lines, a bad pipeline included).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <random>
 #include <sstream>
 #include <string>
@@ -35,6 +40,20 @@ namespace fs = std::filesystem;
 using namespace ondine;
 
 namespace {
+
+// A mistake on the command line that CLI11 cannot see (an unknown pass name): exit code 2.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// The pass manager for --passes, checked before any model is read.
+PassManager pipeline_for(const std::string& passes, PassManager::Options options = {}) {
+  try {
+    return make_pass_manager(passes, std::move(options));
+  } catch (const Error& e) {
+    throw UsageError("--passes '" + passes + "': " + e.message());
+  }
+}
 
 std::map<std::string, std::int64_t> parse_dims(const std::vector<std::string>& specs) {
   std::map<std::string, std::int64_t> out;
@@ -60,6 +79,20 @@ std::string human(double v, const char* unit) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(i ? 2 : 0) << v << " " << prefix[i] << unit;
   return os.str();
+}
+
+// Op counts keyed by Node::op_key(), so Ondine's own ops show as "ondine.FusedConv".
+std::map<std::string, std::size_t> op_key_histogram(const Graph& g) {
+  std::map<std::string, std::size_t> h;
+  for (Node* n : g.nodes()) ++h[n->op_key()];
+  return h;
+}
+
+// How a pipeline is named in output: "default", "none", or the passes it runs.
+std::string passes_label(const std::string& passes) {
+  std::string expanded = expand_pipeline(passes);
+  if (expanded.empty()) return "none";
+  return expanded == default_pipeline() ? "default" : expanded;
 }
 
 // Seeded random input for a graph input with static dims: N(0,1) floats, integers in [0, 100), bools.
@@ -136,17 +169,29 @@ struct Engine {
   std::function<std::map<std::string, Tensor>(const std::map<std::string, Tensor>&)> run;
 };
 
-Engine make_engine(const Graph& g, bool use_reference, int threads) {
+// `passes`: the pipeline lower::compile runs; the reference executor runs the graph as given unless
+// `reference_passes` (then it runs the optimised graph, which checks the passes without the lowering).
+Engine make_engine(const Graph& g, bool use_reference, int threads, const std::string& passes,
+                   bool reference_passes = false) {
   Engine engine;
   if (use_reference) {
-    auto exec = std::make_shared<ReferenceExecutor>(g);
+    std::shared_ptr<ReferenceExecutor> exec;
+    if (reference_passes) {
+      auto optimised = std::make_shared<Graph>(g.clone());
+      pipeline_for(passes).run(*optimised);
+      exec = std::make_shared<ReferenceExecutor>(*optimised);
+      engine.run = [exec, optimised](const std::map<std::string, Tensor>& in) { return exec->run(in); };
+    } else {
+      exec = std::make_shared<ReferenceExecutor>(g);
+      engine.run = [exec](const std::map<std::string, Tensor>& in) { return exec->run(in); };
+    }
     engine.name = "reference";
-    engine.run = [exec](const std::map<std::string, Tensor>& in) { return exec->run(in); };
     return engine;
   }
   auto t0 = std::chrono::steady_clock::now();
   lower::CompileOptions opts;
   opts.threads = threads;
+  opts.passes = passes;
   auto model = std::make_shared<CompiledModel>(lower::compile(g, opts));
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
@@ -200,14 +245,15 @@ double peak_rss_mib() {
 }
 
 // What compile() made of the model: ISA, every step with oneDNN's implementation, the memory plan.
-void print_compiled(const Graph& bound, int threads) {
+void print_compiled(const Graph& bound, int threads, const std::string& passes) {
   auto t0 = std::chrono::steady_clock::now();
   lower::CompileOptions opts;
   opts.threads = threads;
+  opts.passes = passes;
   CompiledModel model = lower::compile(bound, opts);
   double ms = elapsed_ms(t0);
   std::cout << "\ncompiled: isa " << model.isa() << ", " << model.steps().size() << " steps, compile "
-            << std::fixed << std::setprecision(1) << ms << " ms\n";
+            << std::fixed << std::setprecision(1) << ms << " ms, passes " << (passes.empty() ? "none" : passes) << "\n";
   const auto& mem = model.memory();
   std::cout << "memory:   arena " << human(static_cast<double>(mem.arena_bytes), "B") << " (peak live "
             << human(static_cast<double>(mem.peak_bytes), "B") << ", all activations "
@@ -218,9 +264,19 @@ void print_compiled(const Graph& bound, int threads) {
   std::cout << "steps:\n" << model.to_text();
 }
 
+// `passes` ("none" unless given) runs on the graph shown; --compiled compiles the imported graph with
+// `compile_passes`, the pipeline `ondine run` would use.
 int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_specs, bool json, bool print_graph,
-                const std::string& dot_file, bool compiled, int threads) {
+                const std::string& dot_file, bool compiled, int threads, const std::string& passes,
+                const std::string& compile_passes) {
+  PassManager pm = pipeline_for(passes);
+  pipeline_for(compile_passes);
   Graph g = ondine::onnx::load_model(path);
+  Graph imported = g.clone();
+  if (pm.size()) {
+    check_supported(g);
+    pm.run(g);
+  }
   auto bindings = parse_dims(dim_specs);
   // FLOPs need static shapes: unbound symbolic dims count as 1 (one sample).
   for (auto& sym : symbolic_dims(g)) bindings.emplace(sym, 1);
@@ -229,7 +285,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   GraphStats stats = graph_stats(bound);
   auto unsupported = unsupported_nodes(g);
   std::map<std::string, std::vector<std::string>> bad;
-  for (auto* n : unsupported) bad[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()].push_back(n->name());
+  for (auto* n : unsupported) bad[n->op_key()].push_back(n->name());
 
   if (!dot_file.empty()) {
     std::ofstream(dot_file) << g.to_dot();
@@ -245,13 +301,15 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     j["dims"] = bindings;
     for (Value* v : g.inputs()) j["inputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
     for (Value* v : g.outputs()) j["outputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
-    j["ops"] = g.op_histogram();
+    j["ops"] = op_key_histogram(g);
+    j["passes"] = passes_label(passes);
     j["unsupported_ops"] = bad;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   std::cout << "model:   " << path << " (opset " << g.opset() << ", " << g.num_nodes() << " nodes, producer '"
             << g.producer_name << "')\n";
+  if (pm.size()) std::cout << "passes:  " << pm.pipeline() << " (" << imported.num_nodes() << " -> " << g.num_nodes() << " nodes)\n";
   for (Value* v : g.inputs()) std::cout << "input:   " << v->name() << "  " << Graph::value_type_str(v) << "\n";
   for (Value* v : g.outputs()) std::cout << "output:  " << v->name() << "  " << Graph::value_type_str(v) << "\n";
   std::cout << "params:  " << stats.parameters << " (" << human(static_cast<double>(stats.parameter_bytes), "B") << ")\n";
@@ -260,7 +318,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   std::cout << "FLOPs:   " << (stats.flops ? human(*stats.flops, "FLOP") : std::string("unknown (dynamic shapes)"))
             << (at.empty() ? "" : " at " + at) << "\n";
   std::cout << "ops:\n";
-  auto op_counts = g.op_histogram();
+  auto op_counts = op_key_histogram(g);
   std::vector<std::pair<std::string, std::size_t>> hist(op_counts.begin(), op_counts.end());
   std::stable_sort(hist.begin(), hist.end(), [](auto& a, auto& b) { return a.second > b.second; });
   for (auto& [op, n] : hist) {
@@ -282,14 +340,18 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   if (print_graph) std::cout << "\n" << g.to_text();
   if (compiled) {
     if (!bad.empty()) throw Error("cannot compile: the model has unsupported ops (listed above)").in_file(path);
-    print_compiled(bound, threads);
+    Graph imported_bound = imported.clone();
+    bind_dims(imported_bound, bindings);
+    print_compiled(imported_bound, threads, compile_passes);
   }
   return 0;
 }
 
 int cmd_run(const std::string& path, const std::vector<std::string>& input_specs,
             const std::vector<std::string>& dim_specs, const std::string& output_dir, std::uint64_t seed, int runs,
-            bool use_reference, int threads, bool check, double check_tolerance) {
+            bool use_reference, int threads, bool check, double check_tolerance, const std::string& passes,
+            bool passes_given) {
+  pipeline_for(passes);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);  // every unsupported op at once, before anything runs
   std::map<std::string, Tensor> inputs;
@@ -320,7 +382,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
-  Engine engine = make_engine(g, use_reference, threads);
+  Engine engine = make_engine(g, use_reference, threads, passes, passes_given);
   std::map<std::string, Tensor> outputs;
   std::vector<double> ms = time_runs(engine, inputs, std::max(runs, 1), path, "", &outputs);
   for (Value* o : g.outputs()) std::cout << o->name() << ": " << summary(outputs.at(o->name())) << "\n";
@@ -338,12 +400,14 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ",") + k + "=" + std::to_string(v);
   std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=" << (use_reference ? "reference" : "compiled")
             << (use_reference ? "" : " isa=" + engine.isa) << " " << (at.empty() ? "" : at + " ")
-            << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default")) << " runs=" << ms.size()
+            << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default"))
+            << ((use_reference && !passes_given) ? "" : " passes=" + passes_label(passes)) << " runs=" << ms.size()
             << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms";
   if (!use_reference) std::cout << " compile=" << engine.compile_ms << " ms";
   std::cout << "\n";
   if (check && !use_reference) {
-    // Every optimisation is checked against the oracle: same inputs through the reference executor.
+    // Every optimisation (passes and lowering) is checked against the oracle: the imported graph on
+    // the reference executor, same inputs.
     auto expected = ReferenceExecutor(g).run(inputs);
     bool ok = true;
     for (Value* o : g.outputs()) {
@@ -354,6 +418,102 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
     }
     if (!ok) throw Error("compiled outputs differ from the reference executor by more than " +
                          std::to_string(check_tolerance) + " relative").in_file(path);
+  }
+  return 0;
+}
+
+// ---- ondine compile ----
+
+struct CompileArgs {
+  std::string passes = "default";
+  bool print_passes = false;
+  std::vector<std::string> dump_before, dump_after;
+  bool dot = false;
+  std::string out_file;
+  bool check = false;
+  std::vector<std::string> dims;
+  std::uint64_t seed = 0;
+  double tolerance = 1e-4;
+};
+
+// Runs the pipeline on the model (symbolic dims stay symbolic unless bound with --dim), reports what
+// each pass did, optionally writes the optimised model and checks it against the imported one on the
+// reference executor (symbolic dims bound to 1 for the check).
+int cmd_compile(const std::string& path, const CompileArgs& args) {
+  PassManager::Options options;
+  options.dump_before.insert(args.dump_before.begin(), args.dump_before.end());
+  options.dump_after.insert(args.dump_after.begin(), args.dump_after.end());
+  options.dump_dot = args.dot;
+  options.dump = [](const std::string& title, const std::string& graph) { std::cout << title << "\n" << graph << "\n"; };
+  PassManager pm = pipeline_for(args.passes, options);
+  std::set<std::string> in_pipeline;
+  for (auto& [name, repeat] : PassManager::parse_pipeline(pm.pipeline())) in_pipeline.insert(name);
+  for (auto* list : {&args.dump_before, &args.dump_after})
+    for (auto& name : *list)
+      if (!in_pipeline.count(name))
+        throw UsageError(std::string(list == &args.dump_before ? "--dump-before " : "--dump-after ") + name +
+                         ": the pipeline has no pass of that name (pipeline: " +
+                         (pm.size() ? pm.pipeline() : std::string("none")) + ")");
+
+  Graph g = ondine::onnx::load_model(path);
+  check_supported(g);
+  bind_dims(g, parse_dims(args.dims));
+  Graph original = g.clone();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    pm.run(g);
+  } catch (Error& e) {
+    e.in_file(path);
+    throw;
+  }
+  double ms = elapsed_ms(t0);
+
+  std::size_t rewrites = 0;
+  for (auto& r : pm.records()) rewrites += r.rewrites;
+  std::cout << "model:   " << path << " (opset " << original.opset() << ", " << original.num_nodes() << " nodes)\n";
+  std::cout << "passes:  " << passes_label(args.passes) << ": " << pm.records().size() << " pass runs, "
+            << original.num_nodes() << " -> " << g.num_nodes() << " nodes, " << rewrites << " rewrites, " << std::fixed
+            << std::setprecision(1) << ms << " ms\n";
+  if (args.print_passes) {
+    std::cout << "pipeline: " << (pm.size() ? pm.pipeline() : std::string("none")) << "\n" << pm.summary_text();
+    auto before = op_key_histogram(original), after = op_key_histogram(g);
+    std::map<std::string, std::pair<std::size_t, std::size_t>> ops;
+    for (auto& [op, n] : before) ops[op].first = n;
+    for (auto& [op, n] : after) ops[op].second = n;
+    std::cout << std::left << std::setw(28) << "ops" << std::right << std::setw(8) << "before" << std::setw(8)
+              << "after" << "\n";
+    for (auto& [op, counts] : ops)
+      std::cout << "  " << std::left << std::setw(26) << op << std::right << std::setw(8) << counts.first
+                << std::setw(8) << counts.second << "\n";
+  }
+  if (!args.out_file.empty()) {
+    ondine::onnx::save_model(g, args.out_file);
+    std::cout << "wrote:   " << args.out_file << " (" << g.num_nodes() << " nodes)\n";
+  }
+  if (args.check) {
+    // The oracle: the imported model and the optimised one on the reference executor, same inputs.
+    std::map<std::string, std::int64_t> ones;
+    for (auto& sym : symbolic_dims(original)) ones[sym] = 1;
+    Graph want_graph = original.clone(), got_graph = g.clone();
+    bind_dims(want_graph, ones);
+    bind_dims(got_graph, ones);
+    std::map<std::string, Tensor> inputs;
+    fill_random_inputs(want_graph, inputs, args.seed);
+    auto want = ReferenceExecutor(want_graph).run(inputs);
+    auto got = ReferenceExecutor(got_graph).run(inputs);
+    bool ok = true;
+    for (Value* o : original.outputs()) {
+      if (!got.count(o->name()))
+        throw Error("the optimised graph has no output '" + o->name() + "' (the passes lost it)").in_file(path);
+      Difference d = difference(got.at(o->name()), want.at(o->name()));
+      bool fine = d.relative() <= args.tolerance;
+      ok = ok && fine;
+      std::cout << std::scientific << std::setprecision(2) << "check: " << o->name() << " max_abs_err " << d.max_abs
+                << " rel_to_max " << d.relative() << (fine ? " ok" : " FAILED") << "\n";
+    }
+    if (!ok)
+      throw Error("the optimised graph's outputs differ from the imported graph's by more than " +
+                  std::to_string(args.tolerance) + " relative (reference executor)").in_file(path);
   }
   return 0;
 }
@@ -432,11 +592,12 @@ struct BenchResult {
 };
 
 BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batch, bool use_reference, int threads,
-                        int warmup, int runs, std::uint64_t seed, const std::string& path, std::string& isa) {
+                        int warmup, int runs, std::uint64_t seed, const std::string& path, std::string& isa,
+                        const std::string& passes, bool passes_given) {
   Graph bound = bind_batch(g, dims, batch);
   std::map<std::string, Tensor> inputs;
   fill_random_inputs(bound, inputs, seed);
-  Engine engine = make_engine(bound, use_reference, threads);
+  Engine engine = make_engine(bound, use_reference, threads, passes, passes_given);
   isa = engine.isa;
   std::string label = "batch " + std::to_string(batch);
   time_runs(engine, inputs, warmup, path, label + " warmup");
@@ -460,7 +621,8 @@ std::optional<double> flops_per_sample(const Graph& g, const BatchDims& dims) {
 
 int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_list,
               const std::vector<std::string>& dim_specs, int threads, int warmup, int runs, std::uint64_t seed,
-              bool use_reference, const std::string& json_file) {
+              bool use_reference, const std::string& json_file, const std::string& passes, bool passes_given) {
+  pipeline_for(passes);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   BatchDims dims = batch_dims(g, dim_specs, path);
@@ -471,11 +633,14 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::string isa;
   std::vector<BenchResult> results;
   for (auto batch : batches)
-    results.push_back(bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa));
+    results.push_back(
+        bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, passes, passes_given));
   double rss = peak_rss_mib();
 
+  bool passes_apply = !use_reference || passes_given;
   std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa)
-            << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs << "\n";
+            << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs
+            << (passes_apply ? ", passes " + passes_label(passes) : "") << "\n";
   std::cout << "FLOPs:   " << (flops ? human(*flops, "FLOP") : std::string("unknown")) << " per sample\n";
   std::cout << std::right << std::setw(7) << "batch" << std::setw(13) << "median ms" << std::setw(11) << "p90 ms"
             << std::setw(13) << "samples/s" << std::setw(13) << "compile ms" << "\n";
@@ -490,6 +655,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
     j["model"] = path;
     j["engine"] = use_reference ? "reference" : "compiled";
     j["isa"] = isa;
+    j["passes"] = passes_apply ? passes_label(passes) : std::string("none");
     j["threads"] = used_threads;
     j["warmup"] = warmup;
     j["runs"] = runs;
@@ -522,6 +688,7 @@ int main(int argc, char** argv) {
   int runs = 1, threads = 0;
   double tolerance = 1e-4;
 
+  std::string passes = "default", inspect_passes = "none";
   auto* inspect = app.add_subcommand("inspect", "ops histogram, parameters, FLOPs, inputs/outputs, unsupported ops");
   inspect->add_option("model", model, "ONNX model file")->required();
   inspect->add_option("--dim", dims, "bind a symbolic dim for the FLOP count, NAME=SIZE (default: 1)");
@@ -530,6 +697,30 @@ int main(int argc, char** argv) {
   inspect->add_option("--dot", dot_file, "write the graph as Graphviz DOT to this file");
   inspect->add_flag("--compiled", compiled, "compile it and show the ISA, each step's oneDNN implementation, the memory plan");
   inspect->add_option("--threads", threads, "threads for --compiled (default: OpenMP's)");
+  auto* inspect_passes_opt = inspect->add_option(
+      "--passes", inspect_passes,
+      "passes to run before showing the model: 'none' (default, the model as imported), 'default', or names "
+      "('fold-bn,fuse'); --compiled compiles with these, else with the default pipeline");
+
+  CompileArgs compile_args;
+  auto* compile = app.add_subcommand("compile", "run the optimisation passes: per-pass summary, dumps, export, check");
+  compile->add_option("model", model, "ONNX model file")->required();
+  compile->add_option("--passes", compile_args.passes,
+                      "pipeline: 'default' (default), 'none', or pass names, '*' repeats until no change "
+                      "('fold-constants*,dce')");
+  compile->add_flag("--print-passes", compile_args.print_passes,
+                    "print the pipeline, each pass's time, nodes before/after and rewrites, and the op counts before and after");
+  compile->add_option("--dump-before", compile_args.dump_before, "print the graph before this pass (repeatable)");
+  compile->add_option("--dump-after", compile_args.dump_after, "print the graph after this pass (repeatable)");
+  compile->add_flag("--dot", compile_args.dot, "dumps as Graphviz DOT instead of text");
+  compile->add_option("-o,--output", compile_args.out_file, "write the optimised model as ONNX");
+  compile->add_flag("--check", compile_args.check,
+                    "run the imported and the optimised model on the reference executor with seeded random inputs "
+                    "and compare (fails past --tolerance)");
+  compile->add_option("--dim", compile_args.dims, "bind a symbolic dim, NAME=SIZE (repeatable; --check binds the rest to 1)");
+  compile->add_option("--seed", compile_args.seed, "seed of --check's random inputs");
+  compile->add_option("--tolerance", compile_args.tolerance,
+                      "--check's bound on max|optimised-imported| / max|imported| (default 1e-4)");
 
   auto* run = app.add_subcommand("run", "run a model on .npy or seeded random inputs");
   run->add_option("model", model, "ONNX model file")->required();
@@ -542,6 +733,10 @@ int main(int argc, char** argv) {
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance, "--check's bound on max|compiled-reference| / max|reference|");
+  auto* run_passes_opt = run->add_option(
+      "--passes", passes,
+      "passes compile runs: 'default' (default), 'none', or pass names; with --reference, given explicitly, "
+      "the reference executor runs the optimised graph");
 
   std::vector<std::int64_t> batches;
   std::string json_file;
@@ -558,6 +753,8 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
+  auto* bench_passes_opt = bench->add_option(
+      "--passes", passes, "passes compile runs: 'default' (default), 'none' (to compare), or pass names");
 
   try {
     app.parse(argc, argv);
@@ -565,10 +762,19 @@ int main(int argc, char** argv) {
     return app.exit(e) ? 2 : 0;
   }
   try {
-    if (*inspect) return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads);
+    if (*inspect)
+      return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads, inspect_passes,
+                         inspect_passes_opt->count() ? inspect_passes : std::string("default"));
+    if (*compile) return cmd_compile(model, compile_args);
     if (*bench)
-      return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file);
-    if (*run) return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance);
+      return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
+                       bench_passes_opt->count() > 0);
+    if (*run)
+      return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance, passes,
+                     run_passes_opt->count() > 0);
+  } catch (const UsageError& e) {
+    std::cerr << "ondine: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "ondine: error: " << e.what() << "\n";
     return 1;

@@ -62,6 +62,51 @@ expect 0 '"samples_per_s"' -- /usr/bin/python3 -m json.tool "$work/bench.json"
 expect 1 "--batch 8: the model has no symbolic dim, its batch is fixed at 1" -- "$ondine" bench "$conv" --batch 1,8
 expect 1 "no symbolic dim of that name" -- "$ondine" bench "$relu" --dim batch
 
+# ondine compile: the pass pipeline, its summary, dumps, export and the check against the imported model.
+# A Conv -> Relu -> Add(., x) model, so the default pipeline creates Ondine's own fused ops.
+/usr/bin/python3 - "$work/convrelu.onnx" <<'PY'
+import sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper, save
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.uniform(-0.5, 0.5, (4, 4, 3, 3)).astype(np.float32), "w")
+b = numpy_helper.from_array(rng.uniform(-0.5, 0.5, (4,)).astype(np.float32), "b")
+nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Relu", ["c"], ["r"], name="relu"),
+         helper.make_node("Add", ["r", "x"], ["y"], name="add")]
+io = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 4, 8, 8])
+graph = helper.make_graph(nodes, "convrelu", [io("x")], [io("y")], [w, b])
+save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
+PY
+cr=$work/convrelu.onnx
+expect 0 'pipeline: remove-identity,.*fuse' -- "$ondine" compile "$cr" --print-passes
+expect 0 'fuse +[0-9.]+ +[0-9]+ -> [0-9]+ +[1-9]' -- "$ondine" compile "$cr" --print-passes
+expect 0 'ondine\.FusedConv +0 +1' -- "$ondine" compile "$cr" --print-passes
+expect 0 'Relu +1 +0' -- "$ondine" compile "$cr" --print-passes
+expect 0 'passes:  none: 0 pass runs, 3 -> 3 nodes' -- "$ondine" compile "$cr" --passes none
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" compile "$cr" --check --seed 3
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" compile "$conv" --check --passes 'fold-constants*,dce'
+expect 0 "graph after pass 'fuse'" -- "$ondine" compile "$cr" --dump-after fuse
+expect 0 "%r = ondine\.FusedConv\(%x, %w, %b\)" -- "$ondine" compile "$cr" --dump-after fuse
+expect 0 'digraph' -- "$ondine" compile "$cr" --dump-before fuse --dot
+# -o: the optimised model (with the "ondine" domain) loads back, runs compiled and on the reference.
+expect 0 "wrote: .*opt\.onnx \([0-9]+ nodes\)" -- "$ondine" compile "$cr" -o "$work/opt.onnx"
+expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$work/opt.onnx"
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$work/opt.onnx" --check --dim batch=2 --passes none
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$work/opt.onnx" --check
+# The pipeline on the other commands.
+expect 0 'passes: +remove-identity.*\(3 -> [0-9]+ nodes\)' -- "$ondine" inspect "$cr" --passes default
+expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$cr" --passes default
+expect 0 'Conv +1' -- "$ondine" inspect "$cr"
+expect 0 'benchmark: .*passes=none' -- "$ondine" run "$cr" --passes none
+expect 0 'benchmark: .*passes=default' -- "$ondine" run "$cr"
+expect 0 'engine: +compiled.*passes none' -- "$ondine" bench "$cr" --passes none --runs 2 --warmup 0
+# Bad pipelines are command-line mistakes: exit 2, naming the pass and the known ones.
+expect 2 "unknown pass 'frobnicate' \(known passes: .*fold-bn" -- "$ondine" compile "$cr" --passes dce,frobnicate
+expect 2 "empty entry" -- "$ondine" run "$cr" --passes 'dce,,fuse'
+expect 2 "--dump-after layout: the pipeline has no pass of that name" -- "$ondine" compile "$cr" --passes dce --dump-after layout
+expect 2 "unknown pass" -- "$ondine" bench "$cr" --passes nope
+
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate
 expect 2 "" -- "$ondine" run

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The bundled example models: written by scripts/make_models.py (seeded, no download), then inspected,
-# compiled and run by the `ondine` tool at batch 1 and 2, each compiled run checked against the reference
-# executor (--check, 1e-4 relative to max |reference|). Checks that the symbolic batch binds, that no op
-# is unsupported, and that the outputs have the expected shapes and are finite.
+# optimised by the default pass pipeline (`ondine compile --check`: the imported and the optimised model
+# on the reference executor), compiled and run by the `ondine` tool at batch 1 and 2, each compiled run
+# checked against the reference executor (--check, 1e-4 relative to max |reference|). Checks that the
+# symbolic batch binds, that no op is unsupported, and that the outputs have the expected shapes and are
+# finite.
 set -euo pipefail
 ondine=$1 src=$2 out=$3
 mkdir -p "$out"
@@ -25,6 +27,12 @@ for m in resnet50 mobilenetv2 bert; do
 done
 "$ondine" inspect "$out/resnet50.onnx" | grep -qE 'FLOPs: +8\.[0-9]+ GFLOP at batch=1' || { echo "FAIL: ResNet-50 FLOPs"; exit 1; }
 passed=$((passed + 1))
+# The pass pipeline alone: the imported and the optimised model on the reference executor, batch 1.
+for m in resnet50 mobilenetv2 bert; do
+  log=$("$ondine" compile "$out/$m.onnx" --check --tolerance 1e-4 2>&1) || { echo "FAIL: ondine compile $m --check"; echo "$log"; exit 1; }
+  echo "ok: compile $m: $(grep '^passes:' <<<"$log")"
+  passed=$((passed + 1))
+done
 check resnet50 batch=1 'logits: float32\[1,1000\]'
 check resnet50 batch=2 'logits: float32\[2,1000\]'
 check mobilenetv2 batch=2 'logits: float32\[2,1000\]'

@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# Installs the built package into a scratch prefix and builds + runs examples/host against it with
-# find_package(ondine CONFIG REQUIRED): proves the package config a user relies on.
+# Installs the built package into a scratch prefix and builds + runs the examples a user would write
+# against it with find_package(ondine CONFIG REQUIRED): examples/host (the IR, ONNX, the reference
+# executor) and examples/custom_pass (a user pass in a pipeline with the built-ins). Both are
+# configured as one project, so the package is found and the compiler probed once.
 set -euo pipefail
 build=$1 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src/examples/host" -B "$work/host" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$work/host" >/dev/null
-"$work/host/ondine_host"
+mkdir -p "$work/examples"
+cat >"$work/examples/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.18)
+project(ondine_package_examples LANGUAGES CXX)
+add_subdirectory("$src/examples/host" host)
+add_subdirectory("$src/examples/custom_pass" custom_pass)
+CMAKE
+cmake -S "$work/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/build" -j2 >/dev/null
+"$work/build/host/ondine_host"
+"$work/build/custom_pass/ondine_custom_pass"

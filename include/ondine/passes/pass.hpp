@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "ondine/ir/graph.hpp"
@@ -68,8 +69,24 @@ class AnyPass {
   virtual bool run(Graph& g, PassContext& ctx) = 0;
 };
 
+// What add<P>() needs of a pass type, checked with a readable message instead of a template backtrace.
+template <typename P, typename = void>
+struct has_pass_name : std::false_type {};
+template <typename P>
+struct has_pass_name<P, std::void_t<decltype(std::string(P::name))>> : std::true_type {};
+template <typename P, typename = void>
+struct has_pass_run : std::false_type {};
+template <typename P>
+struct has_pass_run<P, std::void_t<decltype(std::declval<P&>().run(std::declval<Graph&>(), std::declval<PassContext&>()))>>
+    : std::is_convertible<decltype(std::declval<P&>().run(std::declval<Graph&>(), std::declval<PassContext&>())), bool> {};
+
 template <typename P>
 class PassModel final : public AnyPass {
+  static_assert(has_pass_name<P>::value,
+                "a pass needs `static constexpr const char* name = \"my-pass\";` (its name in pipelines)");
+  static_assert(has_pass_run<P>::value,
+                "a pass needs `bool run(Graph& g, PassContext& ctx)` returning true when it changed the graph");
+
  public:
   template <typename... Args>
   explicit PassModel(Args&&... args) : pass_(std::forward<Args>(args)...) {}

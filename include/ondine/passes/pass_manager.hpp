@@ -41,8 +41,10 @@ class PassRegistry {
     return add(P::name, [] { return std::unique_ptr<detail::AnyPass>(new detail::PassModel<P>()); });
   }
   PassRegistry& add(const std::string& name, Factory make) {
-    if (name.empty() || name.find_first_of(", *") != std::string::npos)
+    if (name.empty() || name.find_first_of(", *\t\n") != std::string::npos)
       throw Error("pass name '" + name + "' is not valid (non-empty, no commas, spaces or '*')");
+    if (name == "none" || name == "default")
+      throw Error("pass name '" + name + "' is reserved (pipelines use it for no passes / the default pipeline)");
     factories_[name] = std::move(make);
     return *this;
   }
@@ -107,6 +109,8 @@ class PassManager {
     return *this;
   }
   PassManager& add(const std::string& name, std::function<bool(Graph&, PassContext&)> fn, bool repeat = false) {
+    if (name.empty()) throw Error("PassManager::add: a pass needs a name");
+    if (!fn) throw Error("PassManager::add: pass '" + name + "' has no function");
     entries_.push_back({std::make_unique<detail::FunctionPass>(name, std::move(fn)), repeat});
     return *this;
   }
@@ -115,29 +119,37 @@ class PassManager {
     entries_.push_back({std::move(pass), repeat});
     return *this;
   }
-  // Appends "name,name*,..." (a '*' suffix repeats that pass until nothing changes). Whitespace is
-  // ignored; an empty string adds nothing; an unknown name throws listing the known ones.
+  // Appends "name,name*,..." (a '*' suffix repeats that pass until nothing changes, up to
+  // max_iterations). Blanks around names are ignored; "" and "none" add nothing; an empty entry
+  // ("a,,b") or an unknown name throws, the latter listing the known names. Nothing is added when
+  // any entry is bad.
   PassManager& add_pipeline(const std::string& pipeline, const PassRegistry& registry) {
-    for (auto& [name, repeat] : parse_pipeline(pipeline)) add(registry.create(name), repeat);
+    std::vector<Entry> parsed;
+    for (auto& [name, repeat] : parse_pipeline(pipeline)) parsed.push_back({registry.create(name), repeat});
+    for (auto& e : parsed) entries_.push_back(std::move(e));
     return *this;
   }
 
+  // "a, b*" -> {{"a", false}, {"b", true}}; "" and "none" -> {}.
   static std::vector<std::pair<std::string, bool>> parse_pipeline(const std::string& pipeline) {
+    auto trim = [](const std::string& s) {
+      auto first = s.find_first_not_of(" \t\n\r");
+      return first == std::string::npos ? std::string() : s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
+    };
     std::vector<std::pair<std::string, bool>> out;
-    std::stringstream ss(pipeline);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      std::string name;
-      for (char c : item)
-        if (c != ' ' && c != '\t' && c != '\n') name += c;
-      if (name.empty()) {
-        if (pipeline.find_first_not_of(" \t\n,") == std::string::npos) continue;
-        throw Error("pipeline '" + pipeline + "' has an empty entry");
-      }
+    const std::string all = trim(pipeline);
+    if (all.empty() || all == "none") return out;
+    std::size_t start = 0;
+    while (true) {
+      std::size_t comma = all.find(',', start);
+      std::string name = trim(all.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (name.empty()) throw Error("pipeline '" + pipeline + "' has an empty entry");
       bool repeat = name.back() == '*';
-      if (repeat) name.pop_back();
+      if (repeat) name = trim(name.substr(0, name.size() - 1));
       if (name.empty()) throw Error("pipeline '" + pipeline + "' has a '*' without a pass name");
       out.emplace_back(name, repeat);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
     }
     return out;
   }
@@ -228,11 +240,14 @@ class PassManager {
     rec.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rec.nodes_after = g.num_nodes();
     rec.rewrites = ctx_.rewrites();
+    // A pass that rewrote something but says it changed nothing would stop a '*' entry early.
+    rec.changed = rec.changed || rec.rewrites > 0;
     records_.push_back(rec);
-    if (options_.verify_each && rec.changed) {
+    if (options_.dump_after.count(name)) dump("after");  // before verifying: the broken graph is what to look at
+    // Verified whatever the pass answered: a pass that edits the graph and returns false is a bug too.
+    if (options_.verify_each) {
       if (auto problem = g.check()) throw Error("pass '" + name + "' left an invalid graph: " + *problem);
     }
-    if (options_.dump_after.count(name)) dump("after");
     return rec.changed;
   }
 

@@ -7,8 +7,9 @@
 //
 // A pattern matches a Value: any() matches every value, constant() a value with a constant tensor,
 // scalar(c) a one-element constant equal to c, op("T", p0, p1, ...) a value produced (as output 0)
-// by a node of op type T whose first inputs match p0, p1, ... (further inputs are not looked at; use
-// where() to constrain them). Names given to bind()/any("x")/constant("w") record what matched; a name
+// by a node whose Node::op_key() is T ("Conv"; "ondine.FusedConv" for Ondine's own ops) and whose
+// first inputs match p0, p1, ... (further inputs are not looked at; use where() to constrain them).
+// commutative() tries both operand orders, backtracking through everything matched after it. Names given to bind()/any("x")/constant("w") record what matched; a name
 // bound twice must match the same value both times, which expresses shared operands
 // (Sub(x, ReduceMean(x)) is op("Sub", any("x"), op("ReduceMean", any("x")))).
 #pragma once
@@ -74,9 +75,43 @@ class Pattern {
   // A two-input op pattern that also matches with its two inputs swapped (Add, Mul).
   Pattern commutative() const { return with([](Impl& i) { i.commutative = true; }); }
 
+  // Matches `v`, extending `m` with what the pattern binds; on failure `m` is unchanged.
   bool match(Value* v, Match& m) const {
+    return match_then(v, m, [](Match&) { return true; });
+  }
+
+ private:
+  // Continuation-passing matching: `next` matches the rest of the enclosing pattern. Trying both
+  // orders of a commutative op together with everything after it is what makes bindings such as
+  // op("Mul", op("Add", any("x"), any("y")).commutative(), any("x")) find x on either side.
+  using Next = std::function<bool(Match&)>;
+
+  bool match_then(Value* v, Match& m, const Next& next) const {
     const Impl& p = *impl_;
-    if (!v) return false;
+    if (!v || !matches_here(v)) return false;
+    if (p.kind != Kind::Op) {
+      Match attempt = m;
+      if (!attempt.bind(p.name, v) || !next(attempt)) return false;
+      m = std::move(attempt);
+      return true;
+    }
+    Node* n = v->producer();
+    for (bool swapped : {false, true}) {
+      if (swapped && !(p.commutative && p.inputs.size() == 2)) break;
+      Match attempt = m;
+      attempt.matched_.push_back(n);
+      if (!attempt.bind(p.name, v)) return false;
+      if (match_inputs(n, 0, swapped, attempt, next)) {
+        m = std::move(attempt);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The checks on `v` alone (kind, one_use, predicates): no bindings involved.
+  bool matches_here(Value* v) const {
+    const Impl& p = *impl_;
     if (p.one_use && (v->uses().size() != 1 || v->is_graph_output())) return false;
     switch (p.kind) {
       case Kind::Any:
@@ -92,28 +127,34 @@ class Pattern {
       }
       case Kind::Op: {
         Node* n = v->producer();
-        if (!n || v->producer_output() != 0) return false;
+        if (!n || v->producer_output() != 0 || n->num_inputs() < p.inputs.size()) return false;
+        // "Conv" names the ONNX op, "ondine.FusedConv" Ondine's own (Node::op_key()).
         bool type_ok = false;
-        for (auto& t : p.op_types) type_ok |= n->op_type() == t && n->domain().empty();
-        if (!type_ok || n->num_inputs() < p.inputs.size()) return false;
-        Match attempt = m;
-        attempt.matched_.push_back(n);
-        if (!match_inputs(n, attempt, false)) {
-          if (!(p.commutative && p.inputs.size() == 2)) return false;
-          attempt = m;
-          attempt.matched_.push_back(n);
-          if (!match_inputs(n, attempt, true)) return false;
-        }
-        m = std::move(attempt);
+        for (auto& t : p.op_types) type_ok = type_ok || op_key_is(*n, t);
+        if (!type_ok) return false;
         break;
       }
     }
     for (auto& pred : p.preds)
       if (!pred(v)) return false;
-    return m.bind(p.name, v);
+    return true;
   }
 
- private:
+  bool match_inputs(Node* n, std::size_t i, bool swapped, Match& m, const Next& next) const {
+    const auto& ins = impl_->inputs;
+    if (i == ins.size()) return next(m);
+    std::size_t k = swapped ? 1 - i : i;
+    return ins[i].match_then(n->input(k), m,
+                             [&](Match& rest) { return match_inputs(n, i + 1, swapped, rest, next); });
+  }
+
+  static bool op_key_is(const Node& n, const std::string& key) {
+    if (n.domain().empty()) return n.op_type() == key;
+    const std::string& d = n.domain();
+    return key.size() == d.size() + 1 + n.op_type().size() && key.compare(0, d.size(), d) == 0 &&
+           key[d.size()] == '.' && key.compare(d.size() + 1, std::string::npos, n.op_type()) == 0;
+  }
+
   enum class Kind { Any, Constant, Scalar, Op };
   struct Impl {
     Kind kind = Kind::Any;
@@ -130,14 +171,6 @@ class Pattern {
     Impl copy = *impl_;
     edit(copy);
     return Pattern(std::move(copy));
-  }
-  bool match_inputs(Node* n, Match& m, bool swapped) const {
-    const auto& ins = impl_->inputs;
-    for (std::size_t i = 0; i < ins.size(); ++i) {
-      std::size_t k = swapped ? 1 - i : i;
-      if (!ins[i].match(n->input(k), m)) return false;
-    }
-    return true;
   }
   static bool is_floating_or_int(const Value* v) { return v->dtype() != DType::String && v->dtype() != DType::Bool; }
 

@@ -49,10 +49,21 @@ inline PassRegistry& pass_registry() {
   return registry;
 }
 
+// The pipeline with each "default" entry spelled out ("fold-bn,default" -> "fold-bn,remove-identity,...");
+// "none" and "" are no passes.
+inline std::string expand_pipeline(const std::string& pipeline) {
+  std::string out;
+  for (auto& [name, repeat] : PassManager::parse_pipeline(pipeline)) {
+    if (name == "default" && repeat) throw Error("pipeline '" + pipeline + "': 'default' cannot be repeated");
+    out += (out.empty() ? "" : ",") + (name == "default" ? std::string(default_pipeline()) : name + (repeat ? "*" : ""));
+  }
+  return out;
+}
+
 inline PassManager make_pass_manager(const std::string& pipeline = default_pipeline(),
                                      PassManager::Options options = {}) {
   PassManager pm(std::move(options));
-  pm.add_pipeline(pipeline, pass_registry());
+  pm.add_pipeline(expand_pipeline(pipeline), pass_registry());
   return pm;
 }
 
