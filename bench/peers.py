@@ -11,6 +11,7 @@ same architectures with random weights, torch.set_num_threads, inference_mode) o
 that load changes on the machine hit every engine alike; a result is the median over rounds of each
 round's median latency. Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32 matmul GFLOP/s
 that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is skipped.
+With --no-passes-column, Ondine also runs with its pass pipeline off (--passes none) in the same rounds.
 Make the models with: /usr/bin/python3 scripts/make_models.py --out models
 """
 
@@ -55,16 +56,19 @@ def write_input(model, batch, directory):
 
 
 class Ondine:
-    name = "ondine"
+    """Ondine with its default pass pipeline, or with passes="none" (the pipeline's effect, same run)."""
 
-    def __init__(self, exe, args, tmp):
-        self.exe, self.args, self.json = exe, args, os.path.join(tmp, "ondine.json")
+    def __init__(self, exe, args, tmp, passes=None):
+        self.name = "ondine" if passes is None else f"ondine-{passes}"
+        self.exe, self.args, self.passes = exe, args, passes
+        self.json = os.path.join(tmp, self.name + ".json")
         self.flops = {}
 
     def measure(self, model, path, batch, input_spec):
         a = self.args
+        extra = ["--passes", self.passes] if self.passes is not None else []
         subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",
-                        str(a.warmup), "--runs", str(a.runs), "--json", self.json], check=True,
+                        str(a.warmup), "--runs", str(a.runs), "--json", self.json] + extra, check=True,
                        stdout=subprocess.DEVNULL)
         with open(self.json) as f:
             j = json.load(f)
@@ -128,6 +132,8 @@ def main():
     p.add_argument("--batches", default="1,8")
     p.add_argument("--build", default=os.path.join(REPO, "build"), help="the CMake build dir with ondine, ondine_peak")
     p.add_argument("--models-dir", default=os.path.join(REPO, "models"))
+    p.add_argument("--no-passes-column", action="store_true",
+                   help="also run Ondine with --passes none (shows what the pass pipeline gains)")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",") if b]
@@ -147,6 +153,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ondine-peers-")
     ondine = Ondine(ondine_exe, a, tmp)
     engines = [ondine, OnnxRuntime(a)]
+    if a.no_passes_column:
+        engines.insert(1, Ondine(ondine_exe, a, tmp, passes="none"))
     notes = []
     try:
         engines.append(PyTorch(a))
@@ -175,15 +183,19 @@ def main():
     print(f"threads {a.threads}, {a.rounds} rounds x {a.runs} runs (warmup {a.warmup}), isa {ondine.isa}; "
           f"load average before {load_before}, after {load_after} ({os.cpu_count()} CPUs)")
     print(peak_line)
-    cols = ["model", "batch", "ondine/s", "ort/s"] + (["torch/s"] if have_torch else []) + \
-        ["ondine/ort"] + (["ondine/torch"] if have_torch else []) + ["GFLOP/s", "% of peak"]
+    have_nopass = any(e.name == "ondine-none" for e in engines)
+    cols = ["model", "batch", "ondine/s"] + (["no passes/s"] if have_nopass else []) + ["ort/s"] + \
+        (["torch/s"] if have_torch else []) + ["ondine/ort"] + (["ondine/torch"] if have_torch else []) + \
+        ["GFLOP/s", "% of peak"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")
     for m in models:
         for b in batches:
             rate = {e.name: b * 1000.0 / statistics.median(ms[(m, b, e.name)]) for e in engines}
             gflops = (ondine.flops[m] or 0) * rate["ondine"] / 1e9
-            row = [m, str(b), f"{rate['ondine']:.1f}", f"{rate['ort']:.1f}"]
+            row = [m, str(b), f"{rate['ondine']:.1f}"]
+            row += [f"{rate['ondine-none']:.1f}"] if have_nopass else []
+            row += [f"{rate['ort']:.1f}"]
             row += [f"{rate['torch']:.1f}"] if have_torch else []
             row += [f"{rate['ondine'] / rate['ort']:.2f}"]
             row += [f"{rate['ondine'] / rate['torch']:.2f}"] if have_torch else []
