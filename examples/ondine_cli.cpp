@@ -167,6 +167,8 @@ struct Engine {
   std::string isa;        // the compiled model's ISA; empty for the reference executor
   double compile_ms = 0;  // time lower::compile took
   std::function<std::map<std::string, Tensor>(const std::map<std::string, Tensor>&)> run;
+  // Compiled engine only: `runs` profiled runs, then CompiledModel::profile_text.
+  std::function<std::string(const std::map<std::string, Tensor>&, int runs)> profile;
 };
 
 // `passes`: the pipeline lower::compile runs; the reference executor runs the graph as given unless
@@ -198,6 +200,13 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   engine.name = "compiled";
   engine.isa = model->isa();
   engine.run = [model, context](const std::map<std::string, Tensor>& in) { return model->run(*context, in); };
+  engine.profile = [model, context](const std::map<std::string, Tensor>& in, int runs) {
+    context->reset_profile();
+    context->profile = true;
+    for (int i = 0; i < runs; ++i) model->run(*context, in);
+    context->profile = false;
+    return model->profile_text(*context);
+  };
   return engine;
 }
 
@@ -434,6 +443,8 @@ struct CompileArgs {
   std::vector<std::string> dims;
   std::uint64_t seed = 0;
   double tolerance = 1e-4;
+  std::size_t stop_after = 0;              // > 0: stop after that many pass runs (bisecting)
+  std::vector<std::string> pass_options;   // KEY=VALUE for PassContext::options
 };
 
 // Runs the pipeline on the model (symbolic dims stay symbolic unless bound with --dim), reports what
@@ -444,8 +455,14 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   options.dump_before.insert(args.dump_before.begin(), args.dump_before.end());
   options.dump_after.insert(args.dump_after.begin(), args.dump_after.end());
   options.dump_dot = args.dot;
+  options.stop_after = args.stop_after;
   options.dump = [](const std::string& title, const std::string& graph) { std::cout << title << "\n" << graph << "\n"; };
   PassManager pm = pipeline_for(args.passes, options);
+  for (auto& kv : args.pass_options) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) throw UsageError("--pass-option " + kv + ": expected KEY=VALUE (e.g. layout=nhwc)");
+    pm.context().options[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
   std::set<std::string> in_pipeline;
   for (auto& [name, repeat] : PassManager::parse_pipeline(pm.pipeline())) in_pipeline.insert(name);
   for (auto* list : {&args.dump_before, &args.dump_after})
@@ -458,7 +475,13 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   bind_dims(g, parse_dims(args.dims));
-  Graph original = g.clone();
+  // Only --check needs the original graph: a clone shares the weights, so fold-bn would then have to
+  // copy them instead of scaling them in place (that copy is most of the pass time).
+  std::optional<Graph> original;
+  if (args.check) original = g.clone();
+  auto before = op_key_histogram(g);
+  const std::size_t nodes_before = g.num_nodes();
+  const int opset = g.opset();
   auto t0 = std::chrono::steady_clock::now();
   try {
     pm.run(g);
@@ -470,13 +493,13 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
 
   std::size_t rewrites = 0;
   for (auto& r : pm.records()) rewrites += r.rewrites;
-  std::cout << "model:   " << path << " (opset " << original.opset() << ", " << original.num_nodes() << " nodes)\n";
+  std::cout << "model:   " << path << " (opset " << opset << ", " << nodes_before << " nodes)\n";
   std::cout << "passes:  " << passes_label(args.passes) << ": " << pm.records().size() << " pass runs, "
-            << original.num_nodes() << " -> " << g.num_nodes() << " nodes, " << rewrites << " rewrites, " << std::fixed
+            << nodes_before << " -> " << g.num_nodes() << " nodes, " << rewrites << " rewrites, " << std::fixed
             << std::setprecision(1) << ms << " ms\n";
   if (args.print_passes) {
     std::cout << "pipeline: " << (pm.size() ? pm.pipeline() : std::string("none")) << "\n" << pm.summary_text();
-    auto before = op_key_histogram(original), after = op_key_histogram(g);
+    auto after = op_key_histogram(g);
     std::map<std::string, std::pair<std::size_t, std::size_t>> ops;
     for (auto& [op, n] : before) ops[op].first = n;
     for (auto& [op, n] : after) ops[op].second = n;
@@ -493,8 +516,8 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   if (args.check) {
     // The oracle: the imported model and the optimised one on the reference executor, same inputs.
     std::map<std::string, std::int64_t> ones;
-    for (auto& sym : symbolic_dims(original)) ones[sym] = 1;
-    Graph want_graph = original.clone(), got_graph = g.clone();
+    for (auto& sym : symbolic_dims(*original)) ones[sym] = 1;
+    Graph want_graph = original->clone(), got_graph = g.clone();
     bind_dims(want_graph, ones);
     bind_dims(got_graph, ones);
     std::map<std::string, Tensor> inputs;
@@ -502,7 +525,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     auto want = ReferenceExecutor(want_graph).run(inputs);
     auto got = ReferenceExecutor(got_graph).run(inputs);
     bool ok = true;
-    for (Value* o : original.outputs()) {
+    for (Value* o : original->outputs()) {
       if (!got.count(o->name()))
         throw Error("the optimised graph has no output '" + o->name() + "' (the passes lost it)").in_file(path);
       Difference d = difference(got.at(o->name()), want.at(o->name()));
@@ -593,7 +616,7 @@ struct BenchResult {
 
 BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batch, bool use_reference, int threads,
                         int warmup, int runs, std::uint64_t seed, const std::string& path, std::string& isa,
-                        const std::string& passes, bool passes_given) {
+                        const std::string& passes, bool passes_given, bool profile) {
   Graph bound = bind_batch(g, dims, batch);
   std::map<std::string, Tensor> inputs;
   fill_random_inputs(bound, inputs, seed);
@@ -602,6 +625,8 @@ BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batc
   std::string label = "batch " + std::to_string(batch);
   time_runs(engine, inputs, warmup, path, label + " warmup");
   auto ms = time_runs(engine, inputs, runs, path, label);
+  if (profile && engine.profile)  // after the timed runs, so profiling cannot slow them
+    std::cout << "batch " << batch << " " << engine.profile(inputs, runs);
   BenchResult r;
   r.batch = batch;
   r.compile_ms = engine.compile_ms;
@@ -621,7 +646,8 @@ std::optional<double> flops_per_sample(const Graph& g, const BatchDims& dims) {
 
 int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_list,
               const std::vector<std::string>& dim_specs, int threads, int warmup, int runs, std::uint64_t seed,
-              bool use_reference, const std::string& json_file, const std::string& passes, bool passes_given) {
+              bool use_reference, const std::string& json_file, const std::string& passes, bool passes_given,
+              bool profile) {
   pipeline_for(passes);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
@@ -634,7 +660,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::vector<BenchResult> results;
   for (auto batch : batches)
     results.push_back(
-        bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, passes, passes_given));
+        bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, passes, passes_given, profile));
   double rss = peak_rss_mib();
 
   bool passes_apply = !use_reference || passes_given;
@@ -719,6 +745,9 @@ int main(int argc, char** argv) {
                     "and compare (fails past --tolerance)");
   compile->add_option("--dim", compile_args.dims, "bind a symbolic dim, NAME=SIZE (repeatable; --check binds the rest to 1)");
   compile->add_option("--seed", compile_args.seed, "seed of --check's random inputs");
+  compile->add_option("--stop-after", compile_args.stop_after, "stop after this many pass runs (to bisect a pipeline)");
+  compile->add_option("--pass-option", compile_args.pass_options,
+                      "KEY=VALUE option for the passes, e.g. layout=nhwc (repeatable)");
   compile->add_option("--tolerance", compile_args.tolerance,
                       "--check's bound on max|optimised-imported| / max|imported| (default 1e-4)");
 
@@ -753,6 +782,9 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
+  bool bench_profile = false;
+  bench->add_flag("--profile", bench_profile,
+                  "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
   auto* bench_passes_opt = bench->add_option(
       "--passes", passes, "passes compile runs: 'default' (default), 'none' (to compare), or pass names");
 
@@ -768,7 +800,7 @@ int main(int argc, char** argv) {
     if (*compile) return cmd_compile(model, compile_args);
     if (*bench)
       return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
-                       bench_passes_opt->count() > 0);
+                       bench_passes_opt->count() > 0, bench_profile);
     if (*run)
       return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance, passes,
                      run_passes_opt->count() > 0);

@@ -59,6 +59,7 @@ expect 1 "not a .npy" -- "$ondine" run "$relu" --input x="$relu"
 # ondine bench: a model with static shapes measures its own batch only; --json writes valid JSON.
 expect 0 'batch +median ms.*samples/s' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threads 1 --json "$work/bench.json"
 expect 0 '"samples_per_s"' -- /usr/bin/python3 -m json.tool "$work/bench.json"
+expect 0 'batch 1 profile: .* per run' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threads 1 --profile
 expect 1 "--batch 8: the model has no symbolic dim, its batch is fixed at 1" -- "$ondine" bench "$conv" --batch 1,8
 expect 1 "no symbolic dim of that name" -- "$ondine" bench "$relu" --dim batch
 
@@ -89,6 +90,10 @@ expect 0 'check: y max_abs_err .* ok' -- "$ondine" compile "$conv" --check --pas
 expect 0 "graph after pass 'fuse'" -- "$ondine" compile "$cr" --dump-after fuse
 expect 0 "%r = ondine\.FusedConv\(%x, %w, %b\)" -- "$ondine" compile "$cr" --dump-after fuse
 expect 0 'digraph' -- "$ondine" compile "$cr" --dump-before fuse --dot
+# --stop-after bisects: after one pass run (remove-identity) nothing is fused yet.
+expect 0 'passes:  default: 1 pass runs, 3 -> 3 nodes' -- "$ondine" compile "$cr" --stop-after 1
+expect 0 'layout +[0-9.]+ +[0-9]+ -> [0-9]+' -- "$ondine" compile "$cr" --print-passes --pass-option layout=plain
+expect 2 '--pass-option layout: expected KEY=VALUE' -- "$ondine" compile "$cr" --pass-option layout
 # -o: the optimised model (with the "ondine" domain) loads back, runs compiled and on the reference.
 expect 0 "wrote: .*opt\.onnx \([0-9]+ nodes\)" -- "$ondine" compile "$cr" -o "$work/opt.onnx"
 expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$work/opt.onnx"

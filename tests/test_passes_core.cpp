@@ -552,6 +552,17 @@ TEST_CASE("fold-bn leaves training-mode and non-constant BatchNormalization alon
   }
 }
 
+TEST_CASE("fold-bn scales a weight in place when nothing else can see it", "[passes][fold-bn]") {
+  Graph g = resnet_block();
+  Graph before = resnet_block();  // built again, not cloned: a clone would share (and protect) the weights
+  Value* w = g.find_value("conv1.weight");
+  const void* data = w->constant().raw();
+  CHECK(run_pass<FoldBatchNorm>(g));
+  CHECK(g.find_value("bn1")->producer()->input(1) == w);  // same value, same storage, new numbers
+  CHECK(w->constant().raw() == data);
+  check_same_outputs(before, g, kFoldBnTolerance);
+}
+
 TEST_CASE("fold-bn gives each conv its own weights when two convs share one tensor", "[passes][fold-bn]") {
   Graph g;
   Value* x = g.add_input("x", DType::Float32, Shape{1, 4, 4, 4});

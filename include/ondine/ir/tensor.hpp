@@ -1,7 +1,8 @@
 // ondine/ir/tensor.hpp - a dense, row-major tensor with shared storage.
 //
 // Copies are shallow (they share storage), like a view; clone() makes a deep copy. Storage is 64-byte
-// aligned so kernels can use aligned loads, and may also be borrowed from elsewhere (a mapped file).
+// aligned (large blocks on huge pages: ir/allocate.hpp) so kernels can use aligned loads, and may
+// also be borrowed from elsewhere (a mapped file).
 #pragma once
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "ondine/error.hpp"
+#include "ondine/ir/allocate.hpp"
 #include "ondine/ir/dtype.hpp"
 #include "ondine/ir/shape.hpp"
 
@@ -36,8 +38,7 @@ class Tensor {
       elems *= d;
     }
     std::size_t bytes = nbytes();
-    void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
-    if (bytes && !p) throw std::bad_alloc();
+    void* p = bytes ? detail::aligned_allocate(bytes) : nullptr;
     if (p) std::memset(p, 0, bytes);
     storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
     data_ = p;

@@ -212,13 +212,14 @@ inline void run_passes(Graph& g, const CompileOptions& options) {
 
 }  // namespace detail
 
-// Compiles `graph` (unchanged; the model keeps its own copy, on which options.passes run first). Throws
-// an Error naming the input when a graph input has symbolic dims, naming the node for an unsupported op
-// or a value without a static shape, naming the pass for a pass that fails.
-inline CompiledModel compile(const Graph& graph, const CompileOptions& options = {}) {
+// Compiles `graph` (moved into the model, which runs options.passes on it first; pass a clone to keep
+// yours: compile(g.clone()) shares g's weights, so the passes that rewrite weights copy them then).
+// Throws an Error naming the input when a graph input has symbolic dims, naming the node for an
+// unsupported op or a value without a static shape, naming the pass for a pass that fails.
+inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) {
   using namespace detail;
   check_static_shapes(graph);
-  auto g = std::make_shared<Graph>(graph.clone());
+  auto g = std::make_shared<Graph>(std::move(graph));
   g->verify();
   check_ops(*g);
   infer_shapes(*g);
@@ -274,6 +275,11 @@ inline CompiledModel compile(const Graph& graph, const CompileOptions& options =
     options.log(sum.str());
   }
   return model;
+}
+
+// Compiles a copy of `graph`, which stays unchanged.
+inline CompiledModel compile(const Graph& graph, const CompileOptions& options = {}) {
+  return compile(graph.clone(), options);
 }
 
 }  // namespace ondine::lower

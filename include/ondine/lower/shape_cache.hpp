@@ -48,7 +48,7 @@ class ShapeCache {
       }
     Graph bound = graph_.clone();
     bind_dims(bound, binding);
-    auto model = std::make_shared<const CompiledModel>(compile(bound, options_));
+    auto model = std::make_shared<const CompiledModel>(compile(std::move(bound), options_));
     ++compilations_;
     entries_.emplace_front(binding, model);
     if (entries_.size() > capacity_) entries_.pop_back();

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "ondine/ir/allocate.hpp"
 #include "ondine/error.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/tensor.hpp"
@@ -208,9 +209,7 @@ class ExecContext {
   using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
   static Buffer allocate(std::size_t bytes) {
     if (!bytes) return Buffer();
-    void* p = std::aligned_alloc(64, align_up(bytes, 64));
-    if (!p) throw std::bad_alloc();
-    return Buffer(static_cast<std::byte*>(p));
+    return Buffer(static_cast<std::byte*>(ondine::detail::aligned_allocate(bytes)));
   }
 
   explicit ExecContext(std::shared_ptr<const Program> program) : program_(std::move(program)) {
