@@ -39,6 +39,7 @@
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
 #include "ondine/lower/detail/pool.hpp"
+#include "ondine/lower/detail/quantized.hpp"
 #include "ondine/lower/detail/reorder.hpp"
 #include "ondine/lower/detail/resample.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
@@ -81,6 +82,11 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["Identity"] = lower_identity;
     t["Dropout"] = lower_identity;
     t["ondine.Reorder"] = lower_reorder;
+    t["ondine.QConv"] = lower_qconv;
+    t["ondine.QMatMul"] = lower_qmatmul;
+    t["ondine.QPool"] = lower_qpool;
+    t["QuantizeLinear"] = lower_qdq_reorder;
+    t["DequantizeLinear"] = lower_qdq_reorder;
     return t;
   }();
   return table;
@@ -273,6 +279,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
         << program->memory.arena_bytes << " B (peak " << program->memory.peak_bytes << " B, sum "
         << program->memory.total_bytes << " B), scratchpad " << program->memory.scratchpad_bytes << " B";
     options.log(sum.str());
+    if (std::string q = int8_report(model.steps()); !q.empty()) options.log(q);
   }
   return model;
 }

@@ -17,7 +17,12 @@ namespace ondine::lower::detail {
 
 inline bool lower_concat(Lowering& L, const Node& n) {
   const Value* y = n.output(0);
-  if (!is_f32(y) || n.num_inputs() == 0) return false;
+  // float32, or int8 pieces of one type and one scale (fuse-qdq's Concat on int8): runtime values only
+  bool int8 = y && (y->dtype() == DType::UInt8 || y->dtype() == DType::Int8) && y->shape().is_static();
+  auto piece_ok = [&](const Value* v) {
+    return int8 ? v && v->dtype() == y->dtype() && !v->is_constant() && v->shape().is_static() : is_f32(v);
+  };
+  if (!(is_f32(y) || int8) || n.num_inputs() == 0) return false;
   Dims yd = y->shape().sizes();
   auto rank = static_cast<std::int64_t>(yd.size());
   if (rank == 0 || !n.has_attr("axis")) return false;
@@ -27,7 +32,7 @@ inline bool lower_concat(Lowering& L, const Node& n) {
   std::vector<memory::desc> srcs;
   std::vector<const Value*> inputs;
   for (const Value* v : n.inputs()) {
-    if (!is_f32(v) || v->shape().rank() != yd.size()) return false;
+    if (!piece_ok(v) || v->shape().rank() != yd.size()) return false;
     if (v->shape().sizes()[static_cast<std::size_t>(axis)] == 0) continue;  // empty pieces add nothing
     inputs.push_back(v);
     srcs.push_back(v->is_constant() ? plain_md(v->shape().sizes()) : L.md_of(v));

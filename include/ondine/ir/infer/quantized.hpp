@@ -1,0 +1,173 @@
+// ondine/ir/infer/quantized.hpp - Ondine's quantized ops (domain "ondine", made by passes/fuse_qdq.hpp
+// from QDQ graphs): their one definition, the attribute readers everyone shares, and shape inference.
+//
+//   ondine.QConv   (X, W, B?, Sum?)  Conv's attributes; X u8/s8, W s8 constant, B float [OC], Sum u8/s8
+//   ondine.QMatMul (A, W, B?)        A u8/s8 [..., K], W s8 [K, N], B float [N]
+//   ondine.QPool   (X)               pool_op = MaxPool | AveragePool | GlobalAveragePool | GlobalMaxPool
+//                                    (and that op's attributes), X u8/s8
+// Attributes: x_scale, x_zero_point (X/A), w_scale (1 or one per output channel: W's axis 0 for QConv,
+// its axis 1 for QMatMul; weight zero points are 0), y_scale, y_zero_point, output_type ("uint8",
+// "int8" or "float32"), the activation chain of ir/fused_ops.hpp; QConv also mid_scale, mid_zero_point,
+// mid_type (optional) and sum_scale, sum_zero_point (with Sum).
+// Meaning, per output element of channel c, in real numbers:
+//   r = sum((x - x_zero_point) * w) * x_scale * w_scale[c] + B[c]     (integer accumulation)
+//   r = dq(q(r, mid))                                                 (when mid_scale is set)
+//   r = r + (sum - sum_zero_point) * sum_scale                        (with Sum)
+//   r = act(r)
+//   y = output_type float32 ? r : saturate(round_half_even(r / y_scale) + y_zero_point)
+// QPool: y = q(pool(dq(x))). The reference kernels (reference/quantized.hpp) compute exactly this; the
+// oneDNN lowering (lower/detail/quantized.hpp) computes it with float rescaling (within 1 step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ondine/ir/fused_ops.hpp"
+#include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/nn.hpp"
+
+namespace ondine::qops {
+
+// A per-tensor quantization: real = (q - zero_point) * scale.
+struct QParam {
+  float scale = 1.0f;
+  std::int32_t zero_point = 0;
+  DType type = DType::UInt8;
+};
+
+inline DType parse_type(const Node& n, const std::string& s) {
+  if (s == "uint8") return DType::UInt8;
+  if (s == "int8") return DType::Int8;
+  if (s == "float32") return DType::Float32;
+  throw n.error("output_type must be uint8, int8 or float32, not '" + s + "'");
+}
+inline const char* type_str(DType t) { return t == DType::UInt8 ? "uint8" : t == DType::Int8 ? "int8" : "float32"; }
+
+// The attributes of one quantized op, read once.
+struct QAttrs {
+  QParam x, y, mid, sum;
+  bool has_mid = false, has_sum = false;
+  std::vector<float> w_scale;
+  DType output_type = DType::UInt8;
+  std::vector<fused::Activation> activations;
+
+  float w_scale_at(std::int64_t c) const { return w_scale.size() == 1 ? w_scale[0] : w_scale[static_cast<std::size_t>(c)]; }
+};
+
+inline QAttrs read_attrs(const Node& n) {
+  QAttrs a;
+  a.x.scale = n.attr_float("x_scale", 1.0f);
+  a.x.zero_point = static_cast<std::int32_t>(n.attr_int("x_zero_point", 0));
+  a.w_scale = n.attr_floats("w_scale", {1.0f});
+  a.output_type = parse_type(n, n.attr_string("output_type", "uint8"));
+  a.y.type = a.output_type;
+  a.y.scale = n.attr_float("y_scale", 1.0f);
+  a.y.zero_point = static_cast<std::int32_t>(n.attr_int("y_zero_point", 0));
+  if (n.has_attr("mid_scale")) {
+    a.has_mid = true;
+    a.mid.scale = n.attr_float("mid_scale");
+    a.mid.zero_point = static_cast<std::int32_t>(n.attr_int("mid_zero_point", 0));
+    a.mid.type = parse_type(n, n.attr_string("mid_type", "uint8"));
+  }
+  if (n.has_attr("sum_scale")) {
+    a.has_sum = true;
+    a.sum.scale = n.attr_float("sum_scale");
+    a.sum.zero_point = static_cast<std::int32_t>(n.attr_int("sum_zero_point", 0));
+  }
+  a.activations = fused::read_activations(n);
+  for (float s : a.w_scale)
+    if (!(s > 0)) throw n.error("w_scale must be positive");
+  if (!(a.x.scale > 0) || (a.output_type != DType::Float32 && !(a.y.scale > 0)))
+    throw n.error("x_scale and y_scale must be positive");
+  return a;
+}
+
+inline void write_param(Node& n, const std::string& prefix, const QParam& p, bool with_type) {
+  n.set_attr(prefix + "_scale", p.scale);
+  n.set_attr(prefix + "_zero_point", static_cast<std::int64_t>(p.zero_point));
+  if (with_type) n.set_attr(prefix + "_type", std::string(type_str(p.type)));
+}
+
+}  // namespace ondine::qops
+
+namespace ondine::infer {
+namespace detail_quantized {
+
+inline void require_int8(const Node& n, const Value& v, const char* what) {
+  if (v.dtype() != DType::Undefined && v.dtype() != DType::UInt8 && v.dtype() != DType::Int8)
+    throw n.error(std::string(what) + " '" + v.name() + "' must be uint8 or int8, not " + std::string(dtype_name(v.dtype())));
+}
+
+inline void infer_qconv(Node& n) {
+  qops::QAttrs a = qops::read_attrs(n);
+  Value& x = required_input(n, 0);
+  Value& w = required_input(n, 1);
+  require_int8(n, x, "X");
+  if (w.dtype() != DType::Undefined && w.dtype() != DType::Int8) throw n.error("W must be int8");
+  if (!x.shape().rank_known() || !w.shape().rank_known()) return set_output(n, 0, a.output_type, Shape::unknown());
+  const Shape &xs = x.shape(), &ws = w.shape();
+  if (xs.rank() < 3 || ws.rank() != xs.rank()) throw n.error("X and W must have one rank >= 3");
+  std::size_t spatial = xs.rank() - 2;
+  std::vector<std::int64_t> kernel(spatial, -1);
+  for (std::size_t i = 0; i < spatial; ++i)
+    if (ws[i + 2].is_static()) kernel[i] = ws[i + 2].value;
+    else return set_output(n, 0, a.output_type, Shape::unknown());
+  std::vector<Dim> out{xs[0], ws[0]};
+  detail_nn::Window win = detail_nn::read_window(n, kernel);
+  for (std::size_t i = 0; i < spatial; ++i) out.push_back(detail_nn::window_output_dim(n, win, i, xs[i + 2]));
+  if (ws[0].is_static() && a.w_scale.size() != 1 && static_cast<std::int64_t>(a.w_scale.size()) != ws[0].value)
+    throw n.error("w_scale has " + std::to_string(a.w_scale.size()) + " entries for " + std::to_string(ws[0].value) +
+                  " output channels");
+  detail_nn::check_vector(n, n.input(2), ws[0], "bias");
+  if (const Value* s = n.input(3)) require_int8(n, *s, "Sum");
+  set_output(n, 0, a.output_type, Shape(out));
+}
+
+inline void infer_qmatmul(Node& n) {
+  qops::QAttrs a = qops::read_attrs(n);
+  Value& x = required_input(n, 0);
+  Value& w = required_input(n, 1);
+  require_int8(n, x, "A");
+  if (w.dtype() != DType::Undefined && w.dtype() != DType::Int8) throw n.error("W must be int8");
+  if (!x.shape().rank_known() || !w.shape().rank_known()) return set_output(n, 0, a.output_type, Shape::unknown());
+  if (x.shape().rank() < 2 || w.shape().rank() != 2) throw n.error("A must have rank >= 2 and W rank 2");
+  std::vector<Dim> out = x.shape().dims();
+  detail_nn::unify(n, out.back(), w.shape()[0], "inner dimensions of A and W differ");
+  out.back() = w.shape()[1];
+  detail_nn::check_vector(n, n.input(2), w.shape()[1], "bias");
+  set_output(n, 0, a.output_type, Shape(out));
+}
+
+inline void infer_qpool(Node& n) {
+  qops::QAttrs a = qops::read_attrs(n);
+  Value& x = required_input(n, 0);
+  require_int8(n, x, "X");
+  std::string op = n.attr_string("pool_op");
+  if (!x.shape().rank_known()) return set_output(n, 0, a.output_type, Shape::unknown());
+  const Shape& xs = x.shape();
+  if (xs.rank() < 3) throw n.error("X must have rank >= 3");
+  std::vector<Dim> out{xs[0], xs[1]};
+  std::size_t spatial = xs.rank() - 2;
+  if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+    out.resize(xs.rank(), Dim(1));
+  } else if (op == "MaxPool" || op == "AveragePool") {
+    detail_nn::Window win = detail_nn::read_window(n, detail_nn::pool_kernel(n, spatial));
+    for (std::size_t i = 0; i < spatial; ++i) out.push_back(detail_nn::window_output_dim(n, win, i, xs[i + 2]));
+  } else {
+    throw n.error("pool_op must be MaxPool, AveragePool, GlobalAveragePool or GlobalMaxPool, not '" + op + "'");
+  }
+  set_output(n, 0, a.output_type, Shape(out));
+}
+
+}  // namespace detail_quantized
+
+inline void register_quantized_infer(InferTable& table) {
+  using namespace detail_quantized;
+  const std::string d = std::string(fused::kDomain) + ".";
+  table[d + "QConv"] = infer_qconv;
+  table[d + "QMatMul"] = infer_qmatmul;
+  table[d + "QPool"] = infer_qpool;
+}
+
+}  // namespace ondine::infer

@@ -1,0 +1,114 @@
+// ondine/reference/quantized.hpp - reference kernels for Ondine's quantized ops (definition:
+// ir/infer/quantized.hpp): integer accumulation (exact: the integer operands are summed in double),
+// rescaling and the post-ops in double, then round-half-even and saturation into the output type.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ondine/ir/infer/quantized.hpp"
+#include "ondine/reference/common.hpp"
+#include "ondine/reference/nn.hpp"
+
+namespace ondine::reference {
+namespace detail::quantized {
+
+namespace nn = ::ondine::reference::detail::nn;
+
+inline void require_int8(const Node& n, const Tensor& t, const char* what) {
+  if (t.dtype() != DType::UInt8 && t.dtype() != DType::Int8)
+    throw n.error(std::string(what) + " must be uint8 or int8, not " + std::string(dtype_name(t.dtype())));
+}
+
+// q - zero_point as exact Float64 values (optionally times scale).
+inline Tensor centered(const Tensor& q, std::int32_t zero_point, double scale = 1.0) {
+  std::vector<double> v = nn::to_doubles(q);
+  for (double& e : v) e = (e - zero_point) * scale;
+  return nn::from_doubles(DType::Float64, q.dims(), v);
+}
+
+inline double round_half_even(double x) { return std::nearbyint(x); }  // default rounding mode: ties to even
+
+inline double quantize(double r, const qops::QParam& p) {
+  double lo = p.type == DType::UInt8 ? 0 : -128, hi = p.type == DType::UInt8 ? 255 : 127;
+  double q = round_half_even(r / p.scale) + p.zero_point;
+  return std::isnan(q) ? p.zero_point : std::min(hi, std::max(lo, q));
+}
+
+// The post-op tail shared by QConv and QMatMul: r = acc * x_scale * w_scale[c] + B[c], then mid, Sum,
+// activations and the output quantization. `acc` is laid out [outer, channels, inner].
+inline Tensor finish(const Node& n, const qops::QAttrs& a, const std::vector<std::int64_t>& dims,
+                     const std::vector<double>& acc, std::int64_t channels, std::int64_t inner, const Tensor& bias,
+                     const Tensor& sum) {
+  std::vector<double> b = bias.empty() ? std::vector<double>() : nn::to_doubles(bias);
+  std::vector<double> s;
+  if (!sum.empty()) {
+    require_int8(n, sum, "Sum");
+    if (sum.dims() != dims) throw n.error("Sum has shape " + dims_str(sum.dims()) + ", expected " + dims_str(dims));
+    s = nn::to_doubles(sum);
+  }
+  if (!b.empty() && static_cast<std::int64_t>(b.size()) != channels) throw n.error("bias has the wrong length");
+  std::vector<double> y(acc.size());
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    auto c = static_cast<std::int64_t>(i / static_cast<std::size_t>(inner)) % channels;
+    double r = acc[i] * static_cast<double>(a.x.scale) * static_cast<double>(a.w_scale_at(c));
+    if (!b.empty()) r += b[static_cast<std::size_t>(c)];
+    if (a.has_mid) r = (quantize(r, a.mid) - a.mid.zero_point) * static_cast<double>(a.mid.scale);
+    if (!s.empty()) r += (s[i] - a.sum.zero_point) * static_cast<double>(a.sum.scale);
+    r = fused::apply(a.activations, r);
+    y[i] = a.output_type == DType::Float32 ? r : quantize(r, a.y);
+  }
+  return nn::from_doubles(a.output_type, dims, y);
+}
+
+inline std::vector<Tensor> qconv(const Node& n, const std::vector<Tensor>& inputs) {
+  qops::QAttrs a = qops::read_attrs(n);
+  const Tensor& x = nn::required(n, inputs, 0);
+  const Tensor& w = nn::required(n, inputs, 1);
+  require_int8(n, x, "X");
+  if (w.dtype() != DType::Int8) throw n.error("W must be int8");
+  Tensor acc = nn::conv(n, {centered(x, a.x.zero_point), centered(w, 0)}).at(0);
+  std::int64_t channels = acc.dims()[1], inner = 1;
+  for (std::size_t i = 2; i < acc.rank(); ++i) inner *= acc.dims()[i];
+  return {finish(n, a, acc.dims(), nn::to_doubles(acc), channels, inner, nn::input_or_empty(inputs, 2),
+                 nn::input_or_empty(inputs, 3))};
+}
+
+inline std::vector<Tensor> qmatmul(const Node& n, const std::vector<Tensor>& inputs) {
+  qops::QAttrs a = qops::read_attrs(n);
+  const Tensor& x = nn::required(n, inputs, 0);
+  const Tensor& w = nn::required(n, inputs, 1);
+  require_int8(n, x, "A");
+  if (w.dtype() != DType::Int8 || w.rank() != 2) throw n.error("W must be int8 of rank 2");
+  Tensor acc = nn::matmul(n, {centered(x, a.x.zero_point), centered(w, 0)}).at(0);
+  return {finish(n, a, acc.dims(), nn::to_doubles(acc), w.dims()[1], 1, nn::input_or_empty(inputs, 2), Tensor())};
+}
+
+inline std::vector<Tensor> qpool(const Node& n, const std::vector<Tensor>& inputs) {
+  qops::QAttrs a = qops::read_attrs(n);
+  const Tensor& x = nn::required(n, inputs, 0);
+  require_int8(n, x, "X");
+  std::string op = n.attr_string("pool_op");
+  Tensor real = centered(x, a.x.zero_point, a.x.scale);
+  bool is_max = op == "MaxPool" || op == "GlobalMaxPool";
+  Tensor p = op.rfind("Global", 0) == 0 ? nn::global_pool(n, {real}, is_max).at(0) : nn::pool(n, {real}, is_max).at(0);
+  std::vector<double> v = nn::to_doubles(p);
+  for (double& e : v) {
+    e = fused::apply(a.activations, e);
+    if (a.output_type != DType::Float32) e = quantize(e, a.y);
+  }
+  return {nn::from_doubles(a.output_type, p.dims(), v)};
+}
+
+}  // namespace detail::quantized
+
+inline void register_quantized_kernels(KernelTable& table) {
+  namespace k = detail::quantized;
+  const std::string d = std::string(fused::kDomain) + ".";
+  table[d + "QConv"] = k::qconv;
+  table[d + "QMatMul"] = k::qmatmul;
+  table[d + "QPool"] = k::qpool;
+}
+
+}  // namespace ondine::reference

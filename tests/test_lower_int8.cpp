@@ -1,0 +1,362 @@
+// Tests of int8 lowering: QDQ graphs (QuantizeLinear/DequantizeLinear around float ops, as ONNX
+// Runtime's quantizer and quant/qdq.hpp write them) through fuse-qdq into ondine.QConv / QMatMul /
+// QPool and oneDNN int8 primitives.
+// Structure: op counts after fuse-qdq (no Q/DQ left between consecutive int8 layers).
+// Numbers: the compiled model (default pipeline) against the reference executor on the ORIGINAL QDQ
+// graph. Graph outputs are DequantizeLinear of the last quantized value, so each output element is
+// a multiple of the output scale; the tolerance is one quantization step of the output (the rescale
+// runs in float in oneDNN, in double in the reference, and a tie may round the other way; a skipped
+// intermediate rounding can move a value by one step). For chains of layers, where a one-step
+// difference inside can move the next layer's result, the stated tolerance is 2 steps everywhere and
+// 1 step for at least 99% of the elements. Must-not-fire cases stay float32 and are compared with the
+// float tolerance 1e-4 relative.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "ondine/lower/lower.hpp"
+#include "ondine/passes/fuse_qdq.hpp"
+#include "ondine/quant/calibration.hpp"
+#include "ondine/quant/qdq.hpp"
+#include "ondine/reference/executor.hpp"
+
+using namespace ondine;
+using Dims = std::vector<std::int64_t>;
+
+namespace {
+
+// A seeded builder of QDQ graphs.
+struct QBuilder {
+  Graph g;
+  unsigned seed = 7;
+  std::mt19937 rng{7};
+
+  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
+  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {}) {
+    return g.add_node(type, inputs, {""}, std::move(attrs), g.unique_name(type))->output(0);
+  }
+  Value* scalar_f(float v) { return g.add_constant(g.unique_name("s"), Tensor::from_vector<float>({}, {v})); }
+  Value* zp(DType t, int v) {
+    if (t == DType::UInt8) return g.add_constant(g.unique_name("z"), Tensor::from_vector<std::uint8_t>({}, {static_cast<std::uint8_t>(v)}));
+    return g.add_constant(g.unique_name("z"), Tensor::from_vector<std::int8_t>({}, {static_cast<std::int8_t>(v)}));
+  }
+  // Q then DQ of x: the value an int8 layer reads.
+  Value* qdq(Value* x, float scale, int zero_point, DType t = DType::UInt8) {
+    Value* s = scalar_f(scale);
+    Value* z = zp(t, zero_point);
+    Value* q = op("QuantizeLinear", {x, s, z});
+    return op("DequantizeLinear", {q, s, z});
+  }
+  Value* q(Value* x, float scale, int zero_point, DType t = DType::UInt8) {
+    return op("QuantizeLinear", {x, scalar_f(scale), zp(t, zero_point)});
+  }
+  Value* dq(Value* xq, float scale, int zero_point, DType t = DType::UInt8) {
+    return op("DequantizeLinear", {xq, scalar_f(scale), zp(t, zero_point)});
+  }
+  // DQ of random int8 weights with per-channel (along `axis`) or per-tensor scales; `wzp` a weight zero point.
+  Value* qweight(const Dims& dims, std::int64_t axis, bool per_channel, int wzp = 0) {
+    Tensor w(DType::Int8, dims);
+    std::uniform_int_distribution<int> d(-127, 127);
+    for (std::int64_t i = 0; i < w.numel(); ++i) w.data<std::int8_t>()[i] = static_cast<std::int8_t>(d(rng));
+    std::int64_t c = per_channel ? dims[static_cast<std::size_t>(axis)] : 1;
+    std::uniform_real_distribution<float> sd(0.002f, 0.006f);
+    std::vector<float> s(static_cast<std::size_t>(c));
+    for (auto& e : s) e = sd(rng);
+    Value* wv = g.add_constant(g.unique_name("wq"), w);
+    Value* sv = g.add_constant(g.unique_name("ws"), per_channel ? Tensor::from_vector<float>({c}, s)
+                                                                 : Tensor::from_vector<float>({}, s));
+    std::vector<Value*> in{wv, sv};
+    if (wzp != 0 || per_channel) {
+      std::vector<std::int8_t> z(static_cast<std::size_t>(c), static_cast<std::int8_t>(wzp));
+      in.push_back(g.add_constant(g.unique_name("wz"), per_channel ? Tensor::from_vector<std::int8_t>({c}, z)
+                                                                  : Tensor::from_vector<std::int8_t>({}, z)));
+    }
+    return op("DequantizeLinear", in, {{"axis", axis}});
+  }
+  Value* fbias(std::int64_t c) {
+    std::uniform_real_distribution<float> d(-0.2f, 0.2f);
+    std::vector<float> b(static_cast<std::size_t>(c));
+    for (auto& e : b) e = d(rng);
+    return g.add_constant(g.unique_name("b"), Tensor::from_vector<float>({c}, b));
+  }
+  // DQ of an int32 bias with scale x_scale * w_scale (per tensor here).
+  Value* ibias(std::int64_t c, float scale) {
+    std::uniform_int_distribution<int> d(-2000, 2000);
+    std::vector<std::int32_t> b(static_cast<std::size_t>(c));
+    for (auto& e : b) e = d(rng);
+    return op("DequantizeLinear", {g.add_constant(g.unique_name("bq"), Tensor::from_vector<std::int32_t>({c}, b)),
+                                   scalar_f(scale)});
+  }
+  Value* conv(Value* x, std::int64_t oc, std::int64_t ic, std::int64_t k, std::map<std::string, Attribute> attrs = {},
+              bool bias = true, std::int64_t group = 1) {
+    if (group > 1) attrs["group"] = group;
+    std::vector<Value*> in{x, qweight({oc, ic / group, k, k}, 0, true)};
+    if (bias) in.push_back(fbias(oc));
+    return op("Conv", in, attrs);
+  }
+};
+
+Tensor random_input(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t(DType::Float32, dims);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+std::size_t count(const Graph& g, const std::string& op_key) {
+  std::size_t c = 0;
+  for (Node* n : g.nodes()) c += n->op_key() == op_key;
+  return c;
+}
+
+// The graph after the passes compile runs first (fuse-qdq through the default pipeline).
+Graph optimized(const Graph& g) {
+  Graph c = g.clone();
+  infer_shapes(c);
+  PassManager pm = make_pass_manager();
+  pm.run(c);
+  return c;
+}
+
+// Compiles `g`, runs both, and checks every output within `steps` quantization steps of `step`
+// (and at least `frac_one` of the elements within one step). Returns the compiled model.
+CompiledModel check_int8(const Graph& g, double step, double steps = 1.0, double frac_one = 1.0) {
+  infer_shapes(const_cast<Graph&>(g));
+  std::map<std::string, Tensor> inputs;
+  unsigned seed = 11;
+  for (Value* in : g.inputs()) inputs[in->name()] = random_input(in->shape().sizes(), seed++);
+  auto want = ReferenceExecutor(g).run(inputs);
+  CompiledModel m = lower::compile(g);
+  auto got = m.run(inputs);
+  for (auto& [name, w] : want) {
+    const Tensor& o = got.at(name);
+    REQUIRE(o.dims() == w.dims());
+    double lo = 1e30, hi = -1e30, worst = 0;
+    std::size_t within_one = 0;
+    for (std::int64_t i = 0; i < w.numel(); ++i) {
+      double a = w.at_double(static_cast<std::size_t>(i)), b = o.at_double(static_cast<std::size_t>(i));
+      lo = std::min(lo, a);
+      hi = std::max(hi, a);
+      double d = std::abs(a - b);
+      worst = std::max(worst, d);
+      within_one += d <= step * 1.0001 + 1e-6;
+    }
+    INFO(name << ": worst " << worst << " (step " << step << "), within one step " << within_one << "/" << w.numel());
+    REQUIRE(hi - lo > 4 * step);  // non-trivial: many distinct levels
+    CHECK(worst <= steps * step * 1.0001 + 1e-6);
+    CHECK(static_cast<double>(within_one) >= frac_one * static_cast<double>(w.numel()));
+  }
+  return m;
+}
+
+std::size_t steps_with(const CompiledModel& m, const std::string& op, const std::string& impl_part) {
+  std::size_t c = 0;
+  for (auto& s : m.steps()) c += s.op == op && s.implementation.find(impl_part) != std::string::npos;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("int8 conv + relu, u8 activations with a zero point, per-channel weights") {
+  for (bool relu : {false, true}) {
+    QBuilder b;
+    Value* x = b.qdq(b.input("x", {1, 16, 12, 12}), 0.01f, 128);
+    Value* y = b.conv(x, 32, 16, 3, {{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}});
+    if (relu) y = b.op("Relu", {y});
+    Value* out = b.qdq(y, 0.02f, relu ? 0 : 100);
+    b.g.add_output(out);
+    Graph o = optimized(b.g);
+    CHECK(count(o, "ondine.QConv") == 1);
+    CHECK(count(o, "Conv") == 0);
+    CHECK(count(o, "Relu") == 0);
+    CompiledModel m = check_int8(b.g, 0.02);
+    CHECK(steps_with(m, "QConv", "int8") + steps_with(m, "QConv", "vnni") + steps_with(m, "QConv", "x8s8") >= 1);
+  }
+}
+
+TEST_CASE("int8 conv chain: no Q/DQ between consecutive convs; u8 and s8 activations") {
+  for (DType t : {DType::UInt8, DType::Int8}) {
+    QBuilder b;
+    int z = t == DType::UInt8 ? 128 : 0;
+    Value* x = b.qdq(b.input("x", {2, 8, 10, 10}), 0.01f, z, t);
+    Value* y = b.op("Relu", {b.conv(x, 16, 8, 3, {{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}})});
+    y = b.qdq(y, 0.01f, 0, t);
+    y = b.op("Relu", {b.conv(y, 16, 16, 1)});
+    y = b.qdq(y, 0.01f, 0, t);
+    y = b.conv(y, 8, 16, 3, {{"strides", std::vector<std::int64_t>{2, 2}}});
+    b.g.add_output(b.qdq(y, 0.02f, z, t));
+    Graph o = optimized(b.g);
+    CHECK(count(o, "ondine.QConv") == 3);
+    CHECK(count(o, "QuantizeLinear") == 1);    // the input's
+    CHECK(count(o, "DequantizeLinear") == 1);  // the output's
+    check_int8(b.g, 0.02, 2.0, 0.99);
+  }
+}
+
+TEST_CASE("int8 depthwise conv and a float32 output (no Q after the conv)") {
+  QBuilder b;
+  Value* x = b.qdq(b.input("x", {1, 16, 9, 9}), 0.01f, 120);
+  Value* y = b.op("Relu", {b.conv(x, 16, 16, 3, {{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}}, true, 16)});
+  y = b.qdq(y, 0.01f, 0);
+  Value* f = b.conv(y, 8, 16, 1);  // QConv with a float32 output
+  b.g.add_output(f);
+  Graph o = optimized(b.g);
+  CHECK(count(o, "ondine.QConv") == 2);
+  // Float output: compare with 1% of the output range (the int8 inputs are identical on both sides).
+  infer_shapes(b.g);
+  auto in = random_input({1, 16, 9, 9}, 3);
+  auto want = ReferenceExecutor(b.g).run({{"x", in}}).at(f->name());
+  auto got = lower::compile(b.g).run({{"x", in}}).at(f->name());
+  double worst = 0, mag = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    mag = std::max(mag, std::abs(want.at_double(static_cast<std::size_t>(i))));
+    worst = std::max(worst, std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i))));
+  }
+  REQUIRE(mag > 0.01);
+  CHECK(worst <= 1e-4 * mag + 0.02 * 0.01 * 16);  // the depthwise result may differ by a step of 0.01
+}
+
+TEST_CASE("int8 residual: Conv -> Q -> DQ -> Add(DQ(skip)) -> Relu -> Q folds into one QConv with a sum") {
+  for (DType t : {DType::UInt8, DType::Int8}) {
+    QBuilder b;
+    int z = t == DType::UInt8 ? 10 : 0;
+    Value* x = b.qdq(b.input("x", {1, 16, 8, 8}), 0.02f, z, t);
+    Value* a = b.qdq(b.op("Relu", {b.conv(x, 16, 16, 1)}), 0.01f, z, t);
+    Value* c = b.qdq(b.conv(a, 16, 16, 3, {{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}}), 0.015f, z, t);
+    Value* y = b.op("Relu", {b.op("Add", {c, x})});
+    b.g.add_output(b.qdq(y, 0.02f, 0, t));
+    Graph o = optimized(b.g);
+    CHECK(count(o, "ondine.QConv") == 2);
+    CHECK(count(o, "Add") == 0);
+    bool has_sum = false;
+    for (Node* n : o.nodes()) has_sum = has_sum || (n->op_key() == "ondine.QConv" && n->input(3));
+    CHECK(has_sum);
+    check_int8(b.g, 0.02, 2.0, 0.99);
+  }
+}
+
+TEST_CASE("int8 pooling: MaxPool with the same parameters, GlobalAveragePool and AveragePool rescaling") {
+  QBuilder b;
+  Value* x = b.qdq(b.input("x", {2, 16, 9, 9}), 0.01f, 128);
+  Value* mp = b.op("MaxPool", {x}, {{"kernel_shape", std::vector<std::int64_t>{3, 3}},
+                                    {"strides", std::vector<std::int64_t>{2, 2}},
+                                    {"pads", std::vector<std::int64_t>{1, 1, 1, 1}}});
+  Value* mq = b.qdq(mp, 0.01f, 128);
+  Value* gap = b.qdq(b.op("GlobalAveragePool", {x}), 0.002f, 128);
+  Value* ap = b.qdq(b.op("AveragePool", {mq}, {{"kernel_shape", std::vector<std::int64_t>{2, 2}}}), 0.005f, 128);
+  b.g.add_output(gap);
+  b.g.add_output(ap);
+  Graph o = optimized(b.g);
+  CHECK(count(o, "ondine.QPool") == 3);
+  CompiledModel m = check_int8(b.g, 0.005);
+  CHECK(steps_with(m, "QPool", "jit") == 3);  // not oneDNN's reference ("ref:any") nor ours
+}
+
+TEST_CASE("int8 MatMul + bias and Gemm (transB, int32 bias), with Flatten on int8") {
+  QBuilder b;
+  Value* x = b.qdq(b.input("x", {4, 8, 1, 1}), 0.02f, 128);
+  Value* f = b.qdq(b.op("Flatten", {x}), 0.02f, 128);
+  Value* g1 = b.op("Gemm", {f, b.qweight({32, 8}, 0, true), b.ibias(32, 0.02f * 0.004f)}, {{"transB", std::int64_t{1}}});
+  Value* h = b.qdq(b.op("Relu", {g1}), 0.01f, 0);
+  Value* mm = b.op("MatMul", {h, b.qweight({32, 16}, 1, true)});
+  Value* y = b.op("Add", {mm, b.fbias(16)});
+  b.g.add_output(b.qdq(y, 0.01f, 128));
+  Graph o = optimized(b.g);
+  CHECK(count(o, "ondine.QMatMul") == 2);
+  CHECK(count(o, "Gemm") == 0);
+  CHECK(count(o, "MatMul") == 0);
+  CHECK(count(o, "Flatten") == 1);
+  check_int8(b.g, 0.01, 2.0, 0.99);
+}
+
+TEST_CASE("must not fire: weight zero point, per-tensor axis mismatch; the float path stays correct") {
+  QBuilder b;
+  Value* x = b.qdq(b.input("x", {1, 8, 6, 6}), 0.01f, 128);
+  // A weight zero point: oneDNN int8 weights have none.
+  Value* y = b.op("Conv", {x, b.qweight({8, 8, 3, 3}, 0, false, 3), b.fbias(8)});
+  y = b.qdq(y, 0.02f, 128);
+  // Per-channel scales along the wrong axis (1 for a Conv weight).
+  Value* z = b.op("Conv", {y, b.qweight({8, 8, 1, 1}, 1, true)});
+  b.g.add_output(b.qdq(z, 0.02f, 128));
+  Graph o = optimized(b.g);
+  CHECK(count(o, "ondine.QConv") == 0);
+  check_int8(b.g, 0.02);
+}
+
+TEST_CASE("leftover Q/DQ lower to oneDNN reorders with scales") {
+  QBuilder b;
+  Value* x = b.input("x", {2, 8, 5, 5});
+  Value* y = b.op("Sigmoid", {b.qdq(x, 0.01f, 128)});  // not an int8 op: Q and DQ stay
+  b.g.add_output(b.qdq(y, 0.004f, 0));
+  CompiledModel m = check_int8(b.g, 0.004);
+  CHECK(steps_with(m, "QuantizeLinear", "reference") == 0);
+  CHECK(steps_with(m, "DequantizeLinear", "reference") == 0);
+}
+
+TEST_CASE("int8 Concat of tensors with equal parameters stays int8") {
+  QBuilder b;
+  Value* x = b.qdq(b.input("x", {1, 8, 6, 6}), 0.01f, 128);
+  Value* a = b.qdq(b.op("Relu", {b.conv(x, 8, 8, 1)}), 0.02f, 0);
+  Value* c = b.qdq(b.op("Relu", {b.conv(x, 8, 8, 3, {{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}})}), 0.02f, 0);
+  Value* cat = b.op("Concat", {a, c}, {{"axis", std::int64_t{1}}});
+  b.g.add_output(b.qdq(cat, 0.02f, 0));
+  Graph o = optimized(b.g);
+  CHECK(count(o, "ondine.QConv") == 2);
+  CHECK(count(o, "QuantizeLinear") == 1);
+  CompiledModel m = check_int8(b.g, 0.02);
+  CHECK(steps_with(m, "Concat", "reference") == 0);
+}
+
+TEST_CASE("a model quantized by quant::QuantizeQDQ compiles to int8 and matches its reference") {
+  QBuilder b;
+  Value* x = b.input("x", {1, 8, 12, 12});
+  auto wconv = [&](Value* in, std::int64_t oc, std::int64_t ic, std::int64_t k) {
+    std::uniform_real_distribution<float> d(-0.3f, 0.3f);
+    Tensor w(DType::Float32, {oc, ic, k, k});
+    for (std::int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = d(b.rng);
+    std::map<std::string, Attribute> at;
+    if (k == 3) at["pads"] = std::vector<std::int64_t>{1, 1, 1, 1};
+    return b.op("Conv", {in, b.g.add_constant(b.g.unique_name("w"), w), b.fbias(oc)}, at);
+  };
+  Value* h = b.op("Relu", {wconv(x, 16, 8, 3)});
+  Value* r = b.op("Relu", {b.op("Add", {wconv(b.op("Relu", {wconv(h, 16, 16, 1)}), 16, 16, 3), h})});
+  Value* p = b.op("MaxPool", {r}, {{"kernel_shape", std::vector<std::int64_t>{2, 2}}, {"strides", std::vector<std::int64_t>{2, 2}}});
+  Value* gap = b.op("Flatten", {b.op("GlobalAveragePool", {p})});
+  std::uniform_real_distribution<float> d(-0.3f, 0.3f);
+  Tensor fw(DType::Float32, {10, 16});
+  for (std::int64_t i = 0; i < fw.numel(); ++i) fw.data<float>()[i] = d(b.rng);
+  Value* y = b.op("Gemm", {gap, b.g.add_constant("fc.w", fw), b.fbias(10)}, {{"transB", std::int64_t{1}}});
+  b.g.add_output(y);
+  infer_shapes(b.g);
+  std::vector<quant::Sample> samples;
+  for (unsigned s = 0; s < 4; ++s) samples.push_back({{"x", random_input({1, 8, 12, 12}, 100 + s)}});
+  quant::CalibrationResult calib = quant::calibrate(b.g, samples.begin(), samples.end());
+  quant::QuantizeQDQ pass(calib);
+  PassContext ctx;
+  pass.run(b.g, ctx);
+  infer_shapes(b.g);
+  Graph o = optimized(b.g);
+  CHECK(count(o, "ondine.QConv") == 3);
+  CHECK(count(o, "ondine.QPool") == 2);  // MaxPool, and GlobalAveragePool -> Flatten -> Q
+  CHECK(count(o, "ondine.QMatMul") == 1);
+  CHECK(count(o, "Add") == 0);
+  // The output is the float32 result of the int8 Gemm: within 2% of its range (a one-step
+  // difference in any of the pooled features moves every logit a little).
+  auto in = random_input({1, 8, 12, 12}, 5);
+  auto want = ReferenceExecutor(b.g).run({{"x", in}}).at(y->name());
+  CompiledModel m = lower::compile(b.g);
+  auto got = m.run({{"x", in}}).at(y->name());
+  double worst = 0, mag = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    mag = std::max(mag, std::abs(want.at_double(static_cast<std::size_t>(i))));
+    worst = std::max(worst, std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i))));
+  }
+  INFO("worst " << worst << " of " << mag);
+  REQUIRE(mag > 0.01);
+  CHECK(worst <= 0.02 * mag);
+  std::string report = lower::detail::int8_report(m.steps());
+  INFO(report);
+  CHECK(report.find("int8: 6 int8 steps; 1 Q/DQ left unfused: Q ") == 0);  // the input's QuantizeLinear
+}
