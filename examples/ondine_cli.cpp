@@ -7,6 +7,9 @@
 //              [--threads N] [--reference] [--check] [--passes P]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
 //                [--passes P]
+//   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
+//   ondine quantize MODEL --calib DIR -o OUT.onnx [--method M] [--max-samples N] [--exclude ..] [--include ..]
+//                   [--keep-fp32-ends] [--activations u8|s8] [--save-calibration FILE] [--passes P]
 //
 // P is a pipeline string: "default" (the default pipeline), "none", or pass names ("fold-bn,fuse*").
 // Errors go to stderr with exit code 1 (2 for bad command lines, a bad pipeline included).
@@ -35,6 +38,8 @@
 
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
+#include "cli/compare.hpp"
+#include "cli/quantize.hpp"
 
 namespace fs = std::filesystem;
 using namespace ondine;
@@ -271,6 +276,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   for (auto& [impl, n] : model.implementation_histogram())
     std::cout << "  " << std::left << std::setw(40) << impl << std::right << std::setw(6) << n << "\n";
   std::cout << "steps:\n" << model.to_text();
+  if (std::string q = lower::detail::int8_report(model.steps()); !q.empty()) std::cout << q << "\n";
 }
 
 // `passes` ("none" unless given) runs on the graph shown; --compiled compiles the imported graph with
@@ -788,6 +794,11 @@ int main(int argc, char** argv) {
   auto* bench_passes_opt = bench->add_option(
       "--passes", passes, "passes compile runs: 'default' (default), 'none' (to compare), or pass names");
 
+  ondine::cli::CompareArgs compare_args;
+  auto* compare = ondine::cli::add_compare_command(app, compare_args);
+  ondine::cli::QuantizeArgs quantize_args;
+  auto* quantize = ondine::cli::add_quantize_command(app, quantize_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -798,6 +809,8 @@ int main(int argc, char** argv) {
       return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads, inspect_passes,
                          inspect_passes_opt->count() ? inspect_passes : std::string("default"));
     if (*compile) return cmd_compile(model, compile_args);
+    if (*compare) return ondine::cli::cmd_compare(compare_args);
+    if (*quantize) return ondine::cli::cmd_quantize(quantize_args);
     if (*bench)
       return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
                        bench_passes_opt->count() > 0, bench_profile);

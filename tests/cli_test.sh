@@ -80,7 +80,7 @@ graph = helper.make_graph(nodes, "convrelu", [io("x")], [io("y")], [w, b])
 save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
 PY
 cr=$work/convrelu.onnx
-expect 0 'pipeline: remove-identity,.*fuse' -- "$ondine" compile "$cr" --print-passes
+expect 0 'pipeline: qoperator-to-qdq,remove-identity,.*fuse' -- "$ondine" compile "$cr" --print-passes
 expect 0 'fuse +[0-9.]+ +[0-9]+ -> [0-9]+ +[1-9]' -- "$ondine" compile "$cr" --print-passes
 expect 0 'ondine\.FusedConv +0 +1' -- "$ondine" compile "$cr" --print-passes
 expect 0 'Relu +1 +0' -- "$ondine" compile "$cr" --print-passes
@@ -90,7 +90,7 @@ expect 0 'check: y max_abs_err .* ok' -- "$ondine" compile "$conv" --check --pas
 expect 0 "graph after pass 'fuse'" -- "$ondine" compile "$cr" --dump-after fuse
 expect 0 "%r = ondine\.FusedConv\(%x, %w, %b\)" -- "$ondine" compile "$cr" --dump-after fuse
 expect 0 'digraph' -- "$ondine" compile "$cr" --dump-before fuse --dot
-# --stop-after bisects: after one pass run (remove-identity) nothing is fused yet.
+# --stop-after bisects: after one pass run (qoperator-to-qdq) nothing is fused yet.
 expect 0 'passes:  default: 1 pass runs, 3 -> 3 nodes' -- "$ondine" compile "$cr" --stop-after 1
 expect 0 'layout +[0-9.]+ +[0-9]+ -> [0-9]+' -- "$ondine" compile "$cr" --print-passes --pass-option layout=plain
 expect 2 '--pass-option layout: expected KEY=VALUE' -- "$ondine" compile "$cr" --pass-option layout
@@ -100,7 +100,7 @@ expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$work/opt.onnx"
 expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$work/opt.onnx" --check --dim batch=2 --passes none
 expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$work/opt.onnx" --check
 # The pipeline on the other commands.
-expect 0 'passes: +remove-identity.*\(3 -> [0-9]+ nodes\)' -- "$ondine" inspect "$cr" --passes default
+expect 0 'passes: +qoperator-to-qdq.*\(3 -> [0-9]+ nodes\)' -- "$ondine" inspect "$cr" --passes default
 expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$cr" --passes default
 expect 0 'Conv +1' -- "$ondine" inspect "$cr"
 expect 0 'benchmark: .*passes=none' -- "$ondine" run "$cr" --passes none
@@ -111,6 +111,89 @@ expect 2 "unknown pass 'frobnicate' \(known passes: .*fold-bn" -- "$ondine" comp
 expect 2 "empty entry" -- "$ondine" run "$cr" --passes 'dce,,fuse'
 expect 2 "--dump-after layout: the pipeline has no pass of that name" -- "$ondine" compile "$cr" --passes dce --dump-after layout
 expect 2 "unknown pass" -- "$ondine" bench "$cr" --passes nope
+
+# compare: two models on the same inputs, per output and per layer (tests/data/mnist, real digits).
+mn=$(dirname "$0")/data/mnist
+mm=$mn/mnist_cnn.onnx
+imgs=$mn/test_images.npy
+expect 0 'logits +0\.000e\+00 +1\.000000 +inf +\[1000,10\] +argmax agree 100\.00%' -- "$ondine" compare "$mm" "$mm" --input "$imgs"
+expect 0 'inputs: input\[1,1,28,28\] random \(seed 4\)' -- "$ondine" compare "$mm" "$mm" --seed 4
+expect 0 'engine: compiled' -- "$ondine" compare "$mm" "$mm" --input "input=$imgs" --compiled --passes none
+expect 0 '"sqnr_db": "inf"' -- "$ondine" compare "$mm" "$mm" --input "$imgs" --json
+"$ondine" compile "$mm" --passes fold-bn -o "$work/mnist_folded.onnx" >/dev/null
+expect 0 'logits .* 1\.000000 +1[0-9][0-9]\.[0-9]+ ' -- "$ondine" compare "$mm" "$work/mnist_folded.onnx" --input "$imgs"
+expect 0 'per-layer, worst SQNR first \([0-9]+ values in both' -- "$ondine" compare "$mm" "$work/mnist_folded.onnx" --per-layer
+# A QDQ copy of a Conv -> Relu model: the quantized conv output (its DequantizeLinear) is matched to A's
+# "c" and ranked first; SQNR of 8-bit rounding is far below the float rows.
+/usr/bin/python3 - "$work/cr_a.onnx" "$work/cr_b.onnx" <<'PY'
+import sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper, save
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.uniform(-0.5, 0.5, (4, 4, 3, 3)).astype(np.float32), "w")
+qp = [numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z")]
+io = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 4, 8, 8])
+conv = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv")
+a = helper.make_graph([conv, helper.make_node("Relu", ["c"], ["y"], name="relu")], "a", [io("x")], [io("y")], [w])
+b = helper.make_graph([conv, helper.make_node("QuantizeLinear", ["c", "s", "z"], ["c_q"], name="q"),
+                       helper.make_node("DequantizeLinear", ["c_q", "s", "z"], ["c_dq"], name="dq"),
+                       helper.make_node("Relu", ["c_dq"], ["y"], name="relu")], "b", [io("x")], [io("y")], [w] + qp)
+for g, f in ((a, sys.argv[1]), (b, sys.argv[2])):
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), f)
+PY
+expect 0 '1 +c +[0-9.e+-]+ +0\.99[0-9]+ +[0-9.]+ +\[1,4,8,8\] +\(B: c_dq\)' -- "$ondine" compare "$work/cr_a.onnx" "$work/cr_b.onnx" --per-layer
+expect 0 '"b_name": "c_dq"' -- "$ondine" compare "$work/cr_a.onnx" "$work/cr_b.onnx" --per-layer --json --dim batch=2
+expect 1 "model B does not take model A's inputs" -- "$ondine" compare "$mm" "$work/cr_b.onnx"
+expect 1 'no input .nope.' -- "$ondine" compare "$mm" "$mm" --input nope=x.npy
+expect 1 'cannot open' -- "$ondine" compare "$mm" "$work/missing.onnx"
+expect 2 'excludes' -- "$ondine" compare "$mm" "$mm" --compiled --per-layer
+if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: the real QDQ model
+  "$ondine" quantize "$mm" --calib "$mn/calib" -o "$work/mnist_qdq.onnx" >/dev/null
+  expect 0 'logits .* argmax agree (99\.[0-9]+|100\.00)%' -- "$ondine" compare "$mm" "$work/mnist_qdq.onnx" --input "$imgs"
+  expect 0 '^  1 .*\(B: [a-z0-9]+_dequantized\)' -- "$ondine" compare "$mm" "$work/mnist_qdq.onnx" --per-layer --top 3 --input "$imgs"
+fi
+
+# ondine quantize: calibrate on a folder of .npy samples, write a QDQ model (Conv and the residual Add
+# quantized), and every bad calibration input named with its file.
+/usr/bin/python3 - "$work" <<'PY'
+import os, sys
+import numpy as np
+rng = np.random.default_rng(1)
+def save(name, a):
+    os.makedirs(os.path.dirname(name), exist_ok=True)
+    np.save(name, a)
+for i in range(4):
+    save(f"{sys.argv[1]}/calib/s{i}.npy", rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
+save(f"{sys.argv[1]}/calib_shape/bad_shape.npy", np.zeros((1, 3, 8, 8), np.float32))
+save(f"{sys.argv[1]}/calib_dtype/f64.npy", np.zeros((1, 4, 8, 8), np.float64))
+nan = np.zeros((1, 4, 8, 8), np.float32); nan[0, 1, 2, 3] = np.nan
+save(f"{sys.argv[1]}/calib_nan/has_nan.npy", nan)
+os.makedirs(f"{sys.argv[1]}/calib_empty")
+PY
+q=$work/q.onnx
+expect 0 'quantized 2 of 2 quantizable nodes \(Add 1, Conv 1\)' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q"
+expect 0 'calibrating: sample 4/4' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q"
+expect 0 'wrote: .*q\.onnx' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q"
+expect 0 'QuantizeLinear +2' -- "$ondine" inspect "$q"
+expect 0 'DequantizeLinear +4' -- "$ondine" inspect "$q"
+expect 0 'y: float32\[1,4,8,8\]' -- "$ondine" run "$q" --reference --dim batch=1
+expect 0 'calibration: 2 sample' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --max-samples 2 --method entropy
+expect 0 'add \(Add\): in the exclude list' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --exclude Add
+expect 0 'quantized 0 of 2.*' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --exclude conv,add
+expect 0 'conv \(Conv\): first weight layer' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --keep-fp32-ends
+expect 0 'quantized 1 of 2' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --include Conv --activations s8
+expect 0 'calibration written to' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --save-calibration "$work/cal.txt"
+expect 0 '^ondine-calibration 1' -- head -1 "$work/cal.txt"
+expect 1 "needs a calibration.*quantize\.calibration" -- "$ondine" compile "$cr" --passes quantize
+expect 2 "--calib is required" -- "$ondine" quantize "$cr" -o "$q"
+expect 2 "method" -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --method frobnicate
+expect 2 "u8 or s8" -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --activations u4
+expect 2 "pass 'fuse' does not belong before calibration" -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --passes default
+expect 1 "calib_empty.*no \.npy files" -- "$ondine" quantize "$cr" --calib "$work/calib_empty" -o "$q"
+expect 1 "not a directory" -- "$ondine" quantize "$cr" --calib "$work/nope" -o "$q"
+expect 1 "bad_shape\.npy.*has shape \[1,3,8,8\]" -- "$ondine" quantize "$cr" --calib "$work/calib_shape" -o "$q"
+expect 1 "f64\.npy.*dtype float64" -- "$ondine" quantize "$cr" --calib "$work/calib_dtype" -o "$q"
+expect 1 "has_nan\.npy.*NaN" -- "$ondine" quantize "$cr" --calib "$work/calib_nan" -o "$q"
 
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate

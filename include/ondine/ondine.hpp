@@ -16,6 +16,8 @@
 #include "ondine/passes/pattern.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/passes/rewrite.hpp"
+#include "ondine/quant/calibration.hpp"
+#include "ondine/quant/metrics.hpp"
 #include "ondine/reference/executor.hpp"
 
 namespace ondine {

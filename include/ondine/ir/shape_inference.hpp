@@ -9,6 +9,8 @@
 #include "ondine/ir/infer/layout.hpp"
 #include "ondine/ir/infer/math.hpp"
 #include "ondine/ir/infer/nn.hpp"
+#include "ondine/ir/infer/quantized.hpp"
+#include "ondine/ir/infer/qoperator.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 
 namespace ondine {
@@ -22,7 +24,9 @@ inline const InferTable& infer_table() {
     infer::register_math_infer(t);
     infer::register_tensor_ops_infer(t);
     infer::register_fused_infer(t);
+    infer::register_quantized_infer(t);
     infer::register_layout_infer(t);
+    infer::register_qoperator_infer(t);
     return t;
   }();
   return table;

@@ -18,17 +18,23 @@
 #include "ondine/passes/fuse_gelu.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
+#include "ondine/passes/fuse_qdq.hpp"
 #include "ondine/passes/layout.hpp"
 #include "ondine/passes/pass_manager.hpp"
+#include "ondine/passes/qoperator_to_qdq.hpp"
+#include "ondine/passes/quantize_dynamic.hpp"
 #include "ondine/passes/remove_identity.hpp"
+#include "ondine/quant/qdq.hpp"
 
 namespace ondine {
 
 // The pipeline for inference: clean up, fold, fuse into what oneDNN runs as one primitive, then
 // decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops; Gelu and
-// LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse.
+// LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse; fuse-qdq runs before
+// fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
+// qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form.
 inline const char* default_pipeline() {
-  return "remove-identity,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -42,8 +48,12 @@ inline PassRegistry& pass_registry() {
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
         .add<FusePostOps>()
+        .add<FuseQdq>()
+        .add<QOperatorToQdq>()
+        .add<QuantizeDynamic>()
         .add<CancelTransposes>()
-        .add<AssignLayouts>();
+        .add<AssignLayouts>()
+        .add<quant::QuantizeQDQ>();  // not in the default pipeline: needs quantize.calibration
     return r;
   }();
   return registry;

@@ -17,6 +17,8 @@
 #include "ondine/reference/layout.hpp"
 #include "ondine/reference/math.hpp"
 #include "ondine/reference/nn.hpp"
+#include "ondine/reference/quantized.hpp"
+#include "ondine/reference/qoperator.hpp"
 #include "ondine/reference/tensor_ops.hpp"
 
 namespace ondine {
@@ -29,7 +31,9 @@ inline const KernelTable& kernel_table() {
     register_math_kernels(t);
     register_tensor_ops_kernels(t);
     register_fused_kernels(t);
+    register_quantized_kernels(t);
     register_layout_kernels(t);
+    register_qoperator_kernels(t);
     return t;
   }();
   return table;
