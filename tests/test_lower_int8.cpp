@@ -239,8 +239,9 @@ TEST_CASE("int8 residual: Conv -> Q -> DQ -> Add(DQ(skip)) -> Relu -> Q folds in
 
 TEST_CASE("int8 residual with no activation after the Add (a linear bottleneck), skip with a zero point") {
   // MobileNetV2's form: Conv -> Q -> DQ -> Add(DQ(x)) -> Q with x's zero point != 0. oneDNN got the exact
-  // mid rounding + sum wrong here (100%+ error), so the lowering leaves the mid rounding out for it; the
-  // result must stay within a few output steps of the exact QDQ semantics.
+  // mid rounding/saturation + sum wrong here (100%+ error), so the lowering leaves them out for it: the
+  // result matches the exact QDQ semantics within one output step except where the conv output saturates
+  // the mid type (these hand-picked scales make ~1% of elements do so; calibrated ranges rarely do).
   for (DType t : {DType::UInt8, DType::Int8}) {
     QBuilder b;
     int z = t == DType::UInt8 ? 130 : 3;
@@ -253,7 +254,7 @@ TEST_CASE("int8 residual with no activation after the Add (a linear bottleneck),
     bool has_sum = false;
     for (Node* n : o.nodes()) has_sum = has_sum || (n->op_key() == "ondine.QConv" && n->input(3));
     CHECK(has_sum);
-    check_int8(b.g, 0.03, 3.0, 0.9);
+    check_int8(b.g, 0.03, 40.0, 0.98);
   }
 }
 
