@@ -4,6 +4,9 @@
 #include "ondine/ir/stats.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_executor {
+
 using namespace ondine;
 
 namespace {
@@ -104,3 +107,5 @@ TEST_CASE("bind_dims and graph_stats count parameters and FLOPs", "[stats]") {
   CHECK(*s.flops == Approx(2.0 * 2 * 8 * 4));
   REQUIRE_THROWS_AS(bind_dims(g, {{"seq", 2}}), Error);
 }
+
+}  // namespace test_executor

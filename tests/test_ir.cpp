@@ -5,6 +5,9 @@
 
 #include "ondine/ir/graph.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_ir {
+
 using namespace ondine;
 
 namespace {
@@ -148,3 +151,5 @@ TEST_CASE("tensors: shallow copies, deep clone, typed access checks dtype", "[ir
   CHECK(t.reshaped({4}).dims() == std::vector<std::int64_t>{4});
   REQUIRE_THROWS_AS(t.reshaped({3}), Error);
 }
+
+}  // namespace test_ir

@@ -23,6 +23,9 @@
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_lower {
+
 using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 
@@ -771,3 +774,5 @@ TEST_CASE("lower: ResNet-50 at batch 1 matches the reference (1e-3)", "[.slow][l
   for (auto& [impl, count] : m.implementation_histogram()) std::printf("  %4zu x %s\n", count, impl.c_str());
 }
 #endif
+
+}  // namespace test_lower

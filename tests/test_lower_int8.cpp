@@ -21,6 +21,9 @@
 #include "ondine/quant/qdq.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_lower_int8 {
+
 using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 
@@ -381,3 +384,5 @@ TEST_CASE("a model quantized by quant::QuantizeQDQ compiles to int8 and matches 
   INFO(report);
   CHECK(report.find("int8: 6 int8 steps; 1 Q/DQ left unfused: Q ") == 0);  // the input's QuantizeLinear
 }
+
+}  // namespace test_lower_int8

@@ -12,6 +12,9 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_lower_ops {
+
 using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 
@@ -426,3 +429,5 @@ TEST_CASE("lower ops: Resize declines what oneDNN computes differently, and stay
     }
   }
 }
+
+}  // namespace test_lower_ops

@@ -19,6 +19,9 @@
 #define ONDINE_TEST_HAS_QDQ 1
 #endif
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_mnist_accuracy {
+
 using namespace ondine;
 
 namespace {
@@ -210,3 +213,5 @@ TEST_CASE("MNIST int8: QDQ calibrated on 100 training images loses at most 0.3 p
   CHECK(m.sqnr_db > 30);  // rounding may differ by one step here and there, not more
 }
 #endif
+
+}  // namespace test_mnist_accuracy

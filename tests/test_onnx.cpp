@@ -13,6 +13,9 @@
 #include "ondine/onnx/import.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_onnx {
+
 using namespace ondine;
 namespace fs = std::filesystem;
 // `using namespace ondine` makes a bare `onnx` ambiguous with protobuf's ::onnx.
@@ -1075,3 +1078,5 @@ TEST_CASE("numeric round trip through the reference executor", "[onnx][reference
     CHECK(same_bytes(ReferenceExecutor(c2).run({{"x", cx}}).at("y"), ReferenceExecutor(c).run({{"x", cx}}).at("y")));
   }
 }
+
+}  // namespace test_onnx

@@ -16,6 +16,9 @@
 #include "ondine/passes/rewrite.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_pass_manager {
+
 using namespace ondine;
 
 namespace {
@@ -541,3 +544,5 @@ TEST_CASE("rewrite: replace_value keeps graph output names; erase_if_dead in any
     CHECK_FALSE(rewrite::single_use(nullptr));
   }
 }
+
+}  // namespace test_pass_manager

@@ -16,6 +16,9 @@
 #include "ondine/passes/remove_identity.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_passes_core {
+
 using namespace ondine;
 
 namespace {
@@ -597,3 +600,5 @@ TEST_CASE("fold-bn does not fold a BN over a 3-D MatMul output into the MatMul",
   CHECK(g.op_histogram() == std::map<std::string, std::size_t>{{"Add", 1}, {"MatMul", 1}, {"Mul", 1}});
   check_same_outputs(before, g, kFoldBnTolerance);
 }
+
+}  // namespace test_passes_core

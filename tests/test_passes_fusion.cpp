@@ -28,6 +28,9 @@
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_passes_fusion {
+
 using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 using fused::Activation;
@@ -852,3 +855,5 @@ TEST_CASE("end to end: models/bert.onnx (when generated) fuses every Gelu and La
   check_compiled(f, 1e-4);
 }
 #endif
+
+}  // namespace test_passes_fusion

@@ -18,6 +18,9 @@
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_passes_layout {
+
 using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 
@@ -453,3 +456,5 @@ TEST_CASE("ondine.Reorder: shape inference and reference kernel are the identity
   auto out = ReferenceExecutor(g).run({{"x", t}});
   CHECK(rel_diff(out.at("y"), t) == 0.0);
 }
+
+}  // namespace test_passes_layout

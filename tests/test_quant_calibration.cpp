@@ -9,6 +9,9 @@
 
 #include "ondine/quant/calibration.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_quant_calibration {
+
 using namespace ondine;
 using namespace ondine::quant;
 namespace fs = std::filesystem;
@@ -405,3 +408,5 @@ TEST_CASE("calibration folders: both layouts, sorted, with clear errors", "[quan
   }
   fs::remove_all(root);
 }
+
+}  // namespace test_quant_calibration

@@ -8,6 +8,9 @@
 
 #include "ondine/quant/metrics.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_quant_metrics {
+
 using namespace ondine;
 
 namespace {
@@ -104,3 +107,5 @@ TEST_CASE("SQNR tracks the bit width of a uniform quantizer", "[quant][metrics]"
     prev = db;
   }
 }
+
+}  // namespace test_quant_metrics

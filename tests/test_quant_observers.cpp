@@ -7,6 +7,9 @@
 
 #include "ondine/quant/observers.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_quant_observers {
+
 using namespace ondine;
 using namespace ondine::quant;
 
@@ -447,3 +450,5 @@ TEST_CASE("observers by name", "[quant]") {
   c.axis = 1;
   CHECK(dynamic_cast<PerChannelMinMaxObserver*>(make_observer("w", c).get()));
 }
+
+}  // namespace test_quant_observers

@@ -14,6 +14,9 @@
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/qdq.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_quant_qdq {
+
 using namespace ondine;
 using namespace ondine::quant;
 namespace fs = std::filesystem;
@@ -584,3 +587,5 @@ TEST_CASE("ResNet-50: QDQ output cosine >= 0.99 against fp32", "[quant][qdq][.sl
   CHECK(report.quantized_by_op()["Conv"] == 53);
   CHECK(worst_cosine(fp32, q, 2) >= 0.99);
 }
+
+}  // namespace test_quant_qdq

@@ -20,6 +20,9 @@
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_quant_qoperator {
+
 using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 
@@ -449,3 +452,5 @@ TEST_CASE("quantize-dynamic on models/bert.onnx (when generated): cosine to fp32
   CHECK(c >= 0.99);
 }
 #endif
+
+}  // namespace test_quant_qoperator

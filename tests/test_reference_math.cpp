@@ -10,6 +10,9 @@
 
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_reference_math {
+
 using namespace ondine;
 
 namespace {
@@ -470,3 +473,5 @@ TEST_CASE("integer arithmetic wraps instead of overflowing", "[math][int]") {
   CHECK(values<std::int32_t>(run({"Cast", {f32({3}, {nan, 1e20f, -1e20f})}, {{"to", std::int64_t{6}}}}).output) ==
         std::vector<std::int32_t>{0, big, std::numeric_limits<std::int32_t>::min()});
 }
+
+}  // namespace test_reference_math

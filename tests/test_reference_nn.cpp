@@ -10,6 +10,9 @@
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_reference_nn {
+
 using namespace ondine;
 
 namespace {
@@ -562,3 +565,5 @@ TEST_CASE("Pad inference and errors", "[nn][pad][infer]") {
   error_of([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {-2, -1})}, {}, 13}); }, "Pad");
   error_of([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {1, 1})}, {{"mode", std::string("mirror")}}, 13}); }, "Pad");
 }
+
+}  // namespace test_reference_nn

@@ -10,6 +10,9 @@
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/executor.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_reference_tensor_ops {
+
 using namespace ondine;
 using Ints = std::vector<std::int64_t>;
 
@@ -644,3 +647,5 @@ TEST_CASE("partial answers when parameter inputs are not constant", "[tensor_ops
     CHECK(c.node("Reshape")->output(0)->shape() == (Shape{Dim()}));
   }
 }
+
+}  // namespace test_reference_tensor_ops

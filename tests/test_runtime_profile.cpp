@@ -7,6 +7,9 @@
 
 #include "ondine/lower/lower.hpp"
 
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_runtime_profile {
+
 using namespace ondine;
 
 namespace {
@@ -53,3 +56,5 @@ TEST_CASE("a profiled run accounts each step's time and the time outside steps",
     CHECK(ctx.profiled_runs() == 0);
   }
 }
+
+}  // namespace test_runtime_profile
