@@ -1,8 +1,11 @@
-// ondine_peak - the fp32 GFLOP/s that oneDNN's matmul reaches on this machine: the practical peak that
-// model throughput is compared against (bench/peers.sh).
+// ondine_peak - the fp32 GFLOP/s (or, with --int8, the int8 GOP/s) that oneDNN's matmul reaches on this
+// machine: the practical peak that model throughput is compared against (bench/peers.py).
 //
-//   ondine_peak [--threads N] [--size N] [--reps N]
+//   ondine_peak [--threads N] [--size N] [--reps N] [--int8]
 //
+// --int8 times a u8 x s8 -> s32 matmul, the form of oneDNN's VNNI/AMX int8 kernels (one multiply-add
+// counts as two operations, as for fp32).
+
 // Times `reps` runs of an N x N x N fp32 matmul (default 2048, 10 reps) after one warm-up run and prints
 // the best and median GFLOP/s as one line, e.g. "peak: 2048x2048x2048 fp32 matmul, threads 2, isa ...,
 // best 180.3 GFLOP/s, median 176.0 GFLOP/s".
@@ -47,13 +50,16 @@ const char* isa_name(dnnl::cpu_isa isa) {
 
 int main(int argc, char** argv) {
   int threads = 0, size = 2048, reps = 10;
+  bool int8 = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if ((arg == "--threads" || arg == "--size" || arg == "--reps") && i + 1 < argc) {
+    if (arg == "--int8") {
+      int8 = true;
+    } else if ((arg == "--threads" || arg == "--size" || arg == "--reps") && i + 1 < argc) {
       int v = parse_positive(arg.c_str(), argv[++i]);
       (arg == "--threads" ? threads : arg == "--size" ? size : reps) = v;
     } else {
-      std::cerr << "usage: ondine_peak [--threads N] [--size N] [--reps N]\n";
+      std::cerr << "usage: ondine_peak [--threads N] [--size N] [--reps N] [--int8]\n";
       return arg == "-h" || arg == "--help" ? 0 : 2;
     }
   }
@@ -64,14 +70,22 @@ int main(int argc, char** argv) {
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
   const dnnl::memory::dim n = size;
-  dnnl::memory::desc src_md({n, n}, dt::f32, tag::ab), dst_md({n, n}, dt::f32, tag::ab);
+  const dt src_dt = int8 ? dt::u8 : dt::f32, wei_dt = int8 ? dt::s8 : dt::f32, dst_dt = int8 ? dt::s32 : dt::f32;
+  dnnl::memory::desc src_md({n, n}, src_dt, tag::ab), dst_md({n, n}, dst_dt, tag::ab);
   // Weights in the layout the primitive prefers, as a compiler would lay out constants once.
-  dnnl::memory::desc wei_any({n, n}, dt::f32, tag::any);
+  dnnl::memory::desc wei_any({n, n}, wei_dt, tag::any);
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_any, dst_md), engine);
   dnnl::matmul matmul(pd);
 
   dnnl::memory src(src_md, engine), wei(pd.weights_desc(), engine), dst(dst_md, engine);
   for (auto* m : {&src, &wei}) {
+    if (int8) {
+      // Small values: the s32 sums stay far from overflow.
+      auto* p = static_cast<std::uint8_t*>(m->get_data_handle());
+      std::size_t count = m->get_desc().get_size();
+      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<std::uint8_t>((i * 7919) % 7);
+      continue;
+    }
     auto* p = static_cast<float*>(m->get_data_handle());
     std::size_t count = m->get_desc().get_size() / sizeof(float);
     for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>((i * 7919) % 97) / 97.0f - 0.5f;
@@ -89,9 +103,10 @@ int main(int argc, char** argv) {
   }
   std::sort(seconds.begin(), seconds.end());
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  std::cout << "peak: " << n << "x" << n << "x" << n << " fp32 matmul, threads "
+  const char* unit = int8 ? " GOP/s" : " GFLOP/s";
+  std::cout << "peak: " << n << "x" << n << "x" << n << (int8 ? " u8*s8->s32" : " fp32") << " matmul, threads "
             << (threads > 0 ? threads : omp_get_max_threads()) << ", isa " << isa_name(dnnl::get_effective_cpu_isa())
-            << ", impl " << pd.impl_info_str() << ", best " << flops / seconds.front() / 1e9 << " GFLOP/s, median "
-            << flops / seconds[seconds.size() / 2] / 1e9 << " GFLOP/s\n";
+            << ", impl " << pd.impl_info_str() << ", best " << flops / seconds.front() / 1e9 << unit << ", median "
+            << flops / seconds[seconds.size() / 2] / 1e9 << unit << "\n";
   return 0;
 }
