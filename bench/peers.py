@@ -12,7 +12,11 @@ that load changes on the machine hit every engine alike; a result is the median 
 round's median latency. Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32 matmul GFLOP/s
 that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is skipped.
 With --no-passes-column, Ondine also runs with its pass pipeline off (--passes none) in the same rounds.
-Make the models with: /usr/bin/python3 scripts/make_models.py --out models
+With --int8, the QDQ int8 models of bench/check_qdq_vs_ort.sh (out/qdq/<model>/<model>.qdq.onnx: Ondine's own
+export) get rows too ("resnet50-int8"): Ondine and ONNX Runtime run the very same QDQ model; their % of peak is
+against oneDNN's u8 x s8 matmul GOP/s (ondine_peak --int8), and a line per batch gives int8 against ONNX
+Runtime's fp32 of the same model. PyTorch and the passes-off column skip those rows.
+Make the models with: /usr/bin/python3 scripts/make_models.py --out models (and bench/check_qdq_vs_ort.sh)
 """
 
 import argparse
@@ -39,9 +43,11 @@ def run_json(cmd):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def peak_gflops(peak_exe, threads):
-    out = subprocess.run([peak_exe, "--threads", str(threads)], capture_output=True, text=True, check=True).stdout
-    return float(out.split("best ")[1].split(" GFLOP/s")[0]), out.strip()
+def peak_gflops(peak_exe, threads, int8=False):
+    out = subprocess.run([peak_exe, "--threads", str(threads)] + (["--int8"] if int8 else []), capture_output=True,
+                         text=True, check=True).stdout
+    unit = " GOP/s" if int8 else " GFLOP/s"
+    return float(out.split("best ")[1].split(unit)[0]), out.strip()
 
 
 def write_input(model, batch, directory):
@@ -66,6 +72,8 @@ class Ondine:
 
     def measure(self, model, path, batch, input_spec):
         a = self.args
+        if self.passes is not None and model.endswith("-int8"):
+            return None
         extra = ["--passes", self.passes] if self.passes is not None else []
         subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",
                         str(a.warmup), "--runs", str(a.runs), "--json", self.json] + extra, check=True,
@@ -103,6 +111,8 @@ class PyTorch:
 
     def measure(self, model, path, batch, input_spec):
         torch, a = self.torch, self.args
+        if model.endswith("-int8"):
+            return None
         if model not in self.cache:
             torch.manual_seed(0)
             self.cache[model] = self.models.make(model)
@@ -134,6 +144,8 @@ def main():
     p.add_argument("--models-dir", default=os.path.join(REPO, "models"))
     p.add_argument("--no-passes-column", action="store_true",
                    help="also run Ondine with --passes none (shows what the pass pipeline gains)")
+    p.add_argument("--int8", action="store_true", help="also the QDQ int8 models (out/qdq/, bench/check_qdq_vs_ort.sh)")
+    p.add_argument("--qdq-dir", default=os.path.join(REPO, "out", "qdq"))
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",") if b]
@@ -142,6 +154,16 @@ def main():
             sys.exit(f"peers: unknown model '{m}' (known: {', '.join(INPUTS)})")
         if not os.path.exists(os.path.join(a.models_dir, f"{m}.onnx")):
             sys.exit(f"peers: {a.models_dir}/{m}.onnx missing; run /usr/bin/python3 scripts/make_models.py --out models")
+    # (label, input kind, model file): the fp32 models, then their int8 QDQ forms.
+    cases = [(m, m, os.path.join(a.models_dir, f"{m}.onnx")) for m in models]
+    if a.int8:
+        for m in models:
+            q = os.path.join(a.qdq_dir, m, f"{m}.qdq.onnx")
+            if m == "bert":
+                continue  # no static QDQ form (its MatMuls quantize dynamically: the pass quantize-dynamic)
+            if not os.path.exists(q):
+                sys.exit(f"peers: {q} missing; run bench/check_qdq_vs_ort.sh {m}")
+            cases.append((m + "-int8", m, q))
     ondine_exe = os.path.join(a.build, "examples", "ondine")
     peak_exe = os.path.join(a.build, "bench", "ondine_peak")
     for exe in (ondine_exe, peak_exe):
@@ -166,16 +188,17 @@ def main():
 
     load_before = load()
     peak, peak_line = peak_gflops(peak_exe, a.threads)
+    if a.int8:
+        peak_int8, peak_int8_line = peak_gflops(peak_exe, a.threads, int8=True)
     inputs = {(m, b): write_input(m, b, tmp) for m in models for b in batches}
-    ms = {}  # (model, batch, engine) -> per-round medians
+    ms = {}  # (label, batch, engine) -> per-round medians (None: the engine skips that case)
     for r in range(a.rounds):
-        for m in models:
-            path = os.path.join(a.models_dir, f"{m}.onnx")
+        for label, m, path in cases:
             for b in batches:
                 name, file = inputs[(m, b)]
                 for e in engines:
-                    print(f"round {r + 1}/{a.rounds}: {m} batch {b} {e.name}", file=sys.stderr)
-                    ms.setdefault((m, b, e.name), []).append(e.measure(m, path, b, f"{name}={file}"))
+                    print(f"round {r + 1}/{a.rounds}: {label} batch {b} {e.name}", file=sys.stderr)
+                    ms.setdefault((label, b, e.name), []).append(e.measure(label, path, b, f"{name}={file}"))
     load_after = load()
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -183,24 +206,39 @@ def main():
     print(f"threads {a.threads}, {a.rounds} rounds x {a.runs} runs (warmup {a.warmup}), isa {ondine.isa}; "
           f"load average before {load_before}, after {load_after} ({os.cpu_count()} CPUs)")
     print(peak_line)
+    if a.int8:
+        print(peak_int8_line)
     have_nopass = any(e.name == "ondine-none" for e in engines)
     cols = ["model", "batch", "ondine/s"] + (["no passes/s"] if have_nopass else []) + ["ort/s"] + \
         (["torch/s"] if have_torch else []) + ["ondine/ort"] + (["ondine/torch"] if have_torch else []) + \
-        ["GFLOP/s", "% of peak"]
+        ["GOP/s", "% of peak"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")
-    for m in models:
+    rates = {}
+    for label, m, _ in cases:
         for b in batches:
-            rate = {e.name: b * 1000.0 / statistics.median(ms[(m, b, e.name)]) for e in engines}
-            gflops = (ondine.flops[m] or 0) * rate["ondine"] / 1e9
-            row = [m, str(b), f"{rate['ondine']:.1f}"]
-            row += [f"{rate['ondine-none']:.1f}"] if have_nopass else []
-            row += [f"{rate['ort']:.1f}"]
-            row += [f"{rate['torch']:.1f}"] if have_torch else []
-            row += [f"{rate['ondine'] / rate['ort']:.2f}"]
-            row += [f"{rate['ondine'] / rate['torch']:.2f}"] if have_torch else []
-            row += [f"{gflops:.1f}", f"{100 * gflops / peak:.0f}%"]
+            rate = {e.name: (b * 1000.0 / statistics.median(ms[(label, b, e.name)])
+                             if ms[(label, b, e.name)][0] is not None else None) for e in engines}
+            rates[(label, b)] = rate
+            int8 = label.endswith("-int8")
+            gflops = (ondine.flops[label] or 0) * rate["ondine"] / 1e9
+            cell = lambda r: "-" if r is None else f"{r:.1f}"  # noqa: E731
+            ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}"  # noqa: E731
+            row = [label, str(b), cell(rate["ondine"])]
+            row += [cell(rate["ondine-none"])] if have_nopass else []
+            row += [cell(rate["ort"])]
+            row += [cell(rate["torch"])] if have_torch else []
+            row += [ratio(rate["ondine"], rate["ort"])]
+            row += [ratio(rate["ondine"], rate["torch"])] if have_torch else []
+            row += [f"{gflops:.1f}", f"{100 * gflops / (peak_int8 if int8 else peak):.0f}%"]
             print("| " + " | ".join(row) + " |")
+    for label, m, _ in cases:
+        if label.endswith("-int8") and m in models:
+            for b in batches:
+                q, f = rates[(label, b)], rates[(m, b)]
+                print(f"{m} batch {b}: Ondine int8 {q['ondine']:.1f}/s = {q['ondine'] / f['ort']:.2f}x ONNX Runtime fp32 "
+                      f"({f['ort']:.1f}/s), {q['ondine'] / f['ondine']:.2f}x Ondine fp32; ONNX Runtime int8 "
+                      f"= {q['ort'] / f['ort']:.2f}x its fp32")
     for n in notes:
         print(n)
 
