@@ -7,10 +7,13 @@
 // w_scale[c]); post-ops: the Sum as sum(sum_scale / y_scale, sum_zero_point), the activations with
 // their bounds divided by y_scale (they commute with a positive scale), then linear(1, y_zero_point)
 // (round(v) + zp == round(v + zp) for an integer zp). A mid quantization (ONNX Runtime's Conv -> Q -> DQ
-// before the residual Add) is round + clip + linear(mid_scale / y_scale) before the sum. The source
-// zero point is a runtime zero-point argument. Activations stay in the layout oneDNN picks (NHWC for
-// int8 convs here) whatever Value::layout says: the layout pass labels non-float values row-major,
-// and readers that need row-major bytes get them through Lowering::slot_in.
+// before the residual Add) takes the output scale into mid units (x_scale * w_scale[c] / mid_scale),
+// then round + clip to the mid range with eltwise scale mid_scale / y_scale (back into y units) before
+// the sum. A chain never repeats an eltwise algorithm with other parameters (see
+// repeats_eltwise_alg). The source zero point is a runtime zero-point argument. Activations stay in
+// the layout oneDNN picks (NHWC for int8 convs here) whatever Value::layout says: the layout pass
+// labels non-float values row-major, and readers that need row-major bytes get them through
+// Lowering::slot_in.
 // A case oneDNN rejects (or runs only on its reference implementation) returns false: the node runs
 // its reference kernel, which computes the same numbers.
 #pragma once
@@ -50,26 +53,24 @@ inline memory zero_point_memory(Lowering& L, std::int32_t zp) {
   return L.constant_memory(t, plain_md({1}, memory::data_type::s32));
 }
 
-// oneDNN 2.6's brgconv gets the mid chain (round, clip, rescale) followed by a sum and no activation
-// wrong here (MobileNetV2's linear-bottleneck residuals: 100%+ error; with a Relu after the sum, as in
-// ResNet-50, it is right). For that case the mid rounding and saturation are left out, so the result
-// differs from the exact QDQ semantics by what they would have changed (measured: MobileNetV2 logits within
-// 3.5% of max |reference| against 2% with the rounding), instead of a reference-kernel fallback that
-// made int8 MobileNetV2 13x slower than fp32.
-inline bool skip_mid_rounding(const qops::QAttrs& a) { return a.has_mid && a.has_sum && a.activations.empty(); }
+// The mid rescale rides on the clip's eltwise scale and the mid clip is eltwise_clip where a Clip
+// activation is eltwise_clip_v2 (same forward), so the chain never repeats an eltwise algorithm with
+// other parameters, which oneDNN 2.6 computes wrong (see repeats_eltwise_alg in eltwise.hpp; before,
+// a mid rescale linear followed by the y zero point's linear lost the zero point: MobileNetV2's linear
+// bottlenecks were 100%+ off).
 
 // The post-ops after the output scale, in units of y_scale (see the header comment). False when an
-// activation has no exact int8 form.
+// activation has no exact int8 form or oneDNN 2.6 would compute the chain wrong.
 inline bool build_post_ops(const qops::QAttrs& a, memory::data_type sum_dt, dnnl::post_ops& p, std::string& detail) {
   using A = dnnl::algorithm;
   bool float_out = a.output_type == DType::Float32;
   float ys = float_out ? 1.0f : a.y.scale;
-  if (a.has_mid && !skip_mid_rounding(a)) {  // quantize to the mid type, then back into y units
+  if (a.has_mid) {  // quantize to the mid type (in mid units), then back into y units by the clip's scale
     float lo = a.mid.type == DType::UInt8 ? 0.0f : -128.0f, hi = a.mid.type == DType::UInt8 ? 255.0f : 127.0f;
+    auto zp = static_cast<float>(a.mid.zero_point);
     p.append_eltwise(1.0f, A::eltwise_round, 0.0f, 0.0f);
-    p.append_eltwise(1.0f, A::eltwise_clip_v2, lo - static_cast<float>(a.mid.zero_point), hi - static_cast<float>(a.mid.zero_point));
-    p.append_eltwise(1.0f, A::eltwise_linear, a.mid.scale / ys, 0.0f);
-    detail += "+mid(round,clip,rescale)";
+    p.append_eltwise(a.mid.scale / ys, A::eltwise_clip, lo - zp, hi - zp);
+    detail += "+mid(round,clip*scale)";
   }
   if (a.has_sum) {
     p.append_sum(a.sum.scale / ys, a.sum.zero_point, sum_dt);
@@ -92,13 +93,14 @@ inline bool build_post_ops(const qops::QAttrs& a, memory::data_type sum_dt, dnnl
     p.append_eltwise(1.0f, A::eltwise_linear, 1.0f, static_cast<float>(a.y.zero_point));
     detail += "+zp";
   }
-  return true;
+  return !repeats_eltwise_alg(p);
 }
 
-// oscale[c] = x_scale * w_scale[c] / y_scale and bias'[c] = B[c] / (x_scale * w_scale[c]).
+// oscale[c] = x_scale * w_scale[c] / y_scale (/ mid_scale with a mid quantization) and
+// bias'[c] = B[c] / (x_scale * w_scale[c]).
 inline std::vector<float> output_scales(const qops::QAttrs& a, std::int64_t channels) {
   float ys = a.output_type == DType::Float32 ? 1.0f : a.y.scale;
-  float mid = a.has_mid && !skip_mid_rounding(a) ? a.mid.scale : ys;
+  float mid = a.has_mid ? a.mid.scale : ys;
   std::vector<float> s;
   for (std::int64_t c = 0; c < (a.w_scale.size() == 1 ? 1 : channels); ++c) s.push_back(a.x.scale * a.w_scale_at(c) / mid);
   return s;
@@ -322,6 +324,15 @@ inline bool lower_qpool(Lowering& L, const Node& n) {
   return true;
 }
 
+// True when every reader of `v` (rank 3 to 5) is an int8 convolution or pool, which run channels-last.
+inline bool int8_consumers_want_channels_last(const Value* v) {
+  const auto rank = v->shape().rank();
+  if (rank < 3 || rank > 5 || v->is_graph_output() || !v->has_uses()) return false;
+  for (const Use& u : v->uses())
+    if (u.index != 0 || (u.node->op_key() != "ondine.QConv" && u.node->op_key() != "ondine.QPool")) return false;
+  return true;
+}
+
 // Leftover QuantizeLinear / DequantizeLinear with per-tensor constant parameters: one reorder with an
 // output scale and a zero point, in the source's layout. (Q multiplies by 1/scale where ONNX divides:
 // within one step.)
@@ -342,6 +353,14 @@ inline bool lower_qdq_reorder(Lowering& L, const Node& n) {
   if (!(scale > 0)) return false;
   memory::desc src_md = L.md_of(x);
   memory::desc dst_md = retyped(src_md, dt_of(y->dtype()));
+  // A model's input quantized for int8 convolutions or pools: write it channels-last at once, the
+  // layout their int8 kernels read, instead of quantizing and then reordering the int8 copy (two
+  // passes over the input; 7% of MobileNetV2's int8 time at batch 8).
+  if (quantize && int8_consumers_want_channels_last(y)) {
+    using tag = memory::format_tag;
+    const auto rank = y->shape().rank();
+    dst_md = memory::desc(src_md.dims(), dt_of(y->dtype()), rank == 3 ? tag::nwc : rank == 4 ? tag::nhwc : tag::ndhwc);
+  }
   dnnl::primitive_attr attr = Lowering::base_attr();
   attr.set_output_scales(0, {quantize ? 1.0f / scale : scale});
   int zp_arg = quantize ? DNNL_ARG_DST : DNNL_ARG_SRC;
@@ -355,7 +374,8 @@ inline bool lower_qdq_reorder(Lowering& L, const Node& n) {
   if (zp != 0) consts.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | zp_arg, zero_point_memory(L, zp));
   char buf[96];
   std::snprintf(buf, sizeof buf, "scale %g zp %d ", scale, zp);
-  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), buf + layout_name(src_md) + " -> " + qops::type_str(y->dtype())},
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), buf + layout_name(src_md) + " -> " + qops::type_str(y->dtype()) +
+                      (same_layout(src_md, dst_md) ? "" : " " + layout_name(dst_md))},
                   &n, dnnl::reorder(pd), pd.scratchpad_desc(),
                   {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, std::move(consts));
   return true;
