@@ -527,6 +527,28 @@ TEST_CASE("lower: eltwise activations and broadcasting binary ops (1e-4)", "[low
   CHECK(count_impl(m, "Transpose", "reference") == 0);
 }
 
+TEST_CASE("lower: activation chains that repeat an eltwise algorithm stay exact (oneDNN 2.6 injector bug) (1e-4)",
+          "[lower][fusion]") {
+  // conv -> HardSigmoid (linear, clip) -> Neg (linear again, other parameters): as one post-op chain
+  // oneDNN 2.6 would run the second linear with the first one's parameters.
+  Builder b;
+  Value* x = b.input("x", {1, 8, 6, 6});
+  Value* c = b.conv(x, 8, 8, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* y = b.op("Neg", {b.op("HardSigmoid", {c}, {{"alpha", 0.3f}, {"beta", 0.4f}})});
+  // and two Clips of different bounds in a row
+  Value* lo1 = b.g.add_constant("lo1", Tensor::scalar(-0.5f)), *hi1 = b.g.add_constant("hi1", Tensor::scalar(2.0f));
+  Value* lo2 = b.g.add_constant("lo2", Tensor::scalar(0.0f)), *hi2 = b.g.add_constant("hi2", Tensor::scalar(0.7f));
+  Value* c2 = b.conv(x, 8, 8, 1, {});
+  Value* z = b.op("Clip", {b.op("Clip", {c2, lo1, hi1}), lo2, hi2});
+  b.g.add_output(y);
+  b.g.add_output(z);
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  check_graph(b.g, 1e-4, opts);
+  opts.passes = "default";
+  check_graph(b.g, 1e-4, opts);
+}
+
 TEST_CASE("lower: reshape views are zero-copy, outputs are copied, unused nodes drop out (1e-4)", "[lower]") {
   Builder b;
   Value* x = b.input("x", {2, 4, 6, 6});

@@ -148,15 +148,40 @@ inline bool is_reference_impl(const dnnl::primitive_desc_base& pd) {
   return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
 }
 
+// oneDNN 2.6's jit kernels (brgconv, jit_int8, brgemm matmul, binary; all ISAs) keep one eltwise
+// injector per algorithm (jit_uni_postops_injector_t: a map keyed by alg kind, first entry wins), so a
+// later eltwise post-op of the same algorithm runs with the first one's alpha, beta and scale: e.g.
+// linear(2, 0) then linear(1, 5) computes 2x instead of 2x + 5 (bench/onednn_sum_clip_repro.cpp; fixed
+// in later oneDNN by keying the injectors by post-op index). True when `p` repeats an algorithm with
+// other parameters: such a chain is never handed to oneDNN.
+inline bool repeats_eltwise_alg(const dnnl::post_ops& p) {
+  for (int i = 0; i < p.len(); ++i) {
+    if (p.kind(i) != dnnl::primitive::kind::eltwise) continue;
+    float si, ai, bi;
+    dnnl::algorithm alg_i;
+    p.get_params_eltwise(i, si, alg_i, ai, bi);
+    for (int j = 0; j < i; ++j) {
+      if (p.kind(j) != dnnl::primitive::kind::eltwise) continue;
+      float sj, aj, bj;
+      dnnl::algorithm alg_j;
+      p.get_params_eltwise(j, sj, alg_j, aj, bj);
+      if (alg_i == alg_j && (si != sj || ai != aj || bi != bj)) return true;
+    }
+  }
+  return false;
+}
+
 // Creates a primitive descriptor with the fused post-ops (make(true)) unless oneDNN rejects them or
 // only its reference implementation takes them while the unfused primitive gets an optimised one:
 // then the unfused one (make(false)), and `fused` says which was chosen.
+// A chain that repeats an eltwise algorithm (repeats_eltwise_alg) counts as rejected.
 template <typename PD, typename Make>
 PD choose_fusion(Make make, bool has_fusion, bool& fused) {
-  PD pd = make(true);
+  auto computable = [](PD pd) { return pd && repeats_eltwise_alg(pd.get_primitive_attr().get_post_ops()) ? PD() : pd; };
+  PD pd = computable(make(true));
   fused = has_fusion;
   if (!has_fusion || (pd && !is_reference_impl(pd))) return pd;
-  PD alone = make(false);
+  PD alone = computable(make(false));
   if (!pd || (alone && !is_reference_impl(alone))) {
     fused = false;
     return alone;
