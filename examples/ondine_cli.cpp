@@ -4,7 +4,7 @@
 //   ondine compile MODEL [--passes P] [--print-passes] [--dump-after NAME] [--dot] [-o OUT.onnx] [--check]
 //                  [--dim batch=1] [--seed N] [--tolerance T]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
-//              [--threads N] [--reference] [--check] [--passes P]
+//              [--threads N] [--reference] [--check] [--tolerance T] [--passes P]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
 //                [--passes P]
 //   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
@@ -154,6 +154,91 @@ Difference difference(const Tensor& a, const Tensor& b) {
   return d;
 }
 
+// --check's bound per output: `relative` of max |reference|, or `steps` quantization steps of the output
+// where a DequantizeLinear produces it, whichever is larger. --tolerance T sets `relative` to T and
+// nothing else. By default a float model gets 1e-4 (float reassociation); a model with int8 parts 10%:
+// oneDNN requantizes with its own rounding (float32 scales, its own ties), so an int8 value may differ
+// from the reference's by a step, and later layers spread that. Measured, compiled against reference,
+// 20 real inputs each: ResNet-50 QDQ 1.1 to 3.0% of max |logit|, MobileNetV2 QDQ up to 2.4% (4.4% while
+// its linear bottlenecks skipped a rounding, lower/detail/quantized.hpp), the MNIST QDQ model 1e-7. 10%
+// leaves a margin for deeper models; a lowering bug is off by far more (oneDNN 2.6's mishandled sum + clip
+// in those linear bottlenecks: 100% and more).
+struct CheckBound {
+  double relative = 1e-4;
+  double steps = 0;                           // 0: no step floor
+  std::map<std::string, double> output_step;  // output -> the scale of the DequantizeLinear producing it
+  std::string rule, why;                      // "10% of max |reference|", and why that bound
+  // The bound on max |got - want| (relative to 1 where the reference is all zeros).
+  double relative_part(double max_ref) const { return relative * (max_ref > 0 ? max_ref : 1.0); }
+  double absolute(const std::string& output, double max_ref) const {
+    auto it = output_step.find(output);
+    return std::max(relative_part(max_ref), it == output_step.end() ? 0.0 : steps * it->second);
+  }
+};
+
+// Nodes of the int8 kind: Q/DQ, the QOperator and integer ops, Ondine's fused int8 ops.
+std::size_t quantized_nodes(const Graph& g) {
+  static const std::set<std::string> ops{"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
+                                         "MatMulInteger"};
+  std::size_t n = 0;
+  for (Node* node : g.nodes()) {
+    const std::string key = node->op_key();
+    n += ops.count(key) || key.rfind("QLinear", 0) == 0 || key.rfind("ondine.Q", 0) == 0;
+  }
+  return n;
+}
+
+CheckBound check_bound(const Graph& g, std::optional<double> given) {
+  CheckBound b;
+  std::ostringstream rule;
+  if (given) {
+    b.relative = *given;
+    rule << std::scientific << std::setprecision(2) << *given << " of max |reference|";
+    b.why = "(--tolerance)";
+  } else if (std::size_t q = quantized_nodes(g)) {
+    b.relative = 0.1;
+    b.steps = 2;
+    for (Value* o : g.outputs()) {
+      Node* p = o->producer();
+      if (p && p->op_type() == "DequantizeLinear" && p->input(1) && p->input(1)->is_constant()) {
+        const Tensor& scale = p->input(1)->constant();
+        double most = 0;
+        for (std::int64_t i = 0; i < scale.numel(); ++i) most = std::max(most, scale.at_double(static_cast<std::size_t>(i)));
+        b.output_step[o->name()] = most;
+      }
+    }
+    rule << "10% of max |reference|" << (b.output_step.empty() ? "" : " or 2 output quantization steps");
+    b.why = "(int8 model, " + std::to_string(q) + " quantized node" + (q == 1 ? "" : "s") +
+            ": oneDNN requantizes with its own rounding, so values may differ by a step; --tolerance T overrides)";
+  } else {
+    rule << "1e-4 of max |reference|";
+    b.why = "(float model; --tolerance T overrides)";
+  }
+  b.rule = rule.str();
+  return b;
+}
+
+// Prints the bound and one line per output; throws naming the file when an output is past its bound.
+void check_outputs(const Graph& g, const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
+                   const CheckBound& bound, const std::string& path, const std::string& what) {
+  std::cout << "check: tolerance " << bound.rule << " " << bound.why << "\n";
+  bool ok = true;
+  for (Value* o : g.outputs()) {
+    if (!got.count(o->name()))
+      throw Error("the optimised graph has no output '" + o->name() + "' (the passes lost it)").in_file(path);
+    Difference d = difference(got.at(o->name()), want.at(o->name()));
+    double limit = bound.absolute(o->name(), d.max_ref);
+    bool fine = d.max_abs <= limit;
+    ok = ok && fine;
+    std::cout << std::scientific << std::setprecision(2) << "check: " << o->name() << " max_abs_err " << d.max_abs
+              << " rel_to_max " << d.relative();
+    if (limit > bound.relative_part(d.max_ref))
+      std::cout << " (bound: " << std::defaultfloat << bound.steps << " output steps, " << std::scientific << limit << ")";
+    std::cout << (fine ? " ok" : " FAILED") << "\n";
+  }
+  if (!ok) throw Error(what + " by more than " + bound.rule).in_file(path);
+}
+
 double elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
 }
@@ -276,7 +361,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   for (auto& [impl, n] : model.implementation_histogram())
     std::cout << "  " << std::left << std::setw(40) << impl << std::right << std::setw(6) << n << "\n";
   std::cout << "steps:\n" << model.to_text();
-  if (std::string q = lower::detail::int8_report(model.steps()); !q.empty()) std::cout << q << "\n";
+  std::cout << lower::int8_plan(model).text();  // Q/DQ left, fp32 islands, predicted int8 vs fp32
 }
 
 // `passes` ("none" unless given) runs on the graph shown; --compiled compiles the imported graph with
@@ -364,7 +449,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
 
 int cmd_run(const std::string& path, const std::vector<std::string>& input_specs,
             const std::vector<std::string>& dim_specs, const std::string& output_dir, std::uint64_t seed, int runs,
-            bool use_reference, int threads, bool check, double check_tolerance, const std::string& passes,
+            bool use_reference, int threads, bool check, std::optional<double> check_tolerance, const std::string& passes,
             bool passes_given) {
   pipeline_for(passes);
   Graph g = ondine::onnx::load_model(path);
@@ -424,15 +509,8 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
     // Every optimisation (passes and lowering) is checked against the oracle: the imported graph on
     // the reference executor, same inputs.
     auto expected = ReferenceExecutor(g).run(inputs);
-    bool ok = true;
-    for (Value* o : g.outputs()) {
-      Difference d = difference(outputs.at(o->name()), expected.at(o->name()));
-      ok = ok && d.relative() <= check_tolerance;
-      std::cout << std::scientific << std::setprecision(2) << "check: " << o->name() << " max_abs_err " << d.max_abs
-                << " rel_to_max " << d.relative() << (d.relative() <= check_tolerance ? " ok" : " FAILED") << "\n";
-    }
-    if (!ok) throw Error("compiled outputs differ from the reference executor by more than " +
-                         std::to_string(check_tolerance) + " relative").in_file(path);
+    check_outputs(g, outputs, expected, check_bound(g, check_tolerance), path,
+                  "compiled outputs differ from the reference executor's");
   }
   return 0;
 }
@@ -448,7 +526,7 @@ struct CompileArgs {
   bool check = false;
   std::vector<std::string> dims;
   std::uint64_t seed = 0;
-  double tolerance = 1e-4;
+  std::optional<double> tolerance;         // --check's relative bound; unset: by model kind (check_bound)
   std::size_t stop_after = 0;              // > 0: stop after that many pass runs (bisecting)
   std::vector<std::string> pass_options;   // KEY=VALUE for PassContext::options
 };
@@ -530,19 +608,8 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     fill_random_inputs(want_graph, inputs, args.seed);
     auto want = ReferenceExecutor(want_graph).run(inputs);
     auto got = ReferenceExecutor(got_graph).run(inputs);
-    bool ok = true;
-    for (Value* o : original->outputs()) {
-      if (!got.count(o->name()))
-        throw Error("the optimised graph has no output '" + o->name() + "' (the passes lost it)").in_file(path);
-      Difference d = difference(got.at(o->name()), want.at(o->name()));
-      bool fine = d.relative() <= args.tolerance;
-      ok = ok && fine;
-      std::cout << std::scientific << std::setprecision(2) << "check: " << o->name() << " max_abs_err " << d.max_abs
-                << " rel_to_max " << d.relative() << (fine ? " ok" : " FAILED") << "\n";
-    }
-    if (!ok)
-      throw Error("the optimised graph's outputs differ from the imported graph's by more than " +
-                  std::to_string(args.tolerance) + " relative (reference executor)").in_file(path);
+    check_outputs(*original, got, want, check_bound(*original, args.tolerance), path,
+                  "the optimised graph's outputs differ from the imported graph's (reference executor)");
   }
   return 0;
 }
@@ -718,7 +785,7 @@ int main(int argc, char** argv) {
   bool json = false, print_graph = false, reference = false, compiled = false, check = false;
   std::uint64_t seed = 0;
   int runs = 1, threads = 0;
-  double tolerance = 1e-4;
+  std::optional<double> tolerance;  // unset: check_bound picks by model kind
 
   std::string passes = "default", inspect_passes = "none";
   auto* inspect = app.add_subcommand("inspect", "ops histogram, parameters, FLOPs, inputs/outputs, unsupported ops");
@@ -755,7 +822,9 @@ int main(int argc, char** argv) {
   compile->add_option("--pass-option", compile_args.pass_options,
                       "KEY=VALUE option for the passes, e.g. layout=nhwc (repeatable)");
   compile->add_option("--tolerance", compile_args.tolerance,
-                      "--check's bound on max|optimised-imported| / max|imported| (default 1e-4)");
+                      "--check's bound on max|optimised-imported| / max|imported| (default 1e-4; a model with "
+                      "int8 parts: 10%, or 2 steps of an output's quantization)")
+      ->check(CLI::NonNegativeNumber);
 
   auto* run = app.add_subcommand("run", "run a model on .npy or seeded random inputs");
   run->add_option("model", model, "ONNX model file")->required();
@@ -767,7 +836,10 @@ int main(int argc, char** argv) {
   run->add_option("--threads", threads, "oneDNN threads (default: OpenMP's, i.e. OMP_NUM_THREADS or all cores)");
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
-  run->add_option("--tolerance", tolerance, "--check's bound on max|compiled-reference| / max|reference|");
+  run->add_option("--tolerance", tolerance,
+                  "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
+                  "parts: 10%, or 2 steps of an output's quantization)")
+      ->check(CLI::NonNegativeNumber);
   auto* run_passes_opt = run->add_option(
       "--passes", passes,
       "passes compile runs: 'default' (default), 'none', or pass names; with --reference, given explicitly, "

@@ -43,6 +43,7 @@
 #include "ondine/lower/detail/reorder.hpp"
 #include "ondine/lower/detail/resample.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
+#include "ondine/lower/int8_plan.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/compiled_model.hpp"
@@ -279,7 +280,8 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
         << program->memory.arena_bytes << " B (peak " << program->memory.peak_bytes << " B, sum "
         << program->memory.total_bytes << " B), scratchpad " << program->memory.scratchpad_bytes << " B";
     options.log(sum.str());
-    if (std::string q = int8_report(model.steps()); !q.empty()) options.log(q);
+    std::istringstream int8(int8_plan(model).text());  // Q/DQ left, fp32 islands, predicted int8 vs fp32
+    for (std::string line; std::getline(int8, line);) options.log(line);
   }
   return model;
 }
