@@ -35,6 +35,9 @@ expect 0 'y: float32\[3,4,5\]' -- "$ondine" run "$relu" --output-dir "$work/out"
 expect 0 'benchmark: engine=reference' -- "$ondine" run "$relu" --runs 2 --reference
 expect 0 'benchmark: engine=compiled isa=' -- "$ondine" run "$relu" --runs 2
 expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$conv" --check --threads 1
+expect 0 'check: tolerance 1e-4 of max \|reference\| \(float model' -- "$ondine" run "$conv" --check --threads 1
+expect 0 'check: tolerance 1\.00e-03 of max \|reference\| \(--tolerance\)' -- "$ondine" run "$conv" --check --tolerance 1e-3
+expect 2 '--tolerance' -- "$ondine" run "$conv" --check --tolerance -1
 expect 0 'compiled: isa .* steps' -- "$ondine" inspect "$conv" --compiled
 
 # Bad files: each error names the file.
@@ -151,7 +154,13 @@ if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: th
   "$ondine" quantize "$mm" --calib "$mn/calib" -o "$work/mnist_qdq.onnx" >/dev/null
   expect 0 'logits .* argmax agree (99\.[0-9]+|100\.00)%' -- "$ondine" compare "$mm" "$work/mnist_qdq.onnx" --input "$imgs"
   expect 0 '^  1 .*\(B: [a-z0-9]+_dequantized\)' -- "$ondine" compare "$mm" "$work/mnist_qdq.onnx" --per-layer --top 3 --input "$imgs"
+  # Compiled int8 against the reference's QDQ semantics: --check's int8 bound; every layer int8.
+  expect 0 'check: tolerance 10% of max \|reference\| \(int8 model, [0-9]+ quantized nodes' -- "$ondine" run "$work/mnist_qdq.onnx" --check --input "input=$imgs"
+  expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/mnist_qdq.onnx" --check --input "input=$imgs"
+  expect 0 'no fp32 island; the model in fp32 .*x faster' -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
 fi
+# The float model fails a bound below float rounding, naming the file and the bound.
+expect 1 'mnist_cnn\.onnx: compiled outputs differ .* by more than 1\.00e-12 of max' -- "$ondine" run "$mm" --check --tolerance 1e-12
 
 # ondine quantize: calibrate on a folder of .npy samples, write a QDQ model (Conv and the residual Add
 # quantized), and every bad calibration input named with its file.
@@ -174,6 +183,35 @@ q=$work/q.onnx
 expect 0 'quantized 2 of 2 quantizable nodes \(Add 1, Conv 1\)' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q"
 expect 0 'calibrating: sample 4/4' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q"
 expect 0 'wrote: .*q\.onnx' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q"
+# --check on the QDQ model: the int8 default bound, compiled (run) and through the passes (compile).
+expect 0 'check: tolerance 10% of max \|reference\| \(int8 model, 6 quantized nodes' -- "$ondine" run "$q" --check
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$q" --check --dim batch=2
+expect 0 'check: y max_abs_err .* ok' -- "$ondine" compile "$q" --check
+expect 0 'check: tolerance 1\.00e-01 of max \|reference\| \(--tolerance\)' -- "$ondine" run "$q" --check --tolerance 0.1
+# The Add stays float (its skip input is the float x): one fp32 island, predicted slower than fp32.
+expect 0 "fp32 island 1: 1 float step \(Add 'add'\), 3 Q/DQ \(Q 'x_QuantizeLinear', DQ 'x_DequantizeLinear', DQ 'r_DequantizeLinear'\): [0-9.]+ KFLOP, [0-9.]+ KB, est\. " -- "$ondine" inspect "$q" --compiled
+expect 0 'int8 estimate \(one core, roofline: int8 [0-9]+ GOP/s, fp32 [0-9]+ GFLOP/s' -- "$ondine" inspect "$q" --compiled
+expect 0 'warning: int8 plan predicted slower than fp32: .* against .*; 1 fp32 island cost' -- "$ondine" inspect "$q" --compiled
+# An output made by DequantizeLinear: the int8 bound also allows 2 steps of its scale (a coarse 0.3 here,
+# so 2 steps are more than 10% of the Sigmoid's max).
+/usr/bin/python3 - "$work/sig_qdq.onnx" <<'PY'
+import sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper, save
+qp = [numpy_helper.from_array(np.array(v, t), n) for v, t, n in ((0.05, np.float32, "s"), (128, np.uint8, "z"),
+                                                                (0.3, np.float32, "s2"), (0, np.uint8, "z2"))]
+nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+         helper.make_node("Sigmoid", ["xd"], ["g"], name="sigmoid"),
+         helper.make_node("QuantizeLinear", ["g", "s2", "z2"], ["gq"], name="q2"),
+         helper.make_node("DequantizeLinear", ["gq", "s2", "z2"], ["y"], name="dq2")]
+io = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4, 8, 8])
+save(helper.make_model(helper.make_graph(nodes, "sig", [io("x")], [io("y")], qp),
+                       opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
+PY
+expect 0 'check: tolerance 10% of max \|reference\| or 2 output quantization steps \(int8 model, 4 quantized' -- "$ondine" run "$work/sig_qdq.onnx" --check
+expect 0 'check: y max_abs_err .* \(bound: 2 output steps, 6\.00e-01\) ok' -- "$ondine" run "$work/sig_qdq.onnx" --check
+expect 0 "fp32 island 1: 1 float step \(Sigmoid 'sigmoid'\), 4 Q/DQ" -- "$ondine" inspect "$work/sig_qdq.onnx" --compiled
 expect 0 'QuantizeLinear +2' -- "$ondine" inspect "$q"
 expect 0 'DequantizeLinear +4' -- "$ondine" inspect "$q"
 expect 0 'y: float32\[1,4,8,8\]' -- "$ondine" run "$q" --reference --dim batch=1
@@ -194,6 +232,22 @@ expect 1 "not a directory" -- "$ondine" quantize "$cr" --calib "$work/nope" -o "
 expect 1 "bad_shape\.npy.*has shape \[1,3,8,8\]" -- "$ondine" quantize "$cr" --calib "$work/calib_shape" -o "$q"
 expect 1 "f64\.npy.*dtype float64" -- "$ondine" quantize "$cr" --calib "$work/calib_dtype" -o "$q"
 expect 1 "has_nan\.npy.*NaN" -- "$ondine" quantize "$cr" --calib "$work/calib_nan" -o "$q"
+# --max-error: layers kept fp32, worst first, until max |int8 - fp32| / max |fp32| on the first calibration
+# samples is within the bound (MNIST int8 everywhere: 0.0067; both convs fp32: 0.0049).
+mq=$work/mnist_fb.onnx
+expect 0 'fallback 2: keeping .conv[12]. \(Conv\) fp32: error' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.006
+expect 0 'max error: +0\.00[0-5][0-9]* <= 0\.006 \(.*8 calibration sample\(s\); int8 everywhere: 0\.00[6-9]' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.006
+expect 0 'conv1 \(Conv\): kept fp32 for the error bound \(fallback [12]\)' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.006
+expect 0 'quantized 3 of 5 quantizable nodes \(Gemm 1, MaxPool 2\)' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.006
+expect 0 'logits .* argmax agree (99\.[0-9]+|100\.00)%' -- "$ondine" compare "$mm" "$mq" --input "$imgs"
+expect 0 'fallback: +0 layer\(s\) kept fp32' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.5 --max-error-samples 2
+expect 0 '2 calibration sample\(s\)' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.5 --max-error-samples 2
+expect 1 "--max-error 0 not met: the error is still 0\.00[0-9]+ with 1 layer\(s\) kept fp32 .*Nothing written" -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$work/never.onnx" --max-error 0 --max-fallback 1
+expect 0 '' -- test ! -e "$work/never.onnx"
+expect 2 '--max-error must be a finite number >= 0, got -1' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error -1
+expect 2 '--max-error-samples must be at least 1' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error 0.1 --max-error-samples 0
+expect 2 '--max-fallback requires --max-error' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-fallback 2
+expect 2 'max-error' -- "$ondine" quantize "$mm" --calib "$mn/calib" -o "$mq" --max-error lots
 
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate

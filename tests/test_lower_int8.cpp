@@ -273,7 +273,7 @@ TEST_CASE("int8 post-ops never repeat an eltwise algorithm with other parameters
   // oneDNN 2.6's jit kernels run a repeated eltwise algorithm with its first occurrence's parameters
   // (bench/onednn_sum_clip_repro.cpp), so the chain avoids repeats and rejects what would still repeat.
   using lower::detail::quant::build_post_ops;
-  using lower::detail::quant::repeats_eltwise_alg;
+  using lower::detail::repeats_eltwise_alg;
   using A = dnnl::algorithm;
   dnnl::post_ops two;
   two.append_eltwise(1.0f, A::eltwise_linear, 0.5f, 0.0f);

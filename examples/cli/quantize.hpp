@@ -4,20 +4,29 @@
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method minmax|entropy|percentile|mse|moving-average]
 //                   [--max-samples N] [--exclude NAME_OR_OP,...] [--include NAME_OR_OP,...] [--keep-fp32-ends]
 //                   [--activations u8|s8] [--save-calibration FILE] [--passes P]
+//                   [--max-error E [--max-error-samples N] [--max-fallback N]]
 //
 // Steps: load MODEL, run the fp32 pre-passes (--passes, default "remove-identity,fold-constants,dce,
 // fold-bn": no fusion, the QDQ pass wants plain Conv/Relu/Add), calibrate on the .npy samples of DIR
 // (quant::scan_calibration_folder: DIR/<sample>.npy for a one-input model, DIR/<sample>/<input>.npy
 // otherwise) on the reference executor, insert Q/DQ (quant::QuantizeQDQ), write OUT.onnx, print what
 // was quantized and what stayed fp32 and why. Progress goes to stderr.
+// --max-error E: measure the QDQ model against fp32 on the first N calibration samples (relative max abs
+// error of each output, quant/fallback.hpp) and keep layers fp32, worst first, until it is <= E; the
+// layers kept and the error at each step are printed. Not met within --max-fallback layers: exit 1,
+// nothing written.
 // Errors name the sample file (wrong shape or dtype, NaN/Inf, unreadable .npy) and exit 1; command-line
 // mistakes (bad --method, --activations, --passes) exit 2.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +34,7 @@
 
 #include "ondine/ondine.hpp"
 #include "ondine/quant/calibration.hpp"
+#include "ondine/quant/fallback.hpp"
 #include "ondine/quant/qdq.hpp"
 
 namespace ondine::cli {
@@ -35,6 +45,8 @@ struct QuantizeArgs {
   std::size_t max_samples = 0;
   std::vector<std::string> include, exclude;
   bool keep_fp32_ends = false;
+  std::optional<double> max_error;
+  std::size_t max_error_samples = 8, max_fallback = 0;
 };
 
 inline CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
@@ -54,11 +66,64 @@ inline CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
   c->add_option("--save-calibration", a.save_calibration, "also write the calibration result as text (a cache for "
                                                           "the pass option quantize.calibration)");
   c->add_option("--passes", a.passes, "fp32 passes before calibration (default remove-identity,fold-constants,dce,fold-bn)");
+  auto* max_error = c->add_option("--max-error", a.max_error,
+                                  "keep layers fp32, worst first, until every output is within E of fp32: max |int8 - "
+                                  "fp32| / max |fp32| per output, on calibration samples (e.g. 0.02)");
+  c->add_option("--max-error-samples", a.max_error_samples,
+                "--max-error: measure on the first N calibration samples (default 8)")
+      ->needs(max_error);
+  c->add_option("--max-fallback", a.max_fallback, "--max-error: keep at most N layers fp32 (default: no limit)")
+      ->needs(max_error);
   return c;
 }
 
+namespace quantize_detail {
+
+inline std::string fmt_error(double e) {
+  std::ostringstream os;
+  os << std::setprecision(3) << e;
+  return os.str();
+}
+
+// --max-error: quantize, then keep layers fp32 until the bound holds; progress to stderr.
+inline quant::FallbackResult run_fallback(const Graph& g, const quant::CalibrationResult& calib,
+                                          const quant::QuantizeOptions& qopts, const quant::CalibrationFolder& folder,
+                                          const quant::CalibrationOptions& copts, const QuantizeArgs& args) {
+  std::vector<quant::Sample> samples;
+  for (std::size_t i = 0; i < std::min(args.max_error_samples, folder.size()); ++i) samples.push_back(folder.load(i));
+  std::cerr << "max-error: measuring int8 against fp32 on " << samples.size() << " sample(s), bound "
+            << fmt_error(*args.max_error) << "\n";
+  quant::FallbackOptions fo;
+  fo.max_error = *args.max_error;
+  fo.max_fallbacks = args.max_fallback;
+  fo.sample_label = copts.sample_label;
+  fo.progress = [](std::size_t i, const quant::FallbackStep& s) {
+    std::cerr << "fallback " << i << ": keeping '" << s.layer.node << "' (" << s.layer.op << ") fp32: error "
+              << fmt_error(s.error_before) << " -> " << fmt_error(s.error_after) << "\n";
+  };
+  return quant::quantize_with_fallback(g, calib, qopts, samples, fo);
+}
+
+inline void print_fallback(const quant::FallbackResult& r, double bound, std::size_t samples, double seconds) {
+  std::cout << "max error:   " << fmt_error(r.error) << " <= " << fmt_error(bound)
+            << " (max |int8 - fp32| / max |fp32| per output, " << samples << " calibration sample(s); int8 everywhere: " << fmt_error(r.initial_error)
+            << ")\n";
+  std::cout << "fallback:    " << r.steps.size() << " layer(s) kept fp32, worst first (" << std::fixed
+            << std::setprecision(1) << seconds << " s)\n";
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const auto& s = r.steps[i];
+    std::cout << "  " << i + 1 << ". " << s.layer.node << " (" << s.layer.op << "; alone int8: output SQNR "
+              << s.layer.sqnr_db << " dB): error " << fmt_error(s.error_before) << " -> " << fmt_error(s.error_after)
+              << "\n";
+  }
+  std::cout << std::defaultfloat;
+}
+
+}  // namespace quantize_detail
+
 // Returns the exit code: 0 done, 1 error (an ondine::Error propagates to main), 2 command-line mistake.
 inline int cmd_quantize(const QuantizeArgs& args) {
+  using namespace quantize_detail;
   auto usage = [](const std::string& msg) {
     std::cerr << "ondine: error: " << msg << "\n";
     return 2;
@@ -75,6 +140,9 @@ inline int cmd_quantize(const QuantizeArgs& args) {
   } catch (const Error& e) {
     return usage(e.message());
   }
+  if (args.max_error && (!(*args.max_error >= 0) || !std::isfinite(*args.max_error)))
+    return usage("--max-error must be a finite number >= 0, got " + fmt_error(*args.max_error));
+  if (args.max_error && args.max_error_samples == 0) return usage("--max-error-samples must be at least 1");
   for (auto& entry : entries)
     if (entry.first == "quantize" || entry.first == "fuse" || entry.first == "layout")
       return usage("--passes '" + args.passes + "': pass '" + entry.first + "' does not belong before calibration "
@@ -125,25 +193,46 @@ inline int cmd_quantize(const QuantizeArgs& args) {
       throw Error("cannot write the calibration file").in_file(args.save_calibration);
   }
 
-  quant::QuantizeQDQ pass(calib, qopts);
-  PassContext ctx;
-  ctx.begin_pass(quant::QuantizeQDQ::name);
+  std::size_t fp32_nodes = g.num_nodes();
+  quant::QuantizeReport report;
+  std::optional<quant::FallbackResult> fallback;
+  double fallback_s = 0;
   try {
-    pass.run(g, ctx);
-    g.verify();
+    if (args.max_error) {
+      fallback = run_fallback(g, calib, qopts, folder, copts, args);
+      fallback_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - calib_s;
+      g = std::move(fallback->graph);
+      report = fallback->report;
+    } else {
+      quant::QuantizeQDQ pass(calib, qopts);
+      PassContext ctx;
+      ctx.begin_pass(quant::QuantizeQDQ::name);
+      pass.run(g, ctx);
+      g.verify();
+      report = pass.report();
+    }
   } catch (Error& e) {
     e.in_file(args.model);
     throw;
   }
+  if (fallback && !fallback->met) {
+    bool limit = args.max_fallback && fallback->steps.size() == args.max_fallback;
+    throw Error("--max-error " + fmt_error(*args.max_error) + " not met: the error is still " +
+                fmt_error(fallback->error) + " with " + std::to_string(fallback->steps.size()) + " layer(s) kept fp32 " +
+                (limit ? "(the --max-fallback limit); raise --max-fallback or the bound"
+                       : "(all of them: the fp32 model's own outputs are not finite)") +
+                ". Nothing written")
+        .in_file(args.model);
+  }
   onnx::save_model(g, args.out_file);
 
-  const auto& report = pass.report();
   std::cout << "model:       " << args.model << " (" << imported_nodes << " nodes; after '" << pm.pipeline() << "': "
-            << g.num_nodes() - report.q_nodes - report.dq_nodes << ")\n";
+            << fp32_nodes << ")\n";
   std::cout << "calibration: " << calib.samples << " sample(s) from " << args.calib_dir << ", method " << args.method
             << ", activations " << (qopts.activations == DType::UInt8 ? "u8" : "s8") << ", weights s8 per channel ("
             << std::fixed << std::setprecision(1) << calib_s << " s)\n";
   std::cout << report.to_text();
+  if (fallback) print_fallback(*fallback, *args.max_error, std::min(args.max_error_samples, folder.size()), fallback_s);
   if (!args.save_calibration.empty()) std::cout << "calibration written to " << args.save_calibration << "\n";
   std::cout << "wrote: " << args.out_file << " (" << g.num_nodes() << " nodes, opset " << g.opset() << ")\n";
   return 0;

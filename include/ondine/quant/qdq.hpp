@@ -33,7 +33,8 @@
 // (max of values on one grid is on that grid: no second rounding).
 //
 // Kept fp32 (each listed in report() with the reason): not in `include` (when given), in `exclude`,
-// the first and last weight layer with keep_fp32_ends, an input without calibration or not float32,
+// the first and last weight layer with keep_fp32_ends, QuantizeOptions::keep_fp32 saying so (the
+// error-bound fallback, quant/fallback.hpp), an input without calibration or not float32,
 // a non-constant Conv weight, an Add with a constant input, a MaxPool with an indices output, an input
 // already dequantized (the pass ran before).
 // Params: calibration params of a value whose type differs from the chosen activation type are
@@ -80,6 +81,10 @@ struct QuantizeOptions {
   DType activations = DType::UInt8;
   // Bias of Conv/Gemm as int32 with scale x_scale * w_scale (see the header comment); false: float.
   bool int32_bias = true;
+  // Asked last, for each node that would be quantized: a reason to keep it fp32 instead, or nullopt.
+  // Unlike exclude it can name one node exactly (node names may repeat or be an op type);
+  // quant/fallback.hpp keeps the layers it picked this way, by their first output.
+  std::function<std::optional<std::string>(const Node&)> keep_fp32;
 };
 
 // What the pass decided for one node of a quantizable op type.
@@ -293,6 +298,10 @@ class QuantizeQDQ {
       if (first) first->reason = "first weight layer (keep fp32 ends)";
       if (last && last != first) last->reason = "last weight layer (keep fp32 ends)";
     }
+    if (options_.keep_fp32)
+      for (auto& c : cands)
+        if (c.reason.empty())
+          if (auto why = options_.keep_fp32(*c.node)) c.reason = *why;
 
     bool any_per_axis = false;
     for (auto& c : cands)
