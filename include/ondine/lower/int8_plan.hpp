@@ -97,16 +97,6 @@ struct Int8Plan {
 
 namespace detail {
 
-enum class StepKind { Int8, Conversion, Move, Float };
-
-inline StepKind step_kind(const std::string& op) {
-  static const std::set<std::string> moves{"Reorder", "Copy", "View", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                                           "Identity", "Transpose", "Concat", "Dropout"};
-  if (op == "QConv" || op == "QMatMul" || op == "QPool") return StepKind::Int8;
-  if (op == "QuantizeLinear" || op == "DequantizeLinear") return StepKind::Conversion;
-  return moves.count(op) ? StepKind::Move : StepKind::Float;
-}
-
 // FLOPs of a step's node: Ondine's int8 ops count like the float op they replace.
 inline double step_flops(const Node* n) {
   if (!n) return 0;

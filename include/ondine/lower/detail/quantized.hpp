@@ -381,18 +381,29 @@ inline bool lower_qdq_reorder(Lowering& L, const Node& n) {
   return true;
 }
 
+// How a step of a quantized model counts: int8 compute, a float<->int8 conversion, a data move
+// (any type), or float compute.
+enum class StepKind { Int8, Conversion, Move, Float };
+
+inline StepKind step_kind(const std::string& op) {
+  static const std::set<std::string> moves{"Reorder", "Copy", "View", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                                           "Identity", "Transpose", "Concat", "Dropout"};
+  if (op == "QConv" || op == "QMatMul" || op == "QPool") return StepKind::Int8;
+  if (op == "QuantizeLinear" || op == "DequantizeLinear") return StepKind::Conversion;
+  return moves.count(op) ? StepKind::Move : StepKind::Float;
+}
+
 // A summary of how much of a quantized model runs in int8: the int8 steps, the QuantizeLinear /
 // DequantizeLinear left (each is a float<->int8 conversion at an fp32 island's edge), and the float
 // compute steps. "" when the model has no quantized step.
 inline std::string int8_report(const std::vector<runtime::StepInfo>& steps) {
   std::size_t int8 = 0;
   std::vector<std::string> qdq, fp32;
-  static const std::set<std::string> moves{"Reorder", "Copy", "View", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                                           "Identity", "Transpose", "Concat", "Dropout"};
   for (const auto& s : steps) {
-    if (s.op == "QConv" || s.op == "QMatMul" || s.op == "QPool") ++int8;
-    else if (s.op == "QuantizeLinear" || s.op == "DequantizeLinear") qdq.push_back(s.op.substr(0, 1) + (s.op[0] == 'D' ? "Q" : "") + " '" + s.name + "'");
-    else if (!moves.count(s.op)) fp32.push_back(s.op + " '" + s.name + "'");
+    StepKind kind = step_kind(s.op);
+    if (kind == StepKind::Int8) ++int8;
+    else if (kind == StepKind::Conversion) qdq.push_back(s.op.substr(0, 1) + (s.op[0] == 'D' ? "Q" : "") + " '" + s.name + "'");
+    else if (kind == StepKind::Float) fp32.push_back(s.op + " '" + s.name + "'");
   }
   if (int8 == 0 && qdq.empty()) return "";
   auto list = [](const std::vector<std::string>& v) {
