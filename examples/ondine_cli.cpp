@@ -39,6 +39,7 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "cli/compare.hpp"
+#include "cli/inputs.hpp"
 #include "cli/quantize.hpp"
 
 namespace fs = std::filesystem;
@@ -98,26 +99,6 @@ std::string passes_label(const std::string& passes) {
   std::string expanded = expand_pipeline(passes);
   if (expanded.empty()) return "none";
   return expanded == default_pipeline() ? "default" : expanded;
-}
-
-// Seeded random input for a graph input with static dims: N(0,1) floats, integers in [0, 100), bools.
-Tensor random_input(const Value& in, std::mt19937_64& rng) {
-  if (!in.shape().is_static())
-    throw Error("input '" + in.name() + "' has shape " + in.shape().str() +
-                ": bind its symbolic dims with --dim NAME=SIZE or give it with --input");
-  Tensor t(in.dtype(), in.shape().sizes());
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::uniform_int_distribution<int> ints(0, 99);
-  dispatch_dtype(in.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (std::is_same_v<T, bool>) p[i] = ints(rng) % 2;
-      else if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(ints(rng));
-      else p[i] = T(static_cast<float>(normal(rng)));
-    }
-  });
-  return t;
 }
 
 std::string summary(const Tensor& t) {
@@ -247,7 +228,7 @@ double elapsed_ms(std::chrono::steady_clock::time_point since) {
 void fill_random_inputs(const Graph& g, std::map<std::string, Tensor>& inputs, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (Value* in : g.inputs())
-    if (!inputs.count(in->name())) inputs[in->name()] = random_input(*in, rng);
+    if (!inputs.count(in->name())) inputs[in->name()] = cli::random_input(*in, rng);
 }
 
 // What runs a model: the oneDNN-compiled model, or the reference executor (the oracle). It keeps the

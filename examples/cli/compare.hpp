@@ -37,6 +37,7 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "ondine/quant/metrics.hpp"
+#include "inputs.hpp"
 
 namespace ondine::cli {
 
@@ -122,24 +123,6 @@ inline void bind_symbolic_dims(Graph& g, const std::map<std::string, std::int64_
           b.emplace(in->shape()[d].symbol, it->second.dims()[d]);
   for (auto& s : symbols) b.emplace(s, 1);
   bind_dims(g, b);
-}
-
-inline Tensor random_tensor(const Value& in, std::mt19937_64& rng) {
-  if (!in.shape().is_static())
-    throw Error("input '" + in.name() + "' has shape " + in.shape().str() + ": bind it with --dim or give it with --input");
-  Tensor t(in.dtype(), in.shape().sizes());
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::uniform_int_distribution<int> ints(0, 99);
-  dispatch_dtype(in.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (std::is_same_v<T, bool>) p[i] = ints(rng) % 2;
-      else if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(ints(rng));
-      else p[i] = T(static_cast<float>(normal(rng)));
-    }
-  });
-  return t;
 }
 
 inline std::map<std::string, Tensor> run_model(const Graph& g, const std::map<std::string, Tensor>& inputs,
@@ -348,7 +331,7 @@ inline int cmd_compare(const CompareArgs& args) {
       source[in->name()] = "file";
       continue;
     }
-    inputs[in->name()] = random_tensor(*in, rng);
+    inputs[in->name()] = random_input(*in, rng);
     source[in->name()] = "random";
   }
   bind_symbolic_dims(b, dims, inputs);
