@@ -8,6 +8,8 @@
 // differently in ONNX, and falls back to the reference kernel.
 #pragma once
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,41 +19,58 @@
 
 namespace ondine::lower::detail {
 
-inline bool lower_pool(Lowering& L, const Node& n) {
+// A pool's window as oneDNN's pooling_v2 takes it (dilations as oneDNN counts them, from 0; the right
+// pad grown to cover ceil_mode's last window). nullopt: no exact oneDNN form, or dims that do not agree.
+// `op`: the ONNX pool op (QPool passes its pool_op attribute).
+struct PoolWindow {
+  Dims kernel, strides, dilates, pad_l, pad_r;
+  dnnl::algorithm alg;
+};
+
+inline std::optional<PoolWindow> pool_window(const Node& n, const std::string& op, const Dims& xd, const Dims& yd) {
   namespace geo = ::ondine::infer::detail_nn;
-  const std::string& op = n.op_type();
   bool global = op == "GlobalAveragePool" || op == "GlobalMaxPool";
   bool is_max = op == "MaxPool" || op == "GlobalMaxPool";
+  if (xd.size() < 3 || xd.size() > 5 || yd.size() != xd.size()) return std::nullopt;
+  Dims spatial(xd.begin() + 2, xd.end());
+  std::size_t s = spatial.size();
+  PoolWindow w{{}, Dims(s, 1), Dims(s, 0), Dims(s, 0), Dims(s, 0),
+               is_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding};
+  Dims out;
+  if (global) {
+    w.kernel = spatial;
+    out.assign(s, 1);
+  } else {
+    w.kernel = geo::pool_kernel(n, s);
+    geo::Window win = geo::read_window(n, w.kernel);
+    geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
+    out = r.out;
+    w.strides = win.strides;
+    for (std::size_t i = 0; i < s; ++i) w.dilates[i] = win.dilations[i] - 1;
+    bool include_pad = !is_max && n.attr_int("count_include_pad", 0) != 0;
+    if (include_pad) w.alg = dnnl::algorithm::pooling_avg_include_padding;
+    for (std::size_t i = 0; i < s; ++i) {
+      w.pad_l[i] = r.pad_begin[i];
+      std::int64_t needed = (out[i] - 1) * w.strides[i] + win.effective_kernel(i) - spatial[i] - w.pad_l[i];
+      w.pad_r[i] = std::max(r.pad_end[i], needed);
+      if (include_pad && needed > r.pad_end[i]) return std::nullopt;
+    }
+  }
+  if (Dims(yd.begin() + 2, yd.end()) != out || yd[0] != xd[0] || yd[1] != xd[1]) return std::nullopt;
+  return w;
+}
+
+inline bool lower_pool(Lowering& L, const Node& n) {
+  const std::string& op = n.op_type();
   const Value* x = n.input(0);
   const Value* y = n.output(0);
   if (!is_f32(x) || !is_f32(y)) return false;
   if (op == "MaxPool" && n.output(1) && (n.output(1)->has_uses() || n.output(1)->is_graph_output())) return false;
   Dims xd = x->shape().sizes(), yd = y->shape().sizes();
   if (xd.size() < 3 || xd.size() > 5 || yd.size() != xd.size()) return false;
-  Dims spatial(xd.begin() + 2, xd.end());
-  std::size_t s = spatial.size();
-  Dims kernel, strides(s, 1), dilates(s, 0), pad_l(s, 0), pad_r(s, 0), out;
-  dnnl::algorithm alg = is_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding;
-  if (global) {
-    kernel = spatial;
-    out.assign(s, 1);
-  } else {
-    kernel = geo::pool_kernel(n, s);
-    geo::Window win = geo::read_window(n, kernel);
-    geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
-    out = r.out;
-    strides = win.strides;
-    for (std::size_t i = 0; i < s; ++i) dilates[i] = win.dilations[i] - 1;
-    bool include_pad = !is_max && n.attr_int("count_include_pad", 0) != 0;
-    if (include_pad) alg = dnnl::algorithm::pooling_avg_include_padding;
-    for (std::size_t i = 0; i < s; ++i) {
-      pad_l[i] = r.pad_begin[i];
-      std::int64_t needed = (out[i] - 1) * strides[i] + win.effective_kernel(i) - spatial[i] - pad_l[i];
-      pad_r[i] = std::max(r.pad_end[i], needed);
-      if (include_pad && needed > r.pad_end[i]) return false;
-    }
-  }
-  if (Dims(yd.begin() + 2, yd.end()) != out || yd[0] != xd[0] || yd[1] != xd[1]) return false;
+  auto w = pool_window(n, op, xd, yd);
+  if (!w) return false;
+  const auto& [kernel, strides, dilates, pad_l, pad_r, alg] = *w;
 
   memory::desc src_md = L.md_of(x);
   dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md, activation_md(y, yd), strides, kernel,

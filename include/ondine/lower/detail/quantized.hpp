@@ -27,6 +27,7 @@
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/pool.hpp"
 
 namespace ondine::lower::detail {
 
@@ -257,7 +258,6 @@ inline bool lower_qmatmul(Lowering& L, const Node& n) {
 // QPool: oneDNN pooling on the integers, then linear(x_scale / y_scale, y_zp - x_zp * x_scale / y_scale)
 // (exact for max and average: both commute with an affine map of positive slope).
 inline bool lower_qpool(Lowering& L, const Node& n) {
-  namespace geo = ::ondine::infer::detail_nn;
   using namespace quant;
   const Value* x = n.input(0);
   const Value* y = n.output(0);
@@ -265,34 +265,10 @@ inline bool lower_qpool(Lowering& L, const Node& n) {
   if (!x || !int8_dtype(x->dtype()) || x->is_constant() || a.output_type == DType::Float32 || !a.activations.empty())
     return false;
   std::string op = n.attr_string("pool_op");
-  bool global = op == "GlobalAveragePool" || op == "GlobalMaxPool";
-  bool is_max = op == "MaxPool" || op == "GlobalMaxPool";
   Dims xd = x->shape().sizes(), yd = y->shape().sizes();
-  if (xd.size() < 3 || xd.size() > 5 || yd.size() != xd.size()) return false;
-  Dims spatial(xd.begin() + 2, xd.end());
-  std::size_t sp = spatial.size();
-  Dims kernel, strides(sp, 1), dilates(sp, 0), pad_l(sp, 0), pad_r(sp, 0), out;
-  dnnl::algorithm alg = is_max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding;
-  if (global) {
-    kernel = spatial;
-    out.assign(sp, 1);
-  } else {
-    kernel = geo::pool_kernel(n, sp);
-    geo::Window win = geo::read_window(n, kernel);
-    geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
-    out = r.out;
-    strides = win.strides;
-    for (std::size_t i = 0; i < sp; ++i) dilates[i] = win.dilations[i] - 1;
-    bool include_pad = !is_max && n.attr_int("count_include_pad", 0) != 0;
-    if (include_pad) alg = dnnl::algorithm::pooling_avg_include_padding;
-    for (std::size_t i = 0; i < sp; ++i) {
-      pad_l[i] = r.pad_begin[i];
-      std::int64_t needed = (out[i] - 1) * strides[i] + win.effective_kernel(i) - spatial[i] - pad_l[i];
-      pad_r[i] = std::max(r.pad_end[i], needed);
-      if (include_pad && needed > r.pad_end[i]) return false;
-    }
-  }
-  if (Dims(yd.begin() + 2, yd.end()) != out) return false;
+  auto w = pool_window(n, op, xd, yd);
+  if (!w) return false;
+  const auto& [kernel, strides, dilates, pad_l, pad_r, alg] = *w;
   float ratio = a.x.scale / a.y.scale;
   bool identity = ratio == 1.0f && a.x.zero_point == a.y.zero_point;
   dnnl::primitive_attr attr = Lowering::base_attr();
