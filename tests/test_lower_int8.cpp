@@ -365,6 +365,40 @@ TEST_CASE("leftover Q/DQ lower to oneDNN reorders with scales") {
   CHECK(steps_with(m, "DequantizeLinear", "reference") == 0);
 }
 
+// The input Q of a 3-channel image read by an int8 conv: Ondine's own AVX-512 kernel (quantize_image.hpp)
+// where the CPU has it. A 1x1 conv with identity weights of scale 1 and scale 0.5 make the output
+// the dequantized input exactly, so any wrong byte (rounding, saturation, interleaving, the tail of a
+// row) shows as a whole step. Ties (x / scale = k + 0.5) round to even, as ONNX's QuantizeLinear.
+TEST_CASE("a 3-channel image input is quantized channels-last in one step, equal to the reference") {
+  for (DType t : {DType::UInt8, DType::Int8}) {
+    QBuilder b;
+    const int zp = t == DType::UInt8 ? 100 : -3;
+    Value* x = b.input("x", {2, 3, 5, 37});  // 37 = two 16-pixel blocks and a tail of 5
+    Tensor eye(DType::Int8, {3, 3, 1, 1});
+    for (int c = 0; c < 3; ++c) eye.data<std::int8_t>()[c * 3 + c] = 1;
+    Value* w = b.op("DequantizeLinear", {b.g.add_constant("eye", eye), b.g.add_constant("ones", Tensor::from_vector<float>({3}, {1, 1, 1})),
+                                         b.g.add_constant("zeros", Tensor::from_vector<std::int8_t>({3}, {0, 0, 0}))},
+                    {{"axis", std::int64_t{0}}});
+    b.g.add_output(b.op("Conv", {b.qdq(x, 0.5f, zp, t), w}));
+    infer_shapes(b.g);
+
+    Tensor in = random_input({2, 3, 5, 37}, 5, -90.0f, 90.0f);
+    float* p = in.data<float>();
+    for (int i = 0; i < 40; ++i) p[i * 7] = 0.25f * static_cast<float>(2 * i - 41);  // ties: x / 0.5 = i - 20.5
+    p[3] = 1e6f, p[5] = -1e6f, p[11] = 64.0f, p[12] = -64.25f;                           // saturation both ways
+    auto want = ReferenceExecutor(b.g).run({{"x", in}});
+    CompiledModel m = lower::compile(b.g);
+    auto got = m.run({{"x", in}});
+    const Tensor& r = want.begin()->second;
+    const Tensor& o = got.at(want.begin()->first);
+    REQUIRE(o.dims() == r.dims());
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < r.numel(); ++i) wrong += r.data<float>()[i] != o.data<float>()[i];
+    CHECK(wrong == 0);
+    if (lower::effective_isa().avx512) CHECK(steps_with(m, "QuantizeLinear", "ondine_image") == 1);
+  }
+}
+
 TEST_CASE("int8 Concat of tensors with equal parameters stays int8") {
   QBuilder b;
   Value* x = b.qdq(b.input("x", {1, 8, 6, 6}), 0.01f, 128);
