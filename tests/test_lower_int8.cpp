@@ -179,6 +179,21 @@ TEST_CASE("int8 conv + relu, u8 activations with a zero point, per-channel weigh
   }
 }
 
+// On AMD cores with AVX-512 VNNI the 1x1 int8 convs take oneDNN's jit_int8_1x1 kernel (faster there than
+// the brgemm one oneDNN lists first); the numbers are those of any kernel.
+TEST_CASE("int8 1x1 conv: the kernel preferred on this CPU, equal to the reference") {
+  QBuilder b;
+  Value* x = b.qdq(b.input("x", {2, 24, 9, 9}), 0.01f, 120);
+  Value* y = b.op("Relu", {b.conv(x, 40, 24, 1)});
+  b.g.add_output(b.qdq(y, 0.02f, 0));
+  CompiledModel m = check_int8(b.g, 0.02);
+  bool prefer = lower::detail::prefer_jit_int8_1x1({1, 1}, {1, 1});
+  INFO("vendor " << lower::cpu_vendor() << ", isa " << lower::effective_isa().name);
+  CHECK(steps_with(m, "QConv", "jit_int8_1x1") == (prefer ? 1u : steps_with(m, "QConv", "jit_int8_1x1")));
+  CHECK_FALSE(lower::detail::prefer_jit_int8_1x1({3, 3}, {1, 1}));
+  CHECK_FALSE(lower::detail::prefer_jit_int8_1x1({1, 1}, {2, 2}));
+}
+
 TEST_CASE("int8 conv chain: no Q/DQ between consecutive convs; u8 and s8 activations") {
   for (DType t : {DType::UInt8, DType::Int8}) {
     QBuilder b;

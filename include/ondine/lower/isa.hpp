@@ -6,7 +6,12 @@
 // need avx512_core_amx. Uses oneDNN's C API only, so it is cheap to include.
 #pragma once
 
+#include <cstring>
 #include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "oneapi/dnnl/dnnl.h"
 
@@ -81,6 +86,21 @@ inline IsaInfo effective_isa() {
     default: break;
   }
   return isa_info(isa);
+}
+
+// The CPU's vendor string from CPUID leaf 0 ("GenuineIntel", "AuthenticAMD", ...); "" elsewhere.
+inline std::string cpu_vendor() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return "";
+  char v[13] = {};
+  std::memcpy(v, &ebx, 4);
+  std::memcpy(v + 4, &edx, 4);
+  std::memcpy(v + 8, &ecx, 4);
+  return v;
+#else
+  return "";
+#endif
 }
 
 }  // namespace ondine::lower
