@@ -384,7 +384,7 @@ TEST_CASE("leftover Q/DQ lower to oneDNN reorders with scales") {
 // where the CPU has it. A 1x1 conv with identity weights of scale 1 and scale 0.5 make the output
 // the dequantized input exactly, so any wrong byte (rounding, saturation, interleaving, the tail of a
 // row) shows as a whole step. Ties (x / scale = k + 0.5) round to even, as ONNX's QuantizeLinear.
-TEST_CASE("a 3-channel image input is quantized channels-last in one step, equal to the reference") {
+TEST_CASE("a 3-channel image input is quantized channels-last in one step, equal to the reference", "[any-isa]") {
   for (DType t : {DType::UInt8, DType::Int8}) {
     QBuilder b;
     const int zp = t == DType::UInt8 ? 100 : -3;
@@ -407,10 +407,18 @@ TEST_CASE("a 3-channel image input is quantized channels-last in one step, equal
     const Tensor& r = want.begin()->second;
     const Tensor& o = got.at(want.begin()->first);
     REQUIRE(o.dims() == r.dims());
-    std::int64_t wrong = 0;
-    for (std::int64_t i = 0; i < r.numel(); ++i) wrong += r.data<float>()[i] != o.data<float>()[i];
-    CHECK(wrong == 0);
-    if (lower::effective_isa().avx512) CHECK(steps_with(m, "QuantizeLinear", "ondine_image") == 1);
+    std::int64_t wrong = 0, off_by_more = 0;
+    for (std::int64_t i = 0; i < r.numel(); ++i) {
+      wrong += r.data<float>()[i] != o.data<float>()[i];
+      off_by_more += std::abs(r.data<float>()[i] - o.data<float>()[i]) > 0.5f;
+    }
+    CHECK(off_by_more == 0);
+    if (lower::effective_isa().avx512 && lower::effective_isa().int8_vnni)
+      CHECK(steps_with(m, "QuantizeLinear", "ondine_image") == 1);
+    if (steps_with(m, "QuantizeLinear", "ondine_image") == 1)
+      CHECK(wrong == 0);
+    else  // oneDNN's reorder adds the zero point before rounding: a tie may land one step off
+      CHECK(wrong <= (zp % 2 ? 40 : 0));
   }
 }
 
@@ -428,56 +436,106 @@ TEST_CASE("int8 Concat of tensors with equal parameters stays int8") {
   CHECK(steps_with(m, "Concat", "reference") == 0);
 }
 
-TEST_CASE("a model quantized by quant::QuantizeQDQ compiles to int8 and matches its reference") {
-  QBuilder b;
-  Value* x = b.input("x", {1, 8, 12, 12});
-  auto wconv = [&](Value* in, std::int64_t oc, std::int64_t ic, std::int64_t k) {
+TEST_CASE("a model quantized by quant::QuantizeQDQ (8-bit and 7-bit weights) compiles to int8 and matches its reference", "[any-isa]") {
+  for (bool reduce : {false, true}) {
+    QBuilder b;
+    Value* x = b.input("x", {1, 8, 12, 12});
+    auto wconv = [&](Value* in, std::int64_t oc, std::int64_t ic, std::int64_t k) {
+      std::uniform_real_distribution<float> d(-0.3f, 0.3f);
+      Tensor w(DType::Float32, {oc, ic, k, k});
+      for (std::int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = d(b.rng);
+      std::map<std::string, Attribute> at;
+      if (k == 3) at["pads"] = std::vector<std::int64_t>{1, 1, 1, 1};
+      return b.op("Conv", {in, b.g.add_constant(b.g.unique_name("w"), w), b.fbias(oc)}, at);
+    };
+    Value* h = b.op("Relu", {wconv(x, 16, 8, 3)});
+    Value* r = b.op("Relu", {b.op("Add", {wconv(b.op("Relu", {wconv(h, 16, 16, 1)}), 16, 16, 3), h})});
+    Value* p = b.op("MaxPool", {r}, {{"kernel_shape", std::vector<std::int64_t>{2, 2}}, {"strides", std::vector<std::int64_t>{2, 2}}});
+    Value* gap = b.op("Flatten", {b.op("GlobalAveragePool", {p})});
     std::uniform_real_distribution<float> d(-0.3f, 0.3f);
-    Tensor w(DType::Float32, {oc, ic, k, k});
-    for (std::int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = d(b.rng);
-    std::map<std::string, Attribute> at;
-    if (k == 3) at["pads"] = std::vector<std::int64_t>{1, 1, 1, 1};
-    return b.op("Conv", {in, b.g.add_constant(b.g.unique_name("w"), w), b.fbias(oc)}, at);
-  };
-  Value* h = b.op("Relu", {wconv(x, 16, 8, 3)});
-  Value* r = b.op("Relu", {b.op("Add", {wconv(b.op("Relu", {wconv(h, 16, 16, 1)}), 16, 16, 3), h})});
-  Value* p = b.op("MaxPool", {r}, {{"kernel_shape", std::vector<std::int64_t>{2, 2}}, {"strides", std::vector<std::int64_t>{2, 2}}});
-  Value* gap = b.op("Flatten", {b.op("GlobalAveragePool", {p})});
-  std::uniform_real_distribution<float> d(-0.3f, 0.3f);
-  Tensor fw(DType::Float32, {10, 16});
-  for (std::int64_t i = 0; i < fw.numel(); ++i) fw.data<float>()[i] = d(b.rng);
-  Value* y = b.op("Gemm", {gap, b.g.add_constant("fc.w", fw), b.fbias(10)}, {{"transB", std::int64_t{1}}});
-  b.g.add_output(y);
-  infer_shapes(b.g);
-  std::vector<quant::Sample> samples;
-  for (unsigned s = 0; s < 4; ++s) samples.push_back({{"x", random_input({1, 8, 12, 12}, 100 + s)}});
-  quant::CalibrationResult calib = quant::calibrate(b.g, samples.begin(), samples.end());
-  quant::QuantizeQDQ pass(calib);
-  PassContext ctx;
-  pass.run(b.g, ctx);
-  infer_shapes(b.g);
-  Graph o = optimized(b.g);
-  CHECK(count(o, "ondine.QConv") == 3);
-  CHECK(count(o, "ondine.QPool") == 2);  // MaxPool, and GlobalAveragePool -> Flatten -> Q
-  CHECK(count(o, "ondine.QMatMul") == 1);
-  CHECK(count(o, "Add") == 0);
-  // The output is the float32 result of the int8 Gemm: within 2% of its range (a one-step
-  // difference in any of the pooled features moves every logit a little).
-  auto in = random_input({1, 8, 12, 12}, 5);
-  auto want = ReferenceExecutor(b.g).run({{"x", in}}).at(y->name());
-  CompiledModel m = lower::compile(b.g);
-  auto got = m.run({{"x", in}}).at(y->name());
-  double worst = 0, mag = 0;
-  for (std::int64_t i = 0; i < want.numel(); ++i) {
-    mag = std::max(mag, std::abs(want.at_double(static_cast<std::size_t>(i))));
-    worst = std::max(worst, std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i))));
+    Tensor fw(DType::Float32, {10, 16});
+    for (std::int64_t i = 0; i < fw.numel(); ++i) fw.data<float>()[i] = d(b.rng);
+    Value* y = b.op("Gemm", {gap, b.g.add_constant("fc.w", fw), b.fbias(10)}, {{"transB", std::int64_t{1}}});
+    b.g.add_output(y);
+    infer_shapes(b.g);
+    std::vector<quant::Sample> samples;
+    for (unsigned s = 0; s < 4; ++s) samples.push_back({{"x", random_input({1, 8, 12, 12}, 100 + s)}});
+    quant::CalibrationResult calib = quant::calibrate(b.g, samples.begin(), samples.end());
+    quant::QuantizeOptions qopts;
+    qopts.reduce_range_weights = reduce;
+    quant::QuantizeQDQ pass(calib, qopts);
+    PassContext ctx;
+    pass.run(b.g, ctx);
+    infer_shapes(b.g);
+    INFO((reduce ? "7-bit" : "8-bit") << " weights");
+    int widest = 0;
+    for (Node* n : b.g.nodes())
+      for (Value* v : n->inputs())
+        if (v && v->is_constant() && v->dtype() == DType::Int8)
+          for (std::int64_t i = 0; i < v->constant().numel(); ++i)
+            widest = std::max(widest, std::abs(int{v->constant().data<std::int8_t>()[i]}));
+    CHECK(widest == (reduce ? 64 : 127));  // symmetric per channel: each channel's largest weight hits the bound
+    Graph o = optimized(b.g);
+    CHECK(count(o, "ondine.QConv") == 3);
+    CHECK(count(o, "ondine.QPool") == 2);  // MaxPool, and GlobalAveragePool -> Flatten -> Q
+    CHECK(count(o, "ondine.QMatMul") == 1);
+    CHECK(count(o, "Add") == 0);
+    // The output is the float32 result of the int8 Gemm: within 2% of its range (a one-step
+    // difference in any of the pooled features moves every logit a little).
+    auto in = random_input({1, 8, 12, 12}, 5);
+    auto want = ReferenceExecutor(b.g).run({{"x", in}}).at(y->name());
+    CompiledModel m = lower::compile(b.g);
+    auto got = m.run({{"x", in}}).at(y->name());
+    double worst = 0, mag = 0;
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+      mag = std::max(mag, std::abs(want.at_double(static_cast<std::size_t>(i))));
+      worst = std::max(worst, std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i))));
+    }
+    INFO("worst " << worst << " of " << mag);
+    REQUIRE(mag > 0.01);
+    CHECK(worst <= 0.02 * mag);
+    std::string report = lower::detail::int8_report(m.steps());
+    INFO(report);
+    // 7-bit weights run int8 on every ISA (without VNNI, 8-bit ones stay float: fuse_qdq.hpp).
+    if (reduce || lower::effective_isa().int8_vnni) CHECK(report.find("int8: 6 int8 steps; 1 Q/DQ left unfused: Q ") == 0);
   }
-  INFO("worst " << worst << " of " << mag);
-  REQUIRE(mag > 0.01);
-  CHECK(worst <= 0.02 * mag);
-  std::string report = lower::detail::int8_report(m.steps());
-  INFO(report);
-  CHECK(report.find("int8: 6 int8 steps; 1 Q/DQ left unfused: Q ") == 0);  // the input's QuantizeLinear
+}
+
+// Without VNNI, oneDNN's int8 kernels add u8 x s8 products in pairs into int16 and saturate past
+// 255 * 64 * 2; the compiler then keeps layers with larger weights, or with s8 activations, in float.
+TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights and s8 sources stay float, 7-bit weights fuse",
+          "[any-isa]") {
+  for (int max_w : {127, 64}) {
+    for (DType t : {DType::UInt8, DType::Int8}) {
+      QBuilder b;
+      Value* x = b.qdq(b.input("x", {1, 16, 9, 9}), 0.01f, t == DType::UInt8 ? 128 : 0, t);
+      Tensor w(DType::Int8, {24, 16, 3, 3});
+      std::uniform_int_distribution<int> d(-max_w, max_w);
+      for (std::int64_t i = 0; i < w.numel(); ++i) w.data<std::int8_t>()[i] = static_cast<std::int8_t>(d(b.rng));
+      w.data<std::int8_t>()[5] = static_cast<std::int8_t>(max_w);  // the bound itself occurs
+      std::vector<float> ws(24, 0.004f);
+      Value* wv = b.op("DequantizeLinear",
+                       {b.g.add_constant("w", w), b.g.add_constant("ws", Tensor::from_vector<float>({24}, ws)),
+                        b.g.add_constant("wz", Tensor::from_vector<std::int8_t>({24}, std::vector<std::int8_t>(24, 0)))},
+                       {{"axis", std::int64_t{0}}});
+      Value* y = b.op("Relu", {b.op("Conv", {x, wv, b.fbias(24)}, {{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}})});
+      b.g.add_output(b.qdq(y, 0.02f, 0, t));
+      infer_shapes(b.g);
+      INFO("weights up to " << max_w << ", " << (t == DType::UInt8 ? "u8" : "s8") << " activations");
+
+      Graph g = b.g.clone();
+      PassManager pm = make_pass_manager();
+      pm.context().options["fuse-qdq.max-abs-weight"] = "64";
+      pm.context().options["fuse-qdq.u8-only"] = "1";
+      pm.run(g);
+      bool int8_here = max_w <= 64 && t == DType::UInt8;
+      CHECK(count(g, "ondine.QConv") == (int8_here ? 1u : 0u));
+      CHECK(count(optimized(b.g), "ondine.QConv") == 1);  // without the limits: always
+
+      // Compiled (with this CPU's limits, if any) against the reference: within a step.
+      check_int8(b.g, 0.02);
+    }
+  }
 }
 
 namespace {

@@ -3,7 +3,7 @@
 //
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method minmax|entropy|percentile|mse|moving-average]
 //                   [--max-samples N] [--exclude NAME_OR_OP,...] [--include NAME_OR_OP,...] [--keep-fp32-ends]
-//                   [--activations u8|s8] [--save-calibration FILE] [--passes P]
+//                   [--activations u8|s8] [--reduce-range] [--save-calibration FILE] [--passes P]
 //                   [--max-error E [--max-error-samples N] [--max-fallback N]]
 //
 // Steps: load MODEL, run the fp32 pre-passes (--passes, default "remove-identity,fold-constants,dce,
@@ -45,6 +45,7 @@ struct QuantizeArgs {
   std::size_t max_samples = 0;
   std::vector<std::string> include, exclude;
   bool keep_fp32_ends = false;
+  bool reduce_range = false;
   std::optional<double> max_error;
   std::size_t max_error_samples = 8, max_fallback = 0;
 };
@@ -62,6 +63,8 @@ inline CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
   c->add_option("--include", a.include, "quantize only these nodes: node names or op types, comma-separated")
       ->delimiter(',');
   c->add_flag("--keep-fp32-ends", a.keep_fp32_ends, "keep the first and last weight layer (Conv/MatMul/Gemm) in fp32");
+  c->add_flag("--reduce-range", a.reduce_range,
+              "7-bit weights [-64, 64]: int8 that CPUs without VNNI run exactly (else those layers stay fp32 there)");
   c->add_option("--activations", a.activations, "activation type: u8 (default; oneDNN's u8 x s8) or s8");
   c->add_option("--save-calibration", a.save_calibration, "also write the calibration result as text (a cache for "
                                                           "the pass option quantize.calibration)");
@@ -153,6 +156,7 @@ inline int cmd_quantize(const QuantizeArgs& args) {
   qopts.include = args.include;
   qopts.exclude = args.exclude;
   qopts.keep_fp32_ends = args.keep_fp32_ends;
+  qopts.reduce_range_weights = args.reduce_range;
 
   auto t0 = std::chrono::steady_clock::now();
   Graph g = onnx::load_model(args.model);
@@ -229,7 +233,8 @@ inline int cmd_quantize(const QuantizeArgs& args) {
   std::cout << "model:       " << args.model << " (" << imported_nodes << " nodes; after '" << pm.pipeline() << "': "
             << fp32_nodes << ")\n";
   std::cout << "calibration: " << calib.samples << " sample(s) from " << args.calib_dir << ", method " << args.method
-            << ", activations " << (qopts.activations == DType::UInt8 ? "u8" : "s8") << ", weights s8 per channel ("
+            << ", activations " << (qopts.activations == DType::UInt8 ? "u8" : "s8") << ", weights s8 per channel"
+            << (qopts.reduce_range_weights ? ", 7-bit" : "") << " ("
             << std::fixed << std::setprecision(1) << calib_s << " s)\n";
   std::cout << report.to_text();
   if (fallback) print_fallback(*fallback, *args.max_error, std::min(args.max_error_samples, folder.size()), fallback_s);

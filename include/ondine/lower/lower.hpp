@@ -206,6 +206,13 @@ inline void plan_arena(runtime::Program& p, const Lowering& L) {
 inline void run_passes(Graph& g, const CompileOptions& options) {
   PassManager pm = make_pass_manager(options.passes);
   if (pm.size() == 0) return;
+  if (!effective_isa().int8_vnni) {  // int8 kernels without VNNI saturate past 7-bit weights (fuse_qdq.hpp)
+    pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
+    pm.context().options.emplace("fuse-qdq.u8-only", "1");
+    if (options.log)
+      options.log("int8: no VNNI on this CPU (" + effective_isa().name +
+                  "): QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 activations stay float");
+  }
   pm.run(g);
   infer_shapes(g);
   check_ops(g);  // a user pass may have created an op nothing runs

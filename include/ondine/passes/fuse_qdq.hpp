@@ -20,8 +20,16 @@
 // fold-constants dequantizes the weights. Names: the new node keeps the Conv/MatMul/pool's name; its
 // output keeps the name of the last value absorbed. Runs before fold-constants (which would fold the
 // weights' DequantizeLinear into float32 constants).
+//
+// Options (PassContext): "fuse-qdq.max-abs-weight" = N leaves in float a Conv/MatMul/Gemm whose int8
+// weights exceed N in magnitude; "fuse-qdq.u8-only" = "1" also one that reads s8 activations. The
+// compiler sets 64 and 1 on CPUs without VNNI (lower/lower.hpp): there oneDNN's int8 kernels add u8 x s8
+// products in pairs into int16 (vpmaddubsw), which saturates past 255 * 64 * 2, and halve the weights of
+// an s8 source, so an unbounded layer would silently compute something else.
 #pragma once
 
+#include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -256,11 +264,21 @@ struct FuseQdq {
   bool run(Graph& g, PassContext& ctx) {
     std::unordered_set<const Node*> erased;
     bool changed = false;
+    const std::string limit = ctx.option("fuse-qdq.max-abs-weight");
+    const int max_abs_weight = limit.empty() ? 128 : std::stoi(limit);
+    const bool u8_only = ctx.option("fuse-qdq.u8-only") == "1";
     for (Node* n : g.topo_order()) {
       if (erased.count(n) || !n->domain().empty()) continue;
       std::vector<Node*> gone;
       std::string what, name = n->name();  // n is erased when it is rewritten
       const std::string& op = n->op_type();
+      if (op == "Conv" || op == "MatMul" || op == "Gemm") {
+        std::string why = beyond_limits(*n, max_abs_weight, u8_only);
+        if (!why.empty()) {
+          ctx.remark("'" + name + "' stays float: " + why);
+          continue;
+        }
+      }
       if (op == "Conv") what = conv(g, n, gone);
       else if (op == "MatMul" || op == "Gemm") what = matmul(g, n, gone);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool")
@@ -322,6 +340,24 @@ struct FuseQdq {
     std::string what = describe("Conv", t, "QConv");
     finish(g, n, dead, gone);
     return what;
+  }
+
+  // Why a Conv/MatMul/Gemm must not become int8 under the options' limits ("" when it may).
+  static std::string beyond_limits(const Node& n, int max_abs_weight, bool u8_only) {
+    const Node* x = n.input(0) ? n.input(0)->producer() : nullptr;
+    const Node* w = n.input(1) ? n.input(1)->producer() : nullptr;
+    if (u8_only && detail::qdq::is_op(x, "DequantizeLinear") && x->input(0) && x->input(0)->dtype() == DType::Int8)
+      return "it reads s8 activations, which this CPU's int8 kernels compute with halved weights";
+    if (max_abs_weight < 128 && detail::qdq::is_op(w, "DequantizeLinear") && w->input(0) && w->input(0)->is_constant() &&
+        w->input(0)->dtype() == DType::Int8) {
+      const Tensor& t = w->input(0)->constant();
+      int worst = 0;
+      for (std::int64_t i = 0; i < t.numel(); ++i) worst = std::max(worst, std::abs(int{t.data<std::int8_t>()[i]}));
+      if (worst > max_abs_weight)
+        return "int8 weights up to " + std::to_string(worst) + " in magnitude, and this CPU's int8 kernels (no VNNI) " +
+               "saturate past " + std::to_string(max_abs_weight) + " (quantize with 7-bit weights to run it in int8 here)";
+    }
+    return "";
   }
 
   // Q(act*([Add(MatMul(dq(a), dqw(w)), b)])) and Q(act*(Gemm(dq(a), dqw(w), b))) -> QMatMul(a, w, b)

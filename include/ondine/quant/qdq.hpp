@@ -79,6 +79,9 @@ struct QuantizeOptions {
   bool keep_fp32_ends = false;
   // Activation type: UInt8 (oneDNN's preferred u8 source for s8 weights) or Int8.
   DType activations = DType::UInt8;
+  // 7-bit weights ([-64, 64]): what int8 kernels without VNNI compute exactly (they add u8 x s8 products
+  // in pairs into int16); the compiler keeps 8-bit-weight layers in float on such CPUs.
+  bool reduce_range_weights = false;
   // Bias of Conv/Gemm as int32 with scale x_scale * w_scale (see the header comment); false: float.
   bool int32_bias = true;
   // Asked last, for each node that would be quantized: a reason to keep it fp32 instead, or nullopt.
@@ -363,7 +366,7 @@ class QuantizeQDQ {
         auto key = std::make_pair(static_cast<const Value*>(w), c.roles.weight_axis);
         auto it = weight_memo.find(key);
         if (it == weight_memo.end()) {
-          QuantParams p = weight_params(calib, *w, c.roles.weight_axis);
+          QuantParams p = weight_params(calib, *w, c.roles.weight_axis, options_.reduce_range_weights);
           it = weight_memo.emplace(key, std::make_pair(insert_weight(g, w, p, pending), p)).first;
           ++report_.weights;
         }
@@ -442,11 +445,12 @@ class QuantizeQDQ {
     return p;
   }
 
-  // Int8 symmetric weight params along `axis`: the calibration's when they fit, else from the data.
-  static QuantParams weight_params(const CalibrationResult& calib, const Value& w, std::int64_t axis) {
+  // Int8 symmetric weight params along `axis`: the calibration's when they fit, else from the data
+  // (always from the data for 7-bit weights).
+  static QuantParams weight_params(const CalibrationResult& calib, const Value& w, std::int64_t axis, bool reduce_range) {
     const Tensor& t = w.constant();
     auto rank = static_cast<std::int64_t>(t.rank());
-    if (calib.contains(w.name())) {
+    if (!reduce_range && calib.contains(w.name())) {
       const QuantParams& p = calib.params(w.name());
       bool fits = p.dtype == DType::Int8 &&
                   std::all_of(p.zero_point.begin(), p.zero_point.end(), [](std::int32_t z) { return z == 0; });
@@ -465,7 +469,7 @@ class QuantizeQDQ {
         return out;
       }
     }
-    QuantScheme scheme{DType::Int8, true, false};
+    QuantScheme scheme{DType::Int8, true, reduce_range};
     if (rank < 2) {  // a vector (MatMul with a 1-D B) has no output channels: per tensor
       MinMaxObserver obs(w.name());
       obs.observe(t);
