@@ -216,6 +216,10 @@ expect 0 'QuantizeLinear +2' -- "$ondine" inspect "$q"
 expect 0 'DequantizeLinear +4' -- "$ondine" inspect "$q"
 expect 0 'y: float32\[1,4,8,8\]' -- "$ondine" run "$q" --reference --dim batch=1
 expect 0 'calibration: 2 sample' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --max-samples 2 --method entropy
+# --reduce-range: 7-bit weights, which CPUs without VNNI run in int8 (checked there with the ISA capped)
+expect 0 'weights s8 per channel, 7-bit' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$work/q7.onnx" --reduce-range
+DNNL_MAX_CPU_ISA=AVX2 expect 0 'int8: 1 int8 steps' -- "$ondine" inspect "$work/q7.onnx" --compiled
+DNNL_MAX_CPU_ISA=AVX2 expect 0 'check: .* ok' -- "$ondine" run "$work/q7.onnx" --check
 expect 0 'add \(Add\): in the exclude list' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --exclude Add
 expect 0 'quantized 0 of 2.*' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --exclude conv,add
 expect 0 'conv \(Conv\): first weight layer' -- "$ondine" quantize "$cr" --calib "$work/calib" -o "$q" --keep-fp32-ends
