@@ -33,8 +33,6 @@ inline std::int8_t quantize_one(float x, const ImageQuantization& q) {
   return static_cast<std::int8_t>(static_cast<std::uint8_t>((static_cast<std::int32_t>(v) + q.zero_point) & 0xff));
 }
 
-// Rows [row_begin, row_end) of an [N, 3, H, W] image (row r: image r / H, line r % H) into the [N, H, W, 3]
-// result `out`.
 // GCC 12 warns about the intrinsics' own undefined pass-through operands (_mm512_undefined_*, GCC bug
 // 105593) where they inline into a target("avx512f") function.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -45,10 +43,12 @@ inline std::int8_t quantize_one(float x, const ImageQuantization& q) {
 __attribute__((target("avx512f,avx512bw"))) inline __m512i quantize16_avx512(const float* x, __m512 inv, __m512i zp,
                                                                             __m512 lo, __m512 hi) {
   __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), inv);
-  v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);                // max returns its second operand for NaN: lo
-  return _mm512_add_epi32(_mm512_cvtps_epi32(v), zp);         // nearest even (the default rounding mode)
+  v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);         // max returns its second operand for NaN: lo
+  return _mm512_add_epi32(_mm512_cvtps_epi32(v), zp);  // nearest even (the default rounding mode)
 }
 
+// Rows [row_begin, row_end) of an [N, 3, H, W] image (row r: image r / H, line r % H) into the [N, H, W, 3]
+// result `out`.
 __attribute__((target("avx512f,avx512bw"))) inline void quantize_rgb_rows_avx512(
     const float* image, std::int8_t* out, std::int64_t row_begin, std::int64_t row_end, std::int64_t H, std::int64_t W,
     const ImageQuantization& q) {
