@@ -531,6 +531,10 @@ TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights and s8 sources s
       bool int8_here = max_w <= 64 && t == DType::UInt8;
       CHECK(count(g, "ondine.QConv") == (int8_here ? 1u : 0u));
       CHECK(count(optimized(b.g), "ondine.QConv") == 1);  // without the limits: always
+      PassManager bad = make_pass_manager();
+      bad.context().options["fuse-qdq.max-abs-weight"] = "64x";
+      Graph g2 = b.g.clone();
+      CHECK_THROWS_WITH(bad.run(g2), Catch::Contains("fuse-qdq.max-abs-weight='64x' is not a weight magnitude"));
 
       // Compiled (with this CPU's limits, if any) against the reference: within a step.
       check_int8(b.g, 0.02);

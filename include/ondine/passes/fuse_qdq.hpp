@@ -264,8 +264,7 @@ struct FuseQdq {
   bool run(Graph& g, PassContext& ctx) {
     std::unordered_set<const Node*> erased;
     bool changed = false;
-    const std::string limit = ctx.option("fuse-qdq.max-abs-weight");
-    const int max_abs_weight = limit.empty() ? 128 : std::stoi(limit);
+    const int max_abs_weight = max_abs_weight_option(ctx);
     const bool u8_only = ctx.option("fuse-qdq.u8-only") == "1";
     for (Node* n : g.topo_order()) {
       if (erased.count(n) || !n->domain().empty()) continue;
@@ -340,6 +339,19 @@ struct FuseQdq {
     std::string what = describe("Conv", t, "QConv");
     finish(g, n, dead, gone);
     return what;
+  }
+
+  // fuse-qdq.max-abs-weight: 0 to 127 (128 when unset: no limit).
+  static int max_abs_weight_option(const PassContext& ctx) {
+    std::string s = ctx.option("fuse-qdq.max-abs-weight");
+    if (s.empty()) return 128;
+    try {
+      std::size_t used = 0;
+      int v = std::stoi(s, &used);
+      if (used == s.size() && v >= 0 && v <= 127) return v;
+    } catch (const std::exception&) {
+    }
+    throw Error("fuse-qdq: option fuse-qdq.max-abs-weight='" + s + "' is not a weight magnitude (0 to 127)");
   }
 
   // Why a Conv/MatMul/Gemm must not become int8 under the options' limits ("" when it may).
