@@ -8,6 +8,7 @@
 #include <random>
 
 #include "ondine/quant/calibration.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_quant_calibration {
@@ -27,12 +28,7 @@ std::string error_of(F&& f) {
   return "";
 }
 
-Tensor random_tensor(std::vector<std::int64_t> dims, std::mt19937& rng, float scale = 1.0f) {
-  Tensor t(DType::Float32, std::move(dims));
-  std::normal_distribution<float> n(0.0f, scale);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
-}
+using test::random_tensor;
 
 // x: float32[batch, 2, 5, 5] -> Conv(3x3, pad 1, 3 channels) "c" -> Relu "r" -> GlobalAveragePool "g".
 struct ConvModel {

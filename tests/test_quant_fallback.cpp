@@ -8,6 +8,7 @@
 #include <random>
 
 #include "ondine/quant/calibration.hpp"
+#include "support.hpp"
 #include "ondine/quant/fallback.hpp"
 #include "ondine/quant/metrics.hpp"
 #include "ondine/quant/qdq.hpp"
@@ -22,12 +23,7 @@ namespace {
 
 using Ints = std::vector<std::int64_t>;
 
-Tensor random_tensor(Ints dims, std::mt19937& rng, float scale = 1.0f) {
-  Tensor t(DType::Float32, std::move(dims));
-  std::normal_distribution<float> n(0.0f, scale);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
-}
+using test::random_tensor;
 
 Value* conv(Graph& g, const std::string& name, Value* x, Tensor w, Tensor b) {
   Value* wv = g.add_constant(name + ".w", std::move(w));
@@ -58,14 +54,7 @@ Graph outlier_net() {
 }
 
 std::vector<Sample> samples(const Graph& g, std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Sample> out;
-  for (std::size_t i = 0; i < count; ++i) {
-    Sample s;
-    for (Value* in : g.inputs()) s[in->name()] = random_tensor(in->shape().sizes(), rng);
-    out.push_back(std::move(s));
-  }
-  return out;
+  return test::random_samples(g, count, seed);
 }
 
 Node* node_named(const Graph& g, const std::string& name) {

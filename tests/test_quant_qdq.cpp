@@ -12,6 +12,7 @@
 #include "ondine/onnx/import.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/quant/calibration.hpp"
+#include "support.hpp"
 #include "ondine/quant/qdq.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
@@ -33,12 +34,7 @@ std::string error_of(F&& f) {
   return "";
 }
 
-Tensor random_tensor(std::vector<std::int64_t> dims, std::mt19937& rng, float scale = 1.0f) {
-  Tensor t(DType::Float32, std::move(dims));
-  std::normal_distribution<float> n(0.0f, scale);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
-}
+using test::random_tensor;
 
 using Ints = std::vector<std::int64_t>;
 
@@ -92,14 +88,7 @@ Graph conv_relu_conv() {
 }
 
 std::vector<Sample> samples(const Graph& g, std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Sample> out;
-  for (std::size_t i = 0; i < count; ++i) {
-    Sample s;
-    for (Value* in : g.inputs()) s[in->name()] = random_tensor(in->shape().sizes(), rng);
-    out.push_back(std::move(s));
-  }
-  return out;
+  return test::random_samples(g, count, seed);
 }
 
 Graph quantized(const Graph& fp32, const QuantizeOptions& opts = {}, QuantizeReport* report = nullptr,
