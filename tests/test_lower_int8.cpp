@@ -194,6 +194,30 @@ TEST_CASE("int8 1x1 conv: the kernel preferred on this CPU, equal to the referen
   CHECK_FALSE(lower::detail::prefer_jit_int8_1x1({1, 1}, {2, 2}));
 }
 
+// oneDNN's AMX brgemm convs take no source zero point, so where no padding reads it the compiler folds it
+// into the bias (-zp * sum(w[c])); K = 640 passes the 2^24 bound where f32 stops being exact.
+TEST_CASE("int8 conv source zero point: in the bias where no padding reads it, else a runtime zero point") {
+  struct Case {
+    std::int64_t ic, k, pad, group;
+    bool bias;
+    bool folded;
+  };
+  for (Case c : {Case{24, 1, 0, 1, true, true}, Case{24, 1, 0, 1, false, true}, Case{640, 1, 0, 1, true, true},
+                 Case{16, 3, 0, 1, true, true}, Case{16, 3, 1, 1, true, false}, Case{16, 3, 0, 16, true, true},
+                 Case{16, 3, 1, 16, false, false}}) {
+    INFO("ic " << c.ic << " k " << c.k << " pad " << c.pad << " group " << c.group << " bias " << c.bias);
+    QBuilder b;
+    Value* x = b.qdq(b.input("x", {2, c.ic, 9, 9}), 0.01f, 131);
+    std::int64_t oc = c.group > 1 ? c.ic : 40;
+    Value* y = b.conv(x, oc, c.ic, c.k, {{"pads", std::vector<std::int64_t>(4, c.pad)}}, c.bias, c.group);
+    b.g.add_output(b.qdq(y, c.ic > 100 ? 0.08f : 0.02f, 120));
+    CompiledModel m = check_int8(b.g, c.ic > 100 ? 0.08 : 0.02);
+    std::size_t folded = 0;
+    for (auto& s : m.steps()) folded += s.op == "QConv" && s.detail.find("x_zp in bias") != std::string::npos;
+    CHECK(folded == (c.folded ? 1u : 0u));
+  }
+}
+
 TEST_CASE("int8 conv chain: no Q/DQ between consecutive convs; u8 and s8 activations") {
   for (DType t : {DType::UInt8, DType::Int8}) {
     QBuilder b;

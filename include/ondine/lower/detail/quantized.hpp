@@ -18,6 +18,7 @@
 // its reference kernel, which computes the same numbers.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -117,6 +118,29 @@ inline std::vector<float> scaled_bias(const qops::QAttrs& a, const Tensor& b) {
   return out;
 }
 
+// The source zero point folded into the bias where no padding reads it: sum((x - zp) * w[c]) =
+// sum(x * w[c]) - zp * sum(w[c]), so bias'[c] = B[c] / (x_scale * w_scale[c]) - zp * sum(w[c]) (B = 0
+// without a bias). oneDNN 2.6's AMX brgemm convolutions take no source zero point: with one, the
+// expansion 1x1 convs of MobileNetV2's inverted residuals (their input is the linear bottleneck,
+// asymmetric u8) fell to the older jit AMX kernel at half the speed. The s32 accumulator and the
+// compensation are exact in f32 up to 2^24 (K * 255 * 127 for K <= 518 input values per output); past
+// that both round at the 6e-8 relative level, far below an output quantization step.
+inline std::vector<float> zero_point_folded_bias(const qops::QAttrs& a, const Value* b, const Tensor& w,
+                                                 std::int64_t oc) {
+  std::vector<float> out(static_cast<std::size_t>(oc));
+  const auto* wv = w.data<std::int8_t>();
+  std::int64_t per_oc = w.numel() / oc;
+  for (std::int64_t c = 0; c < oc; ++c) {
+    std::int64_t sum = 0;
+    for (std::int64_t k = 0; k < per_oc; ++k) sum += wv[c * per_oc + k];
+    double bias = b ? b->constant().at_double(static_cast<std::size_t>(c)) /
+                          (static_cast<double>(a.x.scale) * a.w_scale_at(c))
+                    : 0.0;
+    out[static_cast<std::size_t>(c)] = static_cast<float>(bias - static_cast<double>(a.x.zero_point) * sum);
+  }
+  return out;
+}
+
 inline std::string qdetail(const qops::QAttrs& a) {
   char buf[160];
   std::snprintf(buf, sizeof buf, " x(%g,%d) y(%g,%d)%s", a.x.scale, a.x.zero_point, a.y.scale, a.y.zero_point,
@@ -177,11 +201,16 @@ inline bool lower_qconv(Lowering& L, const Node& n) {
   memory::data_type ydt = dt_of(a.output_type);
   memory::desc src_md = any_md(xd, dt_of(x->dtype())), wei_md = any_md(weight_dims, memory::data_type::s8),
                dst_md = any_md(yd, ydt);
+  bool unpadded = std::all_of(r.pad_begin.begin(), r.pad_begin.end(), [](std::int64_t p) { return p <= 0; }) &&
+                  std::all_of(r.pad_end.begin(), r.pad_end.end(), [](std::int64_t p) { return p <= 0; });
+  bool fold_zero_point = a.x.zero_point != 0 && unpadded;
+  bool runtime_zero_point = a.x.zero_point != 0 && !unpadded;
   dnnl::primitive_attr attr = Lowering::base_attr();
   attr.set_output_scales(scales.size() > 1 ? 1 << 1 : 0, scales);
-  if (a.x.zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  if (runtime_zero_point) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
   attr.set_post_ops(ops);
-  auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+  bool with_bias = b || fold_zero_point;
+  auto desc = with_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                                   src_md, wei_md, plain_md({oc}), dst_md, win.strides, dilates,
                                                   r.pad_begin, r.pad_end)
                 : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
@@ -203,8 +232,12 @@ inline bool lower_qconv(Lowering& L, const Node& n) {
   std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
   std::vector<std::pair<int, memory>> consts;
   consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(w->constant(), pd.weights_desc()));
-  if (b) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(scaled_bias(a, b->constant()), pd.bias_desc()));
-  if (a.x.zero_point != 0) consts.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(L, a.x.zero_point));
+  if (fold_zero_point)
+    consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(zero_point_folded_bias(a, b, w->constant(), oc), pd.bias_desc()));
+  else if (b)
+    consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(scaled_bias(a, b->constant()), pd.bias_desc()));
+  if (runtime_zero_point)
+    consts.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_memory(L, a.x.zero_point));
   SlotId dst;
   bool read_too = false;
   if (s) {  // the Sum is read through DST: in place when nothing reads it afterwards, else a copy
@@ -226,7 +259,8 @@ inline bool lower_qconv(Lowering& L, const Node& n) {
   L.define(y, dst, pd.dst_desc());
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), read_too});
   std::string detail = "src " + layout_name(pd.src_desc()) + dims_str(xd) + " wei " + layout_name(pd.weights_desc()) +
-                       (group > 1 ? " g" + std::to_string(group) : "") + qdetail(a) + post + " -> " +
+                       (group > 1 ? " g" + std::to_string(group) : "") + qdetail(a) +
+                       (fold_zero_point ? " x_zp in bias" : "") + post + " -> " +
                        qops::type_str(a.output_type) + " " + layout_name(pd.dst_desc());
   L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
                   pd.scratchpad_desc(), std::move(args), std::move(consts));
