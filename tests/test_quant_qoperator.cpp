@@ -428,6 +428,81 @@ TEST_CASE("quantize-dynamic: MatMul and Gemm become DynamicQuantizeLinear + MatM
   }
 }
 
+// --- fuse-dynamic-qmatmul ---------------------------------------------------------------------------
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double d = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    d = std::max(d, std::abs(a.at_double(static_cast<std::size_t>(i)) - b.at_double(static_cast<std::size_t>(i))));
+  return d;
+}
+
+TEST_CASE("fuse-dynamic-qmatmul: MatMulInteger -> Cast -> Mul -> Add? -> act* becomes one ondine.DynQMatMul, same numbers",
+          "[qoperator][dynamic]") {
+  CHECK(std::string(default_pipeline()).find("fuse-gelu,fuse-layernorm,fuse-dynamic-qmatmul,fuse,") != std::string::npos);
+  for (bool per_channel : {true, false}) {
+    INFO("per channel " << per_channel);
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{2, 5, 16});
+    Value* x2 = g.add_input("x2", DType::Float32, Shape{3, 16});
+    Value* m1 = g.add_node("MatMul", {x, g.add_constant("w1", random_float({16, 8}, 1))}, {"m1"}, {}, "mm1")->output(0);
+    Value* y1 = g.add_node("Relu", {m1}, {"y1"}, {}, "relu")->output(0);
+    Value* y2 = g.add_node("MatMul", {x, g.add_constant("w2", random_float({16, 4}, 2))}, {"y2"}, {}, "mm2")->output(0);
+    Value* y3 = g.add_node("Gemm", {x2, g.add_constant("w3", random_float({8, 16}, 3)), g.add_constant("c", random_float({8}, 4))},
+                           {"y3"}, {{"transB", std::int64_t{1}}, {"beta", 2.0f}}, "gemm")
+                    ->output(0);
+    for (Value* v : {y1, y2, y3}) g.add_output(v);
+    infer_shapes(g);
+    PassManager quantize = make_pass_manager("quantize-dynamic");
+    quantize.context().options["quantize-dynamic.per-channel"] = per_channel ? "1" : "0";
+    quantize.run(g);
+    Graph f = g.clone();
+    make_pass_manager("fuse-dynamic-qmatmul").run(f);
+    CHECK(f.count_ops("DynQMatMul") == 3);
+    CHECK(f.count_ops("DynamicQuantizeLinear") == 2);  // still shared by mm1 and mm2
+    for (const char* op : {"MatMulInteger", "Cast", "Mul", "Add", "Relu"}) CHECK(f.count_ops(op) == 0);
+    std::size_t with_relu = 0;
+    for (Node* n : f.nodes()) with_relu += n->op_type() == "DynQMatMul" && fused::read_activations(*n).size() == 1;
+    CHECK(with_relu == 1);
+    for (Value* v : f.outputs()) CHECK((v->name() == "y1" || v->name() == "y2" || v->name() == "y3"));
+
+    std::map<std::string, Tensor> feed{{"x", random_float({2, 5, 16}, 5)}, {"x2", random_float({3, 16}, 6)}};
+    auto a = ReferenceExecutor(g).run(feed), b = ReferenceExecutor(f).run(feed);
+    for (const char* name : {"y1", "y2", "y3"}) {
+      INFO(name);
+      REQUIRE(b.at(name).dims() == a.at(name).dims());
+      CHECK(max_abs_diff(a.at(name), b.at(name)) == 0.0);  // the same float32 operations
+    }
+  }
+}
+
+TEST_CASE("fuse-dynamic-qmatmul must not fire: a weight zero point, uint8 weights, a shared or read-out product",
+          "[qoperator][dynamic]") {
+  for (int variant = 0; variant < 4; ++variant) {
+    INFO("variant " << variant);
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{4, 8});
+    Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "dql");
+    dql->set_opset(11);
+    Tensor w = variant == 1 ? random_int<std::uint8_t>({8, 3}, 1, 0, 255) : random_int<std::int8_t>({8, 3}, 1, -127, 127);
+    Tensor wz = variant == 0 ? Tensor::from_vector<std::int8_t>({3}, {0, 1, 0})
+                : variant == 1 ? Tensor(DType::UInt8, {3}) : Tensor(DType::Int8, {3});
+    Value* acc = g.add_node("MatMulInteger", {dql->output(0), g.add_constant("w", w), dql->output(2), g.add_constant("wz", wz)},
+                            {"acc"}, {}, "mmi")->output(0);
+    Value* accf = g.add_node("Cast", {acc}, {"accf"}, {{"to", std::int64_t{1}}}, "cast")->output(0);
+    Value* s = g.add_node("Mul", {dql->output(1), g.add_constant("ws", Tensor::from_vector<float>({3}, {0.1f, 0.2f, 0.3f}))},
+                          {"s"}, {}, "scale")->output(0);
+    Value* y = g.add_node("Mul", {accf, s}, {"y"}, {}, "rescale")->output(0);
+    g.add_output(y);
+    if (variant == 2) g.add_output(accf);                                                 // the float product read out
+    if (variant == 3) g.add_output(g.add_node("Neg", {acc}, {"n"}, {}, "neg")->output(0));  // the int32 product shared
+    infer_shapes(g);
+    Graph f = g.clone();
+    CHECK_FALSE(make_pass_manager("fuse-dynamic-qmatmul").run(f));
+    CHECK(f.count_ops("MatMulInteger") == 1);
+  }
+}
+
 #ifdef ONDINE_TEST_HAVE_IMPORT
 TEST_CASE("quantize-dynamic on models/bert.onnx (when generated): cosine to fp32 >= 0.99", "[qoperator][dynamic][e2e]") {
   std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/bert.onnx";

@@ -35,6 +35,7 @@
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/conv.hpp"
 #include "ondine/lower/detail/deconv.hpp"
+#include "ondine/lower/detail/dynamic_quant.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
@@ -86,6 +87,8 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["ondine.QConv"] = lower_qconv;
     t["ondine.QMatMul"] = lower_qmatmul;
     t["ondine.QPool"] = lower_qpool;
+    t["DynamicQuantizeLinear"] = lower_dynamic_quantize_linear;
+    t["ondine.DynQMatMul"] = lower_dyn_qmatmul;
     t["QuantizeLinear"] = lower_qdq_reorder;
     t["DequantizeLinear"] = lower_qdq_reorder;
     return t;

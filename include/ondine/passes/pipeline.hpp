@@ -15,6 +15,7 @@
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
+#include "ondine/passes/fuse_dynamic_qmatmul.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
@@ -32,9 +33,11 @@ namespace ondine {
 // decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops; Gelu and
 // LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse; fuse-qdq runs before
 // fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
-// qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form.
+// qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form;
+// fuse-dynamic-qmatmul finds dynamically quantized matrix products (ONNX Runtime's quantize_dynamic,
+// or "quantize-dynamic,default") after fuse-gelu, so that it takes their Gelu too.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -49,6 +52,7 @@ inline PassRegistry& pass_registry() {
         .add<FuseLayerNorm>()
         .add<FusePostOps>()
         .add<FuseQdq>()
+        .add<FuseDynamicQMatMul>()
         .add<QOperatorToQdq>()
         .add<QuantizeDynamic>()
         .add<CancelTransposes>()

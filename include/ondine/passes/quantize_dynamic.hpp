@@ -10,6 +10,8 @@
 // x is quantized to uint8 over its range widened to include 0 (DynamicQuantizeLinear); W to int8,
 // symmetric ([-127, 127], zero point 0), one scale per output column (MatMulInteger's per-column
 // b_zero_point; the default) or one for the whole tensor (option "quantize-dynamic.per-channel" = "0").
+// Option "quantize-dynamic.reduce-range" = "1": 7-bit weights ([-64, 64]), which int8 kernels without
+// VNNI compute exactly (their 16-bit pair sums saturate past that); the compiled form then runs there.
 // Readers of one x share one DynamicQuantizeLinear. Not in the default pipeline: it trades accuracy
 // (about 1e-2 relative on a BERT-style encoder) for int8 matrix products, and is asked for by name.
 // Preconditions (else the node is left as it is): ONNX domain; x float32; W a float32 2-D constant;
@@ -47,7 +49,7 @@ struct QuantWeight {
   Tensor scale;   // float32 [N] or []
   Tensor zero;    // int8 zeros, like scale
 };
-inline QuantWeight quantize_weight(const Tensor& w, bool per_column) {
+inline QuantWeight quantize_weight(const Tensor& w, bool per_column, bool reduce_range) {
   std::int64_t k = w.dims()[0], n = w.dims()[1];
   const float* p = w.data<float>();
   quant::Range r;
@@ -61,7 +63,7 @@ inline QuantWeight quantize_weight(const Tensor& w, bool per_column) {
       r.min[c] = std::min(r.min[c], p[i * n + j]);
       r.max[c] = std::max(r.max[c], p[i * n + j]);
     }
-  quant::QuantParams qp = quant::compute_params(r, quant::QuantScheme{DType::Int8, true, false});
+  quant::QuantParams qp = quant::compute_params(r, quant::QuantScheme{DType::Int8, true, reduce_range});
   QuantWeight out;
   out.q = quant::quantize(w, qp);
   std::vector<std::int64_t> dims = per_column ? std::vector<std::int64_t>{n} : std::vector<std::int64_t>{};
@@ -86,7 +88,7 @@ inline bool is_f32_matrix_constant(const Value* v) {
 
 class Rewriter {
  public:
-  Rewriter(Graph& g, bool per_column) : g_(g), per_column_(per_column) {}
+  Rewriter(Graph& g, bool per_column, bool reduce_range) : g_(g), per_column_(per_column), reduce_range_(reduce_range) {}
 
   // Returns false (graph untouched) when the node does not qualify.
   bool rewrite(Node& n) {
@@ -102,7 +104,7 @@ class Rewriter {
       beta = n.attr_float("beta", 1.0f);
       if (n.attr_int("transB", 0) != 0) wt = transposed(wt);
     }
-    QuantWeight qw = quantize_weight(wt, per_column_);
+    QuantWeight qw = quantize_weight(wt, per_column_, reduce_range_);
     if (alpha != 1.0f)
       for (std::int64_t i = 0; i < qw.scale.numel(); ++i) qw.scale.data<float>()[i] *= alpha;
     Node* dql = dynamic_quantize(x);
@@ -144,7 +146,7 @@ class Rewriter {
   }
 
   Graph& g_;
-  bool per_column_;
+  bool per_column_, reduce_range_;
   std::unordered_map<const Value*, Node*> dql_;
 };
 
@@ -155,7 +157,8 @@ struct QuantizeDynamic {
 
   bool run(Graph& g, PassContext& ctx) {
     bool per_column = ctx.option("quantize-dynamic.per-channel", "1") != "0";
-    detail::qdyn::Rewriter rw(g, per_column);
+    bool reduce_range = ctx.option("quantize-dynamic.reduce-range", "0") != "0";
+    detail::qdyn::Rewriter rw(g, per_column, reduce_range);
     bool changed = false;
     for (Node* n : g.topo_order()) {
       if (!n->domain().empty() || (n->op_type() != "MatMul" && n->op_type() != "Gemm")) continue;

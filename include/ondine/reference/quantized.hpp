@@ -85,6 +85,37 @@ inline std::vector<Tensor> qmatmul(const Node& n, const std::vector<Tensor>& inp
   return {finish(n, a, acc.dims(), nn::to_doubles(acc), w.dims()[1], 1, nn::input_or_empty(inputs, 2), Tensor())};
 }
 
+// In float32 like the MatMulInteger -> Cast -> Mul -> Add it stands for (so the two agree bit for bit).
+inline std::vector<Tensor> dyn_qmatmul(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& x = nn::required(n, inputs, 0);
+  const Tensor& x_scale = nn::required(n, inputs, 1);
+  const Tensor& x_zero = nn::required(n, inputs, 2);
+  const Tensor& w = nn::required(n, inputs, 3);
+  const Tensor& bias = nn::input_or_empty(inputs, 4);
+  if (x.dtype() != DType::UInt8 || x_zero.dtype() != DType::UInt8 || x_scale.dtype() != DType::Float32 ||
+      x_scale.numel() != 1 || x_zero.numel() != 1)
+    throw n.error("A and A_zero_point must be uint8 and A_scale one float32");
+  if (w.dtype() != DType::Int8 || w.rank() != 2) throw n.error("W must be int8 of rank 2");
+  std::vector<float> w_scale = n.attr_floats("w_scale", {1.0f});
+  std::vector<fused::Activation> activations = fused::read_activations(n);
+  std::int64_t cols = w.dims()[1];
+  if (!bias.empty() && (bias.dtype() != DType::Float32 || bias.numel() != cols)) throw n.error("bias must be float32 [N]");
+  if (w_scale.size() != 1 && static_cast<std::int64_t>(w_scale.size()) != cols) throw n.error("w_scale must have 1 or N entries");
+  Tensor acc = nn::matmul(n, {centered(x, x_zero.data<std::uint8_t>()[0]), centered(w, 0)}).at(0);
+  const float a_scale = x_scale.data<float>()[0];
+  std::vector<double> v = nn::to_doubles(acc);
+  Tensor y(DType::Float32, acc.dims());
+  float* out = y.data<float>();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::size_t c = i % static_cast<std::size_t>(cols);
+    float scale = a_scale * w_scale[w_scale.size() == 1 ? 0 : c];
+    float r = static_cast<float>(static_cast<std::int32_t>(v[i])) * scale;
+    if (!bias.empty()) r += bias.data<float>()[c];
+    out[i] = activations.empty() ? r : static_cast<float>(fused::apply(activations, r));
+  }
+  return {y};
+}
+
 inline std::vector<Tensor> qpool(const Node& n, const std::vector<Tensor>& inputs) {
   qops::QAttrs a = qops::read_attrs(n);
   const Tensor& x = nn::required(n, inputs, 0);
@@ -109,6 +140,7 @@ inline void register_quantized_kernels(KernelTable& table) {
   table[d + "QConv"] = k::qconv;
   table[d + "QMatMul"] = k::qmatmul;
   table[d + "QPool"] = k::qpool;
+  table[d + "DynQMatMul"] = k::dyn_qmatmul;
 }
 
 }  // namespace ondine::reference

@@ -15,7 +15,15 @@
 //   r = r + (sum - sum_zero_point) * sum_scale                        (with Sum)
 //   r = act(r)
 //   y = output_type float32 ? r : saturate(round_half_even(r / y_scale) + y_zero_point)
-// QPool: y = q(pool(dq(x))). The reference kernels (reference/quantized.hpp) compute exactly this; the
+// QPool: y = q(pool(dq(x))).
+//
+//   ondine.DynQMatMul (A, A_scale, A_zero_point, W, B?)   A u8 [..., K] with its runtime scale (float
+//                    scalar) and zero point (u8 scalar), as DynamicQuantizeLinear writes them; W s8
+//                    [K, N]; B float [N]. Attributes w_scale (1 or N) and the activation chain.
+//   y = act(float(sum((a - A_zero_point) * w)) * (A_scale * w_scale[c]) + B[c])   Output float32 [..., N]
+//       (float32 products, as the MatMulInteger -> Cast -> Mul(A_scale * w_scale) -> Add it replaces
+//       computes them; act as the FusedMatMul's)
+// The reference kernels (reference/quantized.hpp) compute exactly this; the
 // oneDNN lowering (lower/detail/quantized.hpp) computes it with float rescaling (within 1 step).
 #pragma once
 
@@ -139,6 +147,34 @@ inline void infer_qmatmul(Node& n) {
   set_output(n, 0, a.output_type, Shape(out));
 }
 
+inline void infer_dyn_qmatmul(Node& n) {
+  fused::read_activations(n);  // checks the chain
+  std::vector<float> w_scale = n.attr_floats("w_scale", {1.0f});
+  for (float s : w_scale)
+    if (!(s > 0)) throw n.error("w_scale must be positive");
+  Value& x = required_input(n, 0);
+  Value& x_scale = required_input(n, 1);
+  Value& x_zero = required_input(n, 2);
+  Value& w = required_input(n, 3);
+  if (x.dtype() != DType::Undefined && x.dtype() != DType::UInt8) throw n.error("A must be uint8");
+  if (x_scale.dtype() != DType::Undefined && x_scale.dtype() != DType::Float32) throw n.error("A_scale must be float32");
+  if (x_zero.dtype() != DType::Undefined && x_zero.dtype() != DType::UInt8) throw n.error("A_zero_point must be uint8");
+  if (w.dtype() != DType::Undefined && w.dtype() != DType::Int8) throw n.error("W must be int8");
+  for (const Value* v : {&x_scale, &x_zero})
+    if (v->shape().rank_known() && v->shape().numel().value_or(1) != 1)
+      throw n.error("'" + v->name() + "' must hold one value, not " + v->shape().str());
+  if (!x.shape().rank_known() || !w.shape().rank_known()) return set_output(n, 0, DType::Float32, Shape::unknown());
+  if (x.shape().rank() < 2 || w.shape().rank() != 2) throw n.error("A must have rank >= 2 and W rank 2");
+  std::vector<Dim> out = x.shape().dims();
+  detail_nn::unify(n, out.back(), w.shape()[0], "inner dimensions of A and W differ");
+  out.back() = w.shape()[1];
+  if (w.shape()[1].is_static() && w_scale.size() != 1 && static_cast<std::int64_t>(w_scale.size()) != w.shape()[1].value)
+    throw n.error("w_scale has " + std::to_string(w_scale.size()) + " entries for " + std::to_string(w.shape()[1].value) +
+                  " output columns");
+  detail_nn::check_vector(n, n.input(4), w.shape()[1], "bias");
+  set_output(n, 0, DType::Float32, Shape(out));
+}
+
 inline void infer_qpool(Node& n) {
   qops::QAttrs a = qops::read_attrs(n);
   Value& x = required_input(n, 0);
@@ -168,6 +204,7 @@ inline void register_quantized_infer(InferTable& table) {
   table[d + "QConv"] = infer_qconv;
   table[d + "QMatMul"] = infer_qmatmul;
   table[d + "QPool"] = infer_qpool;
+  table[d + "DynQMatMul"] = infer_dyn_qmatmul;
 }
 
 }  // namespace ondine::infer

@@ -217,10 +217,11 @@ struct SlotArg {
 // tensors (graph inputs/outputs) are re-pointed at every run.
 class PrimitiveStep : public runtime::Step {
  public:
+  // `extra_reads`: slots a derived step reads itself before running the primitive (run-time scales).
   PrimitiveStep(runtime::StepInfo info, const Node* node, dnnl::engine engine, dnnl::primitive prim,
                 std::vector<SlotArg> slot_args, std::vector<std::pair<int, memory>> const_args,
-                memory::desc scratchpad)
-      : Step(std::move(info), reads_of(slot_args), writes_of(slot_args)),
+                memory::desc scratchpad, const std::vector<SlotId>& extra_reads = {})
+      : Step(std::move(info), reads_of(slot_args, extra_reads), writes_of(slot_args)),
         node_(node),
         engine_(std::move(engine)),
         prim_(std::move(prim)),
@@ -246,8 +247,10 @@ class PrimitiveStep : public runtime::Step {
     return st;
   }
 
-  void execute(runtime::ExecContext& ctx) const override {
-    auto& st = ctx.state<State>(*this);
+  void execute(runtime::ExecContext& ctx) const override { run(ctx, ctx.state<State>(*this)); }
+
+ protected:
+  void run(runtime::ExecContext& ctx, State& st) const {
     for (auto& [m, slot] : st.external) m.set_data_handle(ctx.ptr(slot));
     try {
       prim_.execute(static_cast<DnnlBackend*>(ctx.backend())->stream, st.args);
@@ -259,8 +262,8 @@ class PrimitiveStep : public runtime::Step {
   }
 
  private:
-  static std::vector<SlotId> reads_of(const std::vector<SlotArg>& args) {
-    std::vector<SlotId> out;
+  static std::vector<SlotId> reads_of(const std::vector<SlotArg>& args, const std::vector<SlotId>& extra) {
+    std::vector<SlotId> out = extra;
     for (auto& a : args)
       if (a.arg != DNNL_ARG_DST || a.read_too) out.push_back(a.slot);
     return out;
