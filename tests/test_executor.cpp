@@ -108,4 +108,21 @@ TEST_CASE("bind_dims and graph_stats count parameters and FLOPs", "[stats]") {
   REQUIRE_THROWS_AS(bind_dims(g, {{"seq", 2}}), Error);
 }
 
+TEST_CASE("graph_stats counts the integer forms as the float ops: MatMulInteger, ConvInteger, QLinearConv", "[stats]") {
+  Graph g;
+  Value* a = g.add_input("a", DType::UInt8, Shape{2, 4});
+  g.add_output(g.add_op("MatMulInteger", {a, g.add_constant("w", Tensor(DType::Int8, {4, 8}))}));
+  Value* x = g.add_input("x", DType::UInt8, Shape{1, 3, 5, 5});
+  Value* wc = g.add_constant("wc", Tensor(DType::Int8, {6, 3, 3, 3}));
+  g.add_output(g.add_op("ConvInteger", {x, wc}));
+  Value* f32 = g.add_constant("s", Tensor::scalar<float>(0.5f));
+  Value* zu = g.add_constant("zu", Tensor::scalar<std::uint8_t>(0));
+  Value* zs = g.add_constant("zs", Tensor::scalar<std::int8_t>(0));
+  g.add_output(g.add_op("QLinearConv", {x, f32, zu, wc, f32, zs, f32, zu}));
+  infer_shapes(g);
+  GraphStats s = graph_stats(g);
+  REQUIRE(s.flops.has_value());
+  CHECK(*s.flops == Approx(2.0 * 2 * 8 * 4 + 2 * (2.0 * 6 * 3 * 3 * 3 * 3 * 3)));
+}
+
 }  // namespace test_executor

@@ -1,7 +1,9 @@
 // ondine/ir/stats.hpp - parameter and FLOP counts of a graph (for `ondine inspect` and benchmarks).
 //
-// FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm are counted exactly from shapes;
-// other ops as one FLOP per output element (they are bandwidth-bound and small next to the matmuls).
+// FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm and their integer and fused forms
+// (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/Fused*) are
+// counted exactly from shapes; other ops as one FLOP per output element (they are bandwidth-bound and
+// small next to the matmuls).
 // Shapes must be static: bind symbolic dims first (bind_dims) and re-run shape inference.
 #pragma once
 
@@ -67,12 +69,16 @@ inline std::optional<double> node_flops(const Node& n) {
   const Value* out = n.output(0);
   auto out_elems = numel(out);
   if (!out_elems) return std::nullopt;
-  // Ondine's fused ops cost what the op they extend costs (their post-ops are noise next to it).
+  // Ondine's fused ops cost what the op they extend costs (their post-ops are noise next to it), and
+  // the integer forms what the float op does (a multiply-add is 2 operations of either kind).
   const std::string key = n.op_key();
-  const std::string op = key == "ondine.FusedConv" ? "Conv" : key == "ondine.FusedMatMul" ? "MatMul"
-                         : key == "ondine.FusedGemm" ? "Gemm" : key;
+  const bool conv_like = key == "ondine.FusedConv" || key == "ondine.QConv" || key == "ConvInteger" ||
+                         key == "QLinearConv";
+  const bool matmul_like = key == "ondine.FusedMatMul" || key == "ondine.QMatMul" || key == "ondine.DynQMatMul" ||
+                           key == "MatMulInteger" || key == "QLinearMatMul";
+  const std::string op = conv_like ? "Conv" : matmul_like ? "MatMul" : key == "ondine.FusedGemm" ? "Gemm" : key;
   if (op == "Conv" || op == "ConvTranspose") {
-    const Value* w = n.input(1);
+    const Value* w = n.input(key == "QLinearConv" ? 3 : 1);
     if (!w || !w->shape().is_static() || w->shape().rank() < 3) return std::nullopt;
     auto ws = w->shape().sizes();
     double per_output = 1;  // multiply-adds per output element: (Cin/groups) * kernel volume

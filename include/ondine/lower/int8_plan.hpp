@@ -97,21 +97,8 @@ struct Int8Plan {
 
 namespace detail {
 
-// FLOPs of a step's node: Ondine's int8 ops count like the float op they replace.
-inline double step_flops(const Node* n) {
-  if (!n) return 0;
-  const std::string key = n->op_key();
-  auto numel = [](const Value* v) { return v ? static_cast<double>(v->shape().numel().value_or(0)) : 0.0; };
-  if (key == "ondine.QConv" && n->input(1) && n->input(1)->shape().is_static()) {
-    double per_output = 1;  // multiply-adds per output element: (Cin/groups) * kernel volume
-    auto ws = n->input(1)->shape().sizes();
-    for (std::size_t i = 1; i < ws.size(); ++i) per_output *= static_cast<double>(ws[i]);
-    return 2.0 * numel(n->output(0)) * per_output;
-  }
-  if (key == "ondine.QMatMul" && n->input(0) && n->input(0)->shape().rank_known() && n->input(0)->shape().rank() > 0)
-    return 2.0 * numel(n->output(0)) * static_cast<double>(n->input(0)->shape().sizes().back());
-  return ::ondine::detail::node_flops(*n).value_or(0.0);
-}
+// FLOPs of a step's node (Ondine's int8 ops count like the float op they replace: ir/stats.hpp).
+inline double step_flops(const Node* n) { return n ? ::ondine::detail::node_flops(*n).value_or(0.0) : 0.0; }
 
 inline std::string si(double v, const char* unit) {
   const char* prefix[] = {"", "K", "M", "G", "T"};
