@@ -15,7 +15,8 @@
 // int8 layers at the fp32 peak (as oneDNN fp32 layers) and no Q/DQ. It ranks plans, it does not time
 // them: caches, threads and per-primitive efficiency are left out. Against measurements at one thread
 // (AMD EPYC, avx512_core_bf16, README "Int8 quantization"): ResNet-50 is predicted at 44.6 ms fp32 and
-// 9.8 ms int8 (its QDQ model), measured 43 ms and 11.8 ms.
+// 9.8 ms int8 (its QDQ model), measured 43 ms and 11.8 ms; with AMX (Intel Xeon, avx512_core_amx) 4.1 ms
+// int8, measured 5.5 ms (fp32 43.0 ms).
 #pragma once
 
 #include <algorithm>
@@ -41,20 +42,21 @@ struct PeakRates {
   std::string source;        // where fp32/int8 come from, for the report
 };
 
-// The rates for an ISA. avx512 with VNNI is measured (`ondine_peak --threads 1 [--int8]`, 2048^3 matmul,
-// AMD EPYC, avx512_core_bf16); the others are scaled from it: half the vector width for avx2; without
-// VNNI a u8 x s8 multiply-add takes three instructions per 64 where fp32 takes one FMA per 16, so int8 is
-// 4/3 of fp32 at best. AMX is faster than VNNI for int8 but not measured here: the VNNI rate is used.
+// The rates for an ISA. avx512 with VNNI and AMX are measured (`ondine_peak --threads 1 [--int8]`, 2048^3
+// matmul; VNNI on an AMD EPYC, avx512_core_bf16; AMX on an Intel Xeon, avx512_core_amx, whose fp32 rate
+// was 213 GFLOP/s); the others are scaled from VNNI: half the vector width for avx2; without VNNI a u8 x
+// s8 multiply-add takes three instructions per 64 where fp32 takes one FMA per 16, so int8 is 4/3 of
+// fp32 at best.
 inline PeakRates peak_rates(const IsaInfo& isa) {
   PeakRates r;
-  const double avx512_fp32 = 186e9, vnni_int8 = 850e9;
+  const double avx512_fp32 = 186e9, vnni_int8 = 850e9, amx_int8 = 2190e9;
   switch (isa.isa) {
     case CpuIsa::Avx512CoreVnni:
     case CpuIsa::Avx512CoreBf16:
       r.fp32 = avx512_fp32, r.int8 = vnni_int8, r.source = "measured";
       break;
     case CpuIsa::Avx512CoreAmx:
-      r.fp32 = avx512_fp32, r.int8 = vnni_int8, r.source = "avx512 VNNI's, AMX not measured";
+      r.fp32 = avx512_fp32, r.int8 = amx_int8, r.source = "measured";
       break;
     case CpuIsa::Avx512Core:
     case CpuIsa::Avx512Mic:
