@@ -159,6 +159,12 @@ if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: th
   expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/mnist_qdq.onnx" --check --input "input=$imgs"
   expect 0 'no fp32 island; the model in fp32 .*x faster' -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
 fi
+# Dynamic quantization (the MNIST Gemm): written as ONNX, compiled to DynamicQuantizeLinear + DynQMatMul,
+# right within --check's int8 bound, predictions as the float model's.
+expect 0 'quantize-dynamic: 1 pass runs, .* 1 rewrites' -- "$ondine" compile "$mm" --passes quantize-dynamic -o "$work/mnist_dyn.onnx"
+expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/mnist_dyn.onnx" --check --input "input=$imgs"
+expect 0 'DynQMatMul' -- "$ondine" inspect "$work/mnist_dyn.onnx" --compiled
+expect 0 'logits .* argmax agree (99\.[0-9]+|100\.00)%' -- "$ondine" compare "$mm" "$work/mnist_dyn.onnx" --input "$imgs" --compiled
 # The float model fails a bound below float rounding, naming the file and the bound.
 expect 1 'mnist_cnn\.onnx: compiled outputs differ .* by more than 1\.00e-12 of max' -- "$ondine" run "$mm" --check --tolerance 1e-12
 
