@@ -1,13 +1,22 @@
-// tests/support.hpp - seeded random data shared by the quantization tests.
+// tests/support.hpp - what several test files share: seeded random data for the quantization tests, and
+// the example models scripts/make_models.py writes (models/, not in the repository).
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <cstdint>
+#include <fstream>
+#include <optional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ondine/ir/graph.hpp"
 #include "ondine/quant/calibration.hpp"
+#if __has_include("ondine/onnx/import.hpp")
+#include "ondine/onnx/import.hpp"
+#endif
 
 namespace ondine::test {
 
@@ -30,5 +39,18 @@ inline std::vector<quant::Sample> random_samples(const Graph& g, std::size_t cou
   }
   return out;
 }
+
+#if __has_include("ondine/onnx/import.hpp")
+// models/<file> imported, or nullopt with a warning when it has not been generated (the tests that use
+// it then skip: scripts/make_models.py --out models writes it).
+inline std::optional<Graph> example_model(const std::string& file) {
+  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/" + file;
+  if (!std::ifstream(path)) {
+    WARN("skipped: models/" << file << " not found (scripts/make_models.py --out models writes it)");
+    return std::nullopt;
+  }
+  return onnx::load_model(path);
+}
+#endif
 
 }  // namespace ondine::test

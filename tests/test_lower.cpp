@@ -23,6 +23,8 @@
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
 
+#include "support.hpp"
+
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_lower {
 
@@ -758,12 +760,9 @@ TEST_CASE("shape cache: one compile per batch size, LRU-bounded, results match t
 }
 
 TEST_CASE("lower: ResNet-50 at batch 1 matches the reference (1e-3)", "[.slow][lower]") {
-  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/resnet50.onnx";
-  if (!std::ifstream(path)) {
-    WARN("models/resnet50.onnx not found (scripts/make_models.py writes it); skipped");
-    return;
-  }
-  Graph g = ondine::onnx::load_model(path);
+  auto loaded = test::example_model("resnet50.onnx");
+  if (!loaded) return;
+  Graph g = std::move(*loaded);
   auto dims = symbolic_dims(g);
   std::map<std::string, std::int64_t> bind;
   for (auto& d : dims) bind[d] = 1;

@@ -24,11 +24,11 @@
 #include "ondine/reference/executor.hpp"
 
 #if __has_include("ondine/onnx/import.hpp")
-#include <fstream>
-
 #include "ondine/onnx/import.hpp"
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
+
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_lower_int8 {
@@ -789,12 +789,9 @@ TEST_CASE("DynamicQuantizeLinear compiled: bit for bit the reference, an all-zer
 // the next DynamicQuantizeLinear, the quantized value moves by one step: measured here 1.7e-2 of max
 // |reference| (cosine 0.99991), bound 5e-2 and 0.9995.
 TEST_CASE("dynamic quantization of models/bert.onnx (when generated) compiles to int8 matmuls", "[e2e]") {
-  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/bert.onnx";
-  if (!std::ifstream(path)) {
-    WARN("skipped: " << path << " not found (scripts/make_models.py writes it)");
-    return;
-  }
-  Graph g = ondine::onnx::load_model(path);
+  auto loaded = test::example_model("bert.onnx");
+  if (!loaded) return;
+  Graph g = std::move(*loaded);
   bind_dims(g, {{"batch", 1}});
   make_pass_manager("quantize-dynamic").run(g);
   Tensor ids(DType::Int64, {1, 128});

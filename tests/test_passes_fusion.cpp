@@ -28,6 +28,8 @@
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
 
+#include "support.hpp"
+
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_passes_fusion {
 
@@ -839,12 +841,9 @@ TEST_CASE("end to end: a BERT-style layer through fuse-gelu,fuse-layernorm,fuse 
 
 #ifdef ONDINE_TEST_HAVE_IMPORT
 TEST_CASE("end to end: models/bert.onnx (when generated) fuses every Gelu and LayerNorm", "[.slow][fusion][e2e]") {
-  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/bert.onnx";
-  if (!std::ifstream(path)) {
-    WARN("skipped: " << path << " not found (scripts/make_models.py writes it)");
-    return;
-  }
-  Graph g = ondine::onnx::load_model(path);
+  auto loaded = test::example_model("bert.onnx");
+  if (!loaded) return;
+  Graph g = std::move(*loaded);
   bind_dims(g, {{"batch", 1}});
   infer_shapes(g);
   std::size_t layer_norms = g.count_ops("Sqrt"), gelus = g.count_ops("Erf");

@@ -560,12 +560,9 @@ TEST_CASE("the quantize pass from a pipeline string", "[quant][qdq][pipeline]") 
 }
 
 TEST_CASE("ResNet-50: QDQ output cosine >= 0.99 against fp32", "[quant][qdq][.slow]") {
-  std::string path = "/work/main/models/resnet50.onnx";
-  if (!fs::exists(path)) {
-    WARN("skipped: " << path << " not found (scripts/make_models.py --out models)");
-    return;
-  }
-  Graph fp32 = ondine::onnx::load_model(path);
+  auto loaded = test::example_model("resnet50.onnx");
+  if (!loaded) return;
+  Graph fp32 = std::move(*loaded);
   std::map<std::string, std::int64_t> batch_1;
   for (auto& sym : symbolic_dims(fp32)) batch_1[sym] = 1;
   bind_dims(fp32, batch_1);

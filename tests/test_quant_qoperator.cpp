@@ -20,6 +20,8 @@
 #define ONDINE_TEST_HAVE_IMPORT 1
 #endif
 
+#include "support.hpp"
+
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_quant_qoperator {
 
@@ -505,12 +507,9 @@ TEST_CASE("fuse-dynamic-qmatmul must not fire: a weight zero point, uint8 weight
 
 #ifdef ONDINE_TEST_HAVE_IMPORT
 TEST_CASE("quantize-dynamic on models/bert.onnx (when generated): cosine to fp32 >= 0.99", "[qoperator][dynamic][e2e]") {
-  std::string path = std::string(ONDINE_TEST_DATA_DIR) + "/../../models/bert.onnx";
-  if (!std::ifstream(path)) {
-    WARN("skipped: " << path << " not found (scripts/make_models.py writes it)");
-    return;
-  }
-  Graph g = ondine::onnx::load_model(path);
+  auto loaded = test::example_model("bert.onnx");
+  if (!loaded) return;
+  Graph g = std::move(*loaded);
   std::size_t weights = 0;
   for (Node* n : g.nodes())
     if (n->op_type() == "MatMul" && n->input(1)->is_constant()) ++weights;

@@ -276,14 +276,15 @@ class QuantizeQDQ {
       return s.count(n.name()) || s.count(n.op_type()) || s.count(n.op_key());
     };
     struct Candidate {
-      Node* node;
+      Node* node = nullptr;
       detail::qdq::Roles roles;
       std::string reason;  // empty: quantize
     };
     std::vector<Candidate> cands;
     for (Node* n : order) {
       if (!detail::qdq::quantizable_op(*n)) continue;
-      Candidate c{n, {}, ""};
+      Candidate c;
+      c.node = n;
       if (auto why = detail::qdq::roles_of(*n, c.roles)) c.reason = *why;
       if (c.reason.empty() && !include.empty() && !listed(include, *n)) c.reason = "not in the include list";
       if (c.reason.empty() && listed(exclude, *n)) c.reason = "in the exclude list";
