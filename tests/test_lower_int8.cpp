@@ -742,6 +742,10 @@ TEST_CASE("dynamic quantization compiled: DynamicQuantizeLinear and DynQMatMul e
       std::size_t compiled = 0;
       for (auto& s : m.steps()) compiled += s.op == "DynQMatMul" && s.implementation != "reference";
       CHECK(compiled == (vnni || reduce_range ? 4u : 0u));
+      // inspect --compiled's report: the products int8, each DynamicQuantizeLinear a conversion.
+      lower::Int8Plan plan = lower::int8_plan(m);
+      CHECK(plan.int8_steps == 4);
+      CHECK(plan.summary.find("3 Q/DQ left unfused: DynQ 'x/dynamic_quantize'") != std::string::npos);
     }
 }
 

@@ -227,7 +227,7 @@ inline Int8Plan int8_plan(const CompiledModel& model, const PeakRates& rates = p
     const runtime::Step& s = *p.steps[i];
     island.steps.push_back(i);
     if (kind[i] == StepKind::Float) island.float_steps.push_back(s.op() + " '" + s.name() + "'");
-    if (kind[i] == StepKind::Conversion) island.conversions.push_back((s.op()[0] == 'D' ? "DQ '" : "Q '") + s.name() + "'");
+    if (kind[i] == StepKind::Conversion) island.conversions.push_back(detail::conversion_name(s.op(), s.name()));
     island.flops += flops[i];
     island.bytes += bytes[i];
     island.seconds += t_int8[i];

@@ -434,15 +434,22 @@ inline bool lower_qdq_reorder(Lowering& L, const Node& n) {
 }
 
 // How a step of a quantized model counts: int8 compute, a float<->int8 conversion, a data move
-// (any type), or float compute.
+// (any type), or float compute. Dynamic quantization's DynQMatMul (int8 products, float result) is int8
+// compute and its DynamicQuantizeLinear a conversion.
 enum class StepKind { Int8, Conversion, Move, Float };
 
 inline StepKind step_kind(const std::string& op) {
   static const std::set<std::string> moves{"Reorder", "Copy", "View", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                                            "Identity", "Transpose", "Concat", "Dropout"};
-  if (op == "QConv" || op == "QMatMul" || op == "QPool") return StepKind::Int8;
-  if (op == "QuantizeLinear" || op == "DequantizeLinear") return StepKind::Conversion;
+  if (op == "QConv" || op == "QMatMul" || op == "QPool" || op == "DynQMatMul") return StepKind::Int8;
+  if (op == "QuantizeLinear" || op == "DequantizeLinear" || op == "DynamicQuantizeLinear") return StepKind::Conversion;
   return moves.count(op) ? StepKind::Move : StepKind::Float;
+}
+
+// A conversion step as the reports name it: "Q 'name'", "DQ 'name'" or "DynQ 'name'".
+inline std::string conversion_name(const std::string& op, const std::string& name) {
+  const char* tag = op == "DequantizeLinear" ? "DQ" : op == "DynamicQuantizeLinear" ? "DynQ" : "Q";
+  return std::string(tag) + " '" + name + "'";
 }
 
 // A summary of how much of a quantized model runs in int8: the int8 steps, the QuantizeLinear /
@@ -454,7 +461,7 @@ inline std::string int8_report(const std::vector<runtime::StepInfo>& steps) {
   for (const auto& s : steps) {
     StepKind kind = step_kind(s.op);
     if (kind == StepKind::Int8) ++int8;
-    else if (kind == StepKind::Conversion) qdq.push_back(s.op.substr(0, 1) + (s.op[0] == 'D' ? "Q" : "") + " '" + s.name + "'");
+    else if (kind == StepKind::Conversion) qdq.push_back(conversion_name(s.op, s.name));
     else if (kind == StepKind::Float) fp32.push_back(s.op + " '" + s.name + "'");
   }
   if (int8 == 0 && qdq.empty()) return "";
