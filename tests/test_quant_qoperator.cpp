@@ -505,6 +505,38 @@ TEST_CASE("fuse-dynamic-qmatmul must not fire: a weight zero point, uint8 weight
   }
 }
 
+TEST_CASE("ondine.DynQMatMul: bad operands are errors naming the node", "[qoperator][dynamic]") {
+  struct Case {
+    DType a, scale;
+    Dims w;
+    std::vector<float> w_scale;
+    const char* message;
+  };
+  for (const Case& c : {Case{DType::Int8, DType::Float32, {8, 3}, {0.1f}, "A must be uint8"},
+                        Case{DType::UInt8, DType::UInt8, {8, 3}, {0.1f}, "A_scale must be float32"},
+                        Case{DType::UInt8, DType::Float32, {5, 3}, {0.1f}, "inner dimensions"},
+                        Case{DType::UInt8, DType::Float32, {8, 3}, {0.1f, 0.2f}, "w_scale has 2 entries for 3"},
+                        Case{DType::UInt8, DType::Float32, {8, 3}, {-1.0f}, "w_scale must be positive"}}) {
+    INFO(c.message);
+    Graph g;
+    g.opsets.emplace(fused::kDomain, fused::kDomainVersion);
+    Value* a = g.add_input("a", c.a, Shape{4, 8});
+    Value* s = g.add_input("s", c.scale, Shape{});
+    Value* z = g.add_input("z", DType::UInt8, Shape{});
+    Value* w = g.add_constant("w", Tensor(DType::Int8, c.w));
+    g.add_output(g.add_node("DynQMatMul", {a, s, z, w}, {"y"}, {{"w_scale", c.w_scale}}, "dq_mm", fused::kDomain)->output(0));
+    try {
+      infer_shapes(g);
+      FAIL("no error");
+    } catch (const Error& e) {
+      std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("dq_mm") != std::string::npos);
+      CHECK(what.find(c.message) != std::string::npos);
+    }
+  }
+}
+
 #ifdef ONDINE_TEST_HAVE_IMPORT
 TEST_CASE("quantize-dynamic on models/bert.onnx (when generated): cosine to fp32 >= 0.99", "[qoperator][dynamic][e2e]") {
   auto loaded = test::example_model("bert.onnx");

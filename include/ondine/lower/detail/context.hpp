@@ -250,6 +250,7 @@ class PrimitiveStep : public runtime::Step {
   void execute(runtime::ExecContext& ctx) const override { run(ctx, ctx.state<State>(*this)); }
 
  protected:
+  const dnnl::engine& engine() const { return engine_; }
   void run(runtime::ExecContext& ctx, State& st) const {
     for (auto& [m, slot] : st.external) m.set_data_handle(ctx.ptr(slot));
     try {

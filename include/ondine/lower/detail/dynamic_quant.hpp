@@ -183,9 +183,8 @@ class DynQMatMulStep : public PrimitiveStep {
                  std::vector<SlotArg> slot_args, std::vector<std::pair<int, memory>> const_args,
                  memory::desc scratchpad, SlotId a_scale, SlotId a_zero_point, std::vector<float> w_scale,
                  std::int64_t cols)
-      : PrimitiveStep(std::move(info), node, engine, std::move(prim), std::move(slot_args), std::move(const_args),
-                      std::move(scratchpad), {a_scale, a_zero_point}),
-        engine_(std::move(engine)),
+      : PrimitiveStep(std::move(info), node, std::move(engine), std::move(prim), std::move(slot_args),
+                      std::move(const_args), std::move(scratchpad), {a_scale, a_zero_point}),
         a_scale_(a_scale),
         a_zero_point_(a_zero_point),
         w_scale_(std::move(w_scale)),
@@ -199,8 +198,8 @@ class DynQMatMulStep : public PrimitiveStep {
   std::unique_ptr<runtime::StepState> make_state(runtime::ExecContext& ctx) const override {
     auto st = std::make_unique<Runtime>();
     st->base = PrimitiveStep::make_state(ctx);
-    st->scales = memory(plain_md({1, cols_}, memory::data_type::f32), engine_);
-    st->zero_point = memory(plain_md({1}, memory::data_type::s32), engine_);
+    st->scales = memory(plain_md({1, cols_}, memory::data_type::f32), engine());
+    st->zero_point = memory(plain_md({1}, memory::data_type::s32), engine());
     auto& args = static_cast<PrimitiveStep::State&>(*st->base).args;
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, st->scales);
     args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, st->zero_point);
@@ -218,7 +217,6 @@ class DynQMatMulStep : public PrimitiveStep {
   }
 
  private:
-  dnnl::engine engine_;
   SlotId a_scale_, a_zero_point_;
   std::vector<float> w_scale_;
   std::int64_t cols_;
