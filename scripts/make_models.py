@@ -29,9 +29,47 @@ gives the same weights as generating all of them.
 
 --verify (needs --inputs, node and bench/node_modules) runs each model with ONNX Runtime through
 bench/ort_run.mjs and checks that the outputs are finite and of sensible magnitude.
+
+Models exported from PyTorch (--torch-corpus; needs torch 1.13 and torchvision 0.14, imported only then):
+    /usr/bin/python3 scripts/make_models.py --torch-corpus [DIR] [--which bert_encoder,...] [--seed 0] [--verify]
+writes, per model NAME, DIR/NAME/model.onnx (default DIR: tests/data/torch, committed as test data) and, for two
+cases with different dynamic sizes, the inputs and PyTorch's outputs: caseK.<input name>.npy and
+caseK.out.<output name>.npy, named after the graph's inputs and outputs. The modules are small nn.Modules with
+weights seeded by torch.manual_seed (per seed and model), exported in eval mode as users do it:
+torch.onnx.export with input_names, output_names and dynamic_axes, default settings otherwise (constant
+folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbolic dims as exported).
+  bert_encoder     opset 14  "input_ids" i64 [batch,seq] -> "hidden" [batch,seq,64]; token + learned position
+                   embeddings (torch.arange of the runtime length: Shape/Gather/Range), nn.TransformerEncoder
+                   (2 layers, d 64, 4 heads, ff 128, gelu, padding mask input_ids == 0), LayerNorm.
+                   Cases [1,7] and [2,12] (the second sample of case 1 ends in 3 pad tokens).
+  gpt_decoder      opset 14  "input_ids" i64 [batch,seq] -> "logits" [batch,seq,100]; hand-written GPT (2 pre-LN
+                   blocks, d 64, 4 heads, attention as Hugging Face writes it with a triu causal mask from the
+                   runtime length -> Trilu/Where, GELU MLP, LM head tied to the embedding). Cases [1,7], [2,12].
+  vit_small        opset 14  "pixels" f32 [batch,3,32,32] -> "logits" [batch,10]; torchvision VisionTransformer
+                   (patch 8, 2 layers, 4 heads, hidden 64, mlp 128). Dynamic batch only: cases batch 1 and 3.
+  audio_encoder    opset 14  "mel" f32 [batch,16,frames] -> "features" [batch,time,64]; Whisper-like Conv1d +
+                   GELU, Conv1d stride 2 + GELU, sinusoidal positions sliced to the runtime length (Slice),
+                   2 nn.TransformerEncoderLayer, LayerNorm. Cases [1,16,20] and [2,16,34] (time 10 and 17).
+  seq2seq          opset 14  "src_ids" i64 [batch,src_seq], "tgt_ids" i64 [batch,tgt_seq] -> "logits"
+                   [batch,tgt_seq,50]; nn.Transformer (1 encoder + 1 decoder layer, d 64, 4 heads, ff 128) with
+                   a causal tgt mask from generate_square_subsequent_mask(tgt length). Cases src/tgt [1,7]/[1,5]
+                   and [2,12]/[2,9].
+  paddle_reshape   opset 13  "x" f32 [batch,3,height,width] -> "out" [batch,4,height,width]; Conv, then
+                   reshape(b, c, h*w) and reshape(b, -1, h, w) from x.shape (Shape -> Gather -> Mul ->
+                   Unsqueeze -> Concat -> Reshape) around a Linear, Conv. Cases 16x16 (batch 1), 24x20 (batch 2).
+  pad_shape_arith  opset 13  "image" f32 [batch,3,height,width] -> "out" same shape; pads H, W up to a multiple
+                   of 8 with pads from shape arithmetic (Mod/Sub -> Concat -> ... -> Pad), Conv stride 2, nearest
+                   Resize x2, crop back to [:h, :w] (Slice), Conv 1x1 + input. Cases 13x21 (batch 1), 16x16
+                   (batch 2).
+Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
+time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
+constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
+--verify also runs ONNX Runtime through bench/ort_run.mjs. PyTorch's outputs must be finite with
+0.1 <= max|x| <= 100. One summary per model: opset, nodes, size, inputs and outputs, op_type counts.
 """
 
 import argparse
+import io
 import math
 import os
 import subprocess
@@ -342,11 +380,12 @@ def check(model, path):
     return len(inferred.graph.value_info)
 
 
-def verify_with_ort(path, input_name, input_file, output_names):
-    """Run ONNX Runtime through bench/ort_run.mjs; return {output name: array}."""
+def verify_with_ort(path, input_files, output_names):
+    """Run ONNX Runtime through bench/ort_run.mjs on {input name: .npy file}; return {output name: array}."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["node", os.path.join(REPO_ROOT, "bench", "ort_run.mjs"), path,
-               "--input", f"{input_name}={input_file}", "--output-dir", tmp]
+        cmd = ["node", os.path.join(REPO_ROOT, "bench", "ort_run.mjs"), path, "--output-dir", tmp]
+        for input_name, input_file in input_files.items():
+            cmd += ["--input", f"{input_name}={input_file}"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise SystemExit(f"ONNX Runtime failed on {path}:\n{result.stderr}")
@@ -359,11 +398,412 @@ def describe(array):
             f"mean {a.mean():.4g} std {a.std():.4g} max|x| {np.abs(a).max():.4g}")
 
 
+# -------------------------------------------------------------------------------------------------
+# Models exported from PyTorch (--torch-corpus): torch is imported lazily, only by this group.
+# -------------------------------------------------------------------------------------------------
+TORCH_CORPUS_DIR = os.path.join(REPO_ROOT, "tests", "data", "torch")
+
+
+class TorchSpec:
+    """What one --torch-corpus builder returns: the module (eval mode) and how to export and feed it."""
+
+    def __init__(self, module, opset, input_names, output_names, dynamic_axes, cases, doc):
+        self.module = module
+        self.opset = opset
+        self.input_names = input_names
+        self.output_names = output_names
+        self.dynamic_axes = dynamic_axes
+        self.cases = cases  # one {input name: numpy array} per case; case 0 is also the tracing example
+        self.doc = doc
+
+
+def token_cases(rng, vocab, shapes, name="input_ids"):
+    """Token-id inputs, one per (batch, seq); ids in [1, vocab): 0 is kept free as a padding id."""
+    return [{name: rng.integers(1, vocab, size=shape, dtype=np.int64)} for shape in shapes]
+
+
+def float_cases(rng, name, shapes):
+    return [{name: rng.standard_normal(shape).astype(np.float32)} for shape in shapes]
+
+
+def sinusoid_table(length, dim):
+    """The fixed sine/cosine position table of "Attention is all you need" (and Whisper's encoder)."""
+    position = np.arange(length)[:, None]
+    inv_freq = np.exp(-math.log(10000.0) * np.arange(0, dim, 2) / dim)
+    table = np.zeros((length, dim), dtype=np.float32)
+    table[:, 0::2] = np.sin(position * inv_freq)
+    table[:, 1::2] = np.cos(position * inv_freq)
+    return table
+
+
+def torch_bert_encoder(rng):
+    import torch
+    from torch import nn
+
+    vocab, hidden, max_len = 100, 64, 64
+
+    class BertEncoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word_embeddings = nn.Embedding(vocab, hidden)
+            self.position_embeddings = nn.Embedding(max_len, hidden)
+            layer = nn.TransformerEncoderLayer(hidden, 4, dim_feedforward=128, dropout=0.0, activation="gelu",
+                                               batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+            self.norm = nn.LayerNorm(hidden)
+
+        def forward(self, input_ids):
+            # Traced as Shape -> Gather -> Range: the positions follow the runtime sequence length.
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+            x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+            # Padding mask from the pad id 0, as BERT-style exporters write it (Equal -> Where/Add on scores).
+            x = self.encoder(x, src_key_padding_mask=input_ids == 0)
+            return self.norm(x)
+
+    module = BertEncoder()
+    cases = token_cases(rng, vocab, [(1, 7), (2, 12)])
+    cases[1]["input_ids"][1, -3:] = 0  # the second sample of case 1 ends in 3 padding tokens
+    return TorchSpec(module, 14, ["input_ids"], ["hidden"],
+                     {"input_ids": {0: "batch", 1: "seq"}, "hidden": {0: "batch", 1: "seq"}}, cases,
+                     "token + learned position embeddings (arange of the runtime length), nn.TransformerEncoder "
+                     "(2 layers, d 64, 4 heads, ff 128, gelu, padding mask from id 0), LayerNorm")
+
+
+def torch_gpt_decoder(rng):
+    import torch
+    from torch import nn
+
+    vocab, hidden, heads, layers, max_len = 100, 64, 4, 2, 64
+    head_dim = hidden // heads
+
+    class Attention(nn.Module):
+        """Causal self-attention written out the way Hugging Face's GPT-style models do it."""
+
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(hidden, hidden)
+            self.k_proj = nn.Linear(hidden, hidden)
+            self.v_proj = nn.Linear(hidden, hidden)
+            self.out_proj = nn.Linear(hidden, hidden)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = self.q_proj(x).view(b, s, heads, head_dim).transpose(1, 2)
+            k = self.k_proj(x).view(b, s, heads, head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(b, s, heads, head_dim).transpose(1, 2)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
+            # Built at run time from the sequence length: ConstantOfShape -> Trilu -> Cast -> Where.
+            causal = torch.triu(torch.ones(s, s, device=x.device), diagonal=1).bool()
+            scores = scores.masked_fill(causal, float("-inf"))
+            context = torch.softmax(scores, dim=-1) @ v
+            return self.out_proj(context.transpose(1, 2).reshape(b, s, hidden))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(hidden)
+            self.attn = Attention()
+            self.ln_2 = nn.LayerNorm(hidden)
+            self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GptDecoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, hidden)
+            self.wpe = nn.Embedding(max_len, hidden)
+            self.h = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(hidden)
+            self.lm_head = nn.Linear(hidden, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied, as GPT-2 does
+
+        def forward(self, input_ids):
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            x = self.wte(input_ids) + self.wpe(positions)
+            for block in self.h:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))
+
+    module = GptDecoder()
+    with torch.no_grad():
+        module.wte.weight.mul_(0.3)  # N(0, 0.3) embeddings: logits through the tied head of order 1-10
+    return TorchSpec(module, 14, ["input_ids"], ["logits"],
+                     {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
+                     token_cases(rng, vocab, [(1, 7), (2, 12)]),
+                     "GPT-style decoder written by hand (2 pre-LN blocks, d 64, 4 heads, manual attention with a "
+                     "triu causal mask built from the runtime length, GELU MLP), LM head tied to the embedding")
+
+
+def torch_vit_small(rng):
+    import torch
+    import torchvision
+
+    module = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
+                                                  hidden_dim=64, mlp_dim=128, num_classes=10)
+    with torch.no_grad():
+        # torchvision zero-initializes the classification head: logits would be all zero.
+        module.heads.head.weight.normal_(0.0, 1.0 / math.sqrt(64))
+        module.heads.head.bias.normal_(0.0, 0.01)
+    return TorchSpec(module, 14, ["pixels"], ["logits"], {"pixels": {0: "batch"}, "logits": {0: "batch"}},
+                     float_cases(rng, "pixels", [(1, 3, 32, 32), (3, 3, 32, 32)]),
+                     "torchvision.models.VisionTransformer (image 32, patch 8, 2 layers, 4 heads, hidden 64, "
+                     "mlp 128, 10 classes)")
+
+
+def torch_audio_encoder(rng):
+    import torch
+    from torch import nn
+
+    n_mels, hidden, max_frames = 16, 64, 256
+
+    class AudioEncoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv1d(n_mels, hidden, 3, padding=1)
+            self.conv2 = nn.Conv1d(hidden, hidden, 3, stride=2, padding=1)
+            self.register_buffer("pos", torch.from_numpy(sinusoid_table(max_frames // 2, hidden)))
+            layer = nn.TransformerEncoderLayer(hidden, 4, dim_feedforward=128, dropout=0.0, activation="gelu",
+                                               batch_first=True)
+            self.layers = nn.TransformerEncoder(layer, num_layers=2)
+            self.ln_post = nn.LayerNorm(hidden)
+
+        def forward(self, mel):
+            x = nn.functional.gelu(self.conv1(mel))
+            x = nn.functional.gelu(self.conv2(x))
+            x = x.transpose(1, 2)  # [batch, frames / 2, hidden]
+            x = x + self.pos[: x.shape[1]]  # Slice whose end is read from the runtime shape
+            return self.ln_post(self.layers(x))
+
+    return TorchSpec(AudioEncoder(), 14, ["mel"], ["features"],
+                     {"mel": {0: "batch", 2: "frames"}, "features": {0: "batch", 1: "time"}},
+                     float_cases(rng, "mel", [(1, n_mels, 20), (2, n_mels, 34)]),
+                     "Whisper-like: Conv1d(16->64, k3) GELU, Conv1d(64->64, k3, stride 2) GELU, + sinusoidal "
+                     "positions sliced to the runtime length, 2 nn.TransformerEncoderLayer (gelu), LayerNorm")
+
+
+def torch_seq2seq(rng):
+    from torch import nn
+
+    src_vocab, tgt_vocab, hidden = 50, 50, 64
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.src_embed = nn.Embedding(src_vocab, hidden)
+            self.tgt_embed = nn.Embedding(tgt_vocab, hidden)
+            self.transformer = nn.Transformer(hidden, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                                              dim_feedforward=128, dropout=0.0, batch_first=True)
+            self.generator = nn.Linear(hidden, tgt_vocab)
+
+        def forward(self, src_ids, tgt_ids):
+            # -inf above the diagonal, from tgt's runtime length: ConstantOfShape -> Trilu.
+            tgt_mask = nn.Transformer.generate_square_subsequent_mask(tgt_ids.shape[1])
+            x = self.transformer(self.src_embed(src_ids), self.tgt_embed(tgt_ids), tgt_mask=tgt_mask)
+            return self.generator(x)
+
+    module = Seq2Seq()
+    src = token_cases(rng, src_vocab, [(1, 7), (2, 12)], "src_ids")
+    tgt = token_cases(rng, tgt_vocab, [(1, 5), (2, 9)], "tgt_ids")
+    return TorchSpec(module, 14, ["src_ids", "tgt_ids"], ["logits"],
+                     {"src_ids": {0: "batch", 1: "src_seq"}, "tgt_ids": {0: "batch", 1: "tgt_seq"},
+                      "logits": {0: "batch", 1: "tgt_seq"}},
+                     [{**s, **t} for s, t in zip(src, tgt)],
+                     "nn.Transformer (d 64, 4 heads, 1 encoder + 1 decoder layer, ff 128) with src/tgt embeddings, "
+                     "causal tgt mask from generate_square_subsequent_mask(tgt length), Linear to vocab 50")
+
+
+def torch_paddle_reshape(rng):
+    from torch import nn
+
+    class PaddleReshape(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv_in = nn.Conv2d(3, 16, 3, padding=1)
+            self.mix = nn.Linear(16, 16)
+            self.conv_out = nn.Conv2d(16, 4, 3, padding=1)
+
+        def forward(self, x):
+            x = nn.functional.relu(self.conv_in(x))
+            b, c, h, w = x.shape  # Shape -> Gather per dimension
+            x = x.reshape(b, c, h * w).transpose(1, 2)  # Mul(h, w) -> Unsqueeze -> Concat -> Reshape
+            x = self.mix(x)
+            x = x.transpose(1, 2).reshape(b, -1, h, w)
+            return self.conv_out(x)
+
+    return TorchSpec(PaddleReshape(), 13, ["x"], ["out"],
+                     {"x": {0: "batch", 2: "height", 3: "width"}, "out": {0: "batch", 2: "height", 3: "width"}},
+                     float_cases(rng, "x", [(1, 3, 16, 16), (2, 3, 24, 20)]),
+                     "Conv(3->16) ReLU, reshape(b, c, h*w) from the runtime shape, transpose, Linear(16), "
+                     "transpose, reshape(b, -1, h, w), Conv(16->4)")
+
+
+def torch_pad_shape_arith(rng):
+    from torch import nn
+
+    class PadShapeArith(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.head = nn.Conv2d(8, 3, 1)
+
+        def forward(self, x):
+            h, w = x.shape[-2:]
+            ph = (8 - h % 8) % 8  # traced as Shape -> Gather -> Mod -> Sub -> Mod
+            pw = (8 - w % 8) % 8
+            y = nn.functional.pad(x, (0, pw, 0, ph))  # Pad whose pads come from a Concat
+            y = nn.functional.relu(self.down(y))
+            y = nn.functional.interpolate(y, scale_factor=2.0, mode="nearest")  # Resize
+            y = y[..., :h, :w]  # Slice ends from the runtime shape
+            return self.head(y) + x
+
+    return TorchSpec(PadShapeArith(), 13, ["image"], ["out"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "out": {0: "batch", 2: "height", 3: "width"}},
+                     float_cases(rng, "image", [(1, 3, 13, 21), (2, 3, 16, 16)]),
+                     "pads H and W up to a multiple of 8 with pads from shape arithmetic, Conv(3->8, stride 2) "
+                     "ReLU, nearest Resize x2, crop back to [:h, :w], Conv 1x1(8->3) + input")
+
+
+TORCH_MODELS = {
+    "bert_encoder": torch_bert_encoder,
+    "gpt_decoder": torch_gpt_decoder,
+    "vit_small": torch_vit_small,
+    "audio_encoder": torch_audio_encoder,
+    "seq2seq": torch_seq2seq,
+    "paddle_reshape": torch_paddle_reshape,
+    "pad_shape_arith": torch_pad_shape_arith,
+}
+
+
+def torch_seed(seed, name):
+    """torch.manual_seed value per (seed, model): stable across runs and --which subsets."""
+    return int(model_rng(seed, name, "torch.weights").integers(2**31))
+
+
+def torch_outputs(module, tensors):
+    """The module's outputs as numpy arrays, computed with autograd on (see the note in write_torch_model)."""
+    outputs = module(*tensors)
+    if not isinstance(outputs, (tuple, list)):
+        outputs = (outputs,)
+    return [o.detach().numpy() for o in outputs]
+
+
+def op_counts(model):
+    counts = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return " ".join(f"{op}:{n}" for op, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def value_signature(value):
+    dims = [d.dim_param or str(d.dim_value) for d in value.type.tensor_type.shape.dim]
+    dtype = TensorProto.DataType.Name(value.type.tensor_type.elem_type).lower()
+    return f"{value.name} {dtype}[{','.join(dims)}]"
+
+
+def write_torch_model(name, out_dir, seed, verify):
+    """Export one TORCH_MODELS entry to out_dir/name/ with its cases; return False if a check fails."""
+    import torch
+
+    torch.manual_seed(torch_seed(seed, name))
+    spec = TORCH_MODELS[name](model_rng(seed, name, "inputs"))
+    module = spec.module.eval()
+    model_dir = os.path.join(out_dir, name)
+    os.makedirs(model_dir, exist_ok=True)
+    for stale in os.listdir(model_dir):
+        if stale.startswith("case") and stale.endswith(".npy"):
+            os.remove(os.path.join(model_dir, stale))
+    path = os.path.join(model_dir, "model.onnx")
+
+    # Exported and run with autograd ON, on purpose: in eval mode under torch.no_grad() torch 1.13 sends
+    # nn.TransformerEncoder(Layer) and nn.MultiheadAttention (so torchvision's ViT too) to their fused "fast
+    # path", which has no ONNX symbolic: export fails with UnsupportedOperatorError on
+    # aten::_transformer_encoder_layer_fwd (audio_encoder), aten::_native_multi_head_attention (vit_small)
+    # or aten::logical_not (bert_encoder: the nested-tensor path taken for a padding mask). With parameters
+    # requiring grad the fast path is skipped and the ordinary ops are traced; the saved outputs take the
+    # same path (torch_outputs).
+    example = tuple(torch.from_numpy(spec.cases[0][n]) for n in spec.input_names)
+    start = time.perf_counter()
+    torch.onnx.export(module, example, path, input_names=spec.input_names, output_names=spec.output_names,
+                      dynamic_axes=spec.dynamic_axes, opset_version=spec.opset)
+    exported = time.perf_counter() - start
+
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    # No runtime here to run the export on case 1 (onnx 1.12 has no onnx.reference), so check instead that
+    # tracing with case 1's shapes writes the same graph: nothing that depends on the example's batch,
+    # length or spatial size (a Python int the tracer did not see through) was baked in as a constant.
+    retraced = io.BytesIO()
+    torch.onnx.export(module, tuple(torch.from_numpy(spec.cases[1][n]) for n in spec.input_names), retraced,
+                      input_names=spec.input_names, output_names=spec.output_names,
+                      dynamic_axes=spec.dynamic_axes, opset_version=spec.opset)
+    retraced = onnx.load_from_string(retraced.getvalue())
+    for field in ("node", "initializer", "input", "output"):
+        if [v.SerializeToString() for v in getattr(model.graph, field)] != \
+                [v.SerializeToString() for v in getattr(retraced.graph, field)]:
+            print(f"{path}: graph.{field} changes when traced with case 1's shapes: the export is not dynamic")
+            return False
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    print(f"{path}: opset {spec.opset}, {len(model.graph.node)} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "
+          f"exported in {exported:.1f} s, checker ok, same graph traced with case 1, "
+          f"{len(inferred.graph.value_info)} inferred shapes; "
+          f"{' '.join(value_signature(v) for v in model.graph.input)} -> "
+          f"{' '.join(value_signature(v) for v in model.graph.output)}")
+    print(f"  {spec.doc}")
+    print(f"  ops {op_counts(model)}")
+
+    try:
+        from onnx.reference import ReferenceEvaluator
+    except ImportError:
+        ReferenceEvaluator = None
+    ok = True
+    for index, case in enumerate(spec.cases):
+        prefix = os.path.join(model_dir, f"case{index}")
+        files = {}
+        for input_name in spec.input_names:
+            files[input_name] = f"{prefix}.{input_name}.npy"
+            np.save(files[input_name], case[input_name])
+        outputs = torch_outputs(module, [torch.from_numpy(case[n]) for n in spec.input_names])
+        dims = " ".join(f"{n}{list(case[n].shape)}" for n in spec.input_names)
+        for output_name, out in zip(spec.output_names, outputs):
+            np.save(f"{prefix}.out.{output_name}.npy", out)
+            peak = float(np.abs(out).max())
+            good = bool(np.isfinite(out).all()) and 0.1 <= peak <= 100.0
+            ok &= good
+            print(f"  case{index} {dims}: {output_name} {describe(out)}"
+                  f"{'' if good else '  <-- NOT FINITE OR BADLY SCALED'}")
+        checks = []
+        if ReferenceEvaluator is not None:
+            checks.append(("onnx.reference", dict(zip(spec.output_names,
+                                                      ReferenceEvaluator(model).run(None, dict(case))))))
+        if verify:
+            checks.append(("ONNX Runtime", verify_with_ort(path, files, spec.output_names)))
+        for runtime, results in checks:
+            for output_name, expected in zip(spec.output_names, outputs):
+                got = results[output_name]
+                error = (float(np.abs(got.astype(np.float64) - expected).max() / np.abs(expected).max())
+                         if got.shape == expected.shape else float("inf"))
+                good = error <= 1e-4
+                ok &= good
+                print(f"  case{index} {runtime} {output_name} shape {list(got.shape)}: max error / max|x| "
+                      f"{error:.2g}{'' if good else '  <-- MISMATCH'}")
+    if ReferenceEvaluator is None:
+        print(f"  (onnx.reference is not in onnx {onnx.__version__}: the exported model was not run)"
+              if not verify else f"  (onnx.reference is not in onnx {onnx.__version__}; ran ONNX Runtime)")
+    return ok
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--out", default="models", help="output directory (default: models)")
-    parser.add_argument("--which", default=",".join(MODELS), help="comma-separated subset of " + ",".join(MODELS))
+    parser.add_argument("--which", help="comma-separated subset of " + ",".join(MODELS) + " (default: all), or "
+                        "with --torch-corpus of " + ",".join(TORCH_MODELS))
+    parser.add_argument("--torch-corpus", nargs="?", const=TORCH_CORPUS_DIR, metavar="DIR",
+                        help="write the models exported from PyTorch instead, one folder each under DIR "
+                        f"(default: {os.path.relpath(TORCH_CORPUS_DIR)}); --out, --inputs, --batch are ignored")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inputs", action="store_true", help="also write seeded random inputs as .npy")
     parser.add_argument("--batch", default="1", help="comma-separated input batch sizes for --inputs (default 1)")
@@ -375,10 +815,17 @@ def main():
     parser.add_argument("--bert-vocab", type=int, default=8000)
     args = parser.parse_args()
 
-    names = [n.strip() for n in args.which.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODELS]
+    group = TORCH_MODELS if args.torch_corpus else MODELS
+    names = [n.strip() for n in (args.which or ",".join(group)).split(",") if n.strip()]
+    unknown = [n for n in names if n not in group]
     if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+        parser.error(f"unknown model(s) {unknown}; choose from {list(group)}")
+    if args.torch_corpus:
+        os.makedirs(args.torch_corpus, exist_ok=True)
+        failed = [name for name in names if not write_torch_model(name, args.torch_corpus, args.seed, args.verify)]
+        if failed:
+            print(f"FAILED: {', '.join(failed)}")
+        return 1 if failed else 0
     batches = [int(v) for v in args.batch.split(",")]
     if args.verify and not args.inputs:
         parser.error("--verify needs --inputs")
@@ -408,7 +855,7 @@ def main():
             if not args.verify:
                 continue
             start = time.perf_counter()
-            outputs = verify_with_ort(path, input_name, in_path, output_names)
+            outputs = verify_with_ort(path, {input_name: in_path}, output_names)
             for out_name, out in outputs.items():
                 peak = float(np.abs(out).max()) if out.size else 0.0
                 ok = bool(np.isfinite(out).all()) and 1e-2 <= peak <= 1e3

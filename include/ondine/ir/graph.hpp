@@ -22,6 +22,7 @@
 
 #include "ondine/error.hpp"
 #include "ondine/ir/attribute.hpp"
+#include "ondine/ir/dim_expr.hpp"
 #include "ondine/ir/shape.hpp"
 #include "ondine/ir/tensor.hpp"
 
@@ -59,8 +60,14 @@ class Value {
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
-  void set_dtype(DType t) { dtype_ = t; }
-  void set_shape(Shape s) { shape_ = std::move(s); }
+  void set_dtype(DType t) {
+    dtype_ = t;
+    clear_element_dims();
+  }
+  void set_shape(Shape s) {
+    shape_ = std::move(s);
+    clear_element_dims();
+  }
 
   Node* producer() const { return producer_; }
   std::size_t producer_output() const { return producer_output_; }
@@ -90,6 +97,39 @@ class Value {
   bool is_graph_input() const { return is_input_; }
   bool is_graph_output() const { return is_output_; }
 
+  // What shape inference knows of the elements of a small tensor computed from shapes that is not a
+  // constant: Shape(x) of x:[batch,seq,64] is [batch, seq, 64], and Gather, Concat, Add, ... of such
+  // values carry theirs (ir/infer/values.hpp). One SymInt per element, row-major: a number, an
+  // expression over dim names, or unknown. Readers of shape-like inputs (Reshape's shape, Expand, Range, Slice, Pad, ...) use them where
+  // no constant is there. nullopt: nothing known. Set only together with the value's dtype and shape.
+  const std::optional<std::vector<SymInt>>& element_dims() const { return element_dims_; }
+  // The elements as a tensor when every one is a number (else nullptr): what the value will hold at
+  // run time, known at compile time although no constant holds it.
+  const Tensor* known_data() const { return known_data_ ? &*known_data_ : nullptr; }
+  void set_element_dims(std::optional<std::vector<SymInt>> dims) {
+    known_data_.reset();
+    element_dims_ = std::move(dims);
+    bool numeric = is_integer(dtype_) || dtype_ == DType::Bool || dtype_ == DType::Float32 || dtype_ == DType::Float64;
+    if (!element_dims_ || !shape_.is_static() || !numeric) return;
+    auto numel = shape_.numel();
+    if (!numel || static_cast<std::size_t>(*numel) != element_dims_->size()) {
+      element_dims_.reset();  // inconsistent with the shape: know nothing rather than something wrong
+      return;
+    }
+    for (auto& d : *element_dims_)
+      if (!d.is_number()) return;
+    Tensor t(dtype_, shape_.sizes());
+    dispatch_dtype(dtype_, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* p = t.data<T>();
+      for (std::size_t i = 0; i < element_dims_->size(); ++i) {
+        if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(*(*element_dims_)[i].number);
+        else p[i] = static_cast<T>(static_cast<float>(*(*element_dims_)[i].number));
+      }
+    });
+    known_data_ = std::move(t);
+  }
+
   // The memory layout the layout pass chose for this value (Layout::Unset: the lowering decides).
   // The IR's semantics never depend on it: every tensor is indexed by its logical dims.
   Layout layout() const { return layout_; }
@@ -105,7 +145,13 @@ class Value {
   Node* producer_ = nullptr;
   std::size_t producer_output_ = 0;
   std::vector<Use> uses_;
+  void clear_element_dims() {
+    element_dims_.reset();
+    known_data_.reset();
+  }
   std::optional<Tensor> constant_;
+  std::optional<std::vector<SymInt>> element_dims_;
+  std::optional<Tensor> known_data_;
   bool is_input_ = false, is_output_ = false;
 };
 
@@ -479,6 +525,8 @@ class Graph {
       c->dtype_ = v->dtype_;
       c->shape_ = v->shape_;
       c->constant_ = v->constant_;
+      c->element_dims_ = v->element_dims_;
+      c->known_data_ = v->known_data_;
       c->layout_ = v->layout_;
       map[v.get()] = c;
     }

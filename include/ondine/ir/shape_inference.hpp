@@ -12,6 +12,7 @@
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
+#include "ondine/ir/infer/values.hpp"
 
 namespace ondine {
 
@@ -32,6 +33,16 @@ inline const InferTable& infer_table() {
   return table;
 }
 
+// Infers one node: its outputs' dtypes and shapes, then what is known of their elements (shape values,
+// ir/infer/values.hpp). Returns false for an op without inference (its outputs are left as they are).
+inline bool infer_node(Node& n) {
+  auto it = infer_table().find(n.op_key());
+  if (it == infer_table().end()) return false;
+  it->second(n);
+  infer::propagate_values(n);
+  return true;
+}
+
 // Runs inference node by node in topological order, setting every node output's dtype and shape.
 // Inconsistent shapes throw an Error naming the node and op. Nodes of unsupported ops get unknown
 // outputs (check_supported() reports those ops all at once).
@@ -45,6 +56,7 @@ inline void infer_shapes(Graph& g) {
     }
     try {
       it->second(*n);
+      infer::propagate_values(*n);
     } catch (Error& e) {
       if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
       throw;

@@ -133,15 +133,43 @@ inline void check_static_shapes(const Graph& g) {
       throw Error("input '" + in->name() + "' has shape " + in->shape().str() +
                   ": compiling needs static shapes; bind its symbolic dims first (ondine::bind_dims)");
 }
+inline bool all_shapes_static(const Graph& g) {
+  for (Node* n : g.nodes())
+    for (const Value* v : n->outputs())
+      if (v && (v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+  return true;
+}
+
+// The first node (in topological order) whose outputs are not static although its inputs are: the one
+// that blocks static shapes. Its output shape depends on data (NonZero, a Reshape fed by one) or on
+// an op without shape inference.
 inline void check_node_shapes(const Graph& g) {
-  for (Node* n : g.nodes()) {
+  for (Node* n : g.topo_order()) {
     for (const Value* v : n->outputs()) {
       if (!v) continue;
-      if (v->dtype() == DType::Undefined || !v->shape().is_static())
+      if (v->dtype() == DType::Undefined || !v->shape().is_static()) {
+        std::string why = infer_table().count(n->op_key())
+                              ? "its shape depends on the data of an input, not only on the input shapes"
+                              : "the op has no shape inference";
         throw n->error("output '" + v->name() + "' has no static type and shape (" + Graph::value_type_str(v) +
-                       "); the compiled runtime needs them (data-dependent shapes are unsupported)");
+                       ") after the graph inputs were bound: " + why +
+                       "; the compiled runtime needs static shapes (data-dependent shapes are unsupported)");
+      }
     }
   }
+}
+
+// Shapes that follow from the inputs only through computed values (a causal mask's Range, pads from
+// Mod/Sub on the image size, a Reshape target through Cast/Div/Floor) are static once those values are
+// computed: fold them now, whatever options.passes says, since the runtime needs static shapes. The
+// shape values of inference (ir/infer/values.hpp) resolve most chains without this; float chains and
+// ops without value rules need the folding.
+inline void resolve_static_shapes(Graph& g, const CompileOptions& options) {
+  if (all_shapes_static(g)) return;
+  PassManager pm = make_pass_manager("fold-constants*,dce");
+  pm.run(g);
+  infer_shapes(g);
+  if (options.log) options.log("shapes: folded the values that shapes depend on (fold-constants*, dce)");
 }
 
 inline void check_ops(const Graph& g) {
@@ -240,6 +268,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   g->verify();
   check_ops(*g);
   infer_shapes(*g);
+  resolve_static_shapes(*g, options);
   check_node_shapes(*g);
   run_passes(*g, options);
 

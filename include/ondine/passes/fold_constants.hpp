@@ -108,15 +108,21 @@ inline bool reinfer(Node& n) {
   auto it = infer_table().find(n.op_key());
   if (it == infer_table().end()) return false;
   std::vector<std::pair<DType, Shape>> before;
-  for (Value* out : n.outputs()) before.emplace_back(out->dtype(), out->shape());
+  std::vector<std::optional<std::vector<SymInt>>> elements_before;
+  for (Value* out : n.outputs()) {
+    before.emplace_back(out->dtype(), out->shape());
+    elements_before.push_back(out->element_dims());
+  }
   auto restore = [&] {
     for (std::size_t i = 0; i < n.num_outputs(); ++i) {
       n.output(i)->set_dtype(before[i].first);
       n.output(i)->set_shape(before[i].second);
+      n.output(i)->set_element_dims(elements_before[i]);
     }
   };
   try {
     it->second(n);
+    infer::propagate_values(n);
   } catch (const std::exception&) {
     restore();
     return false;
@@ -128,7 +134,8 @@ inline bool reinfer(Node& n) {
       restore();
       return false;
     }
-    changed |= out->dtype() != before[i].first || out->shape() != before[i].second;
+    changed |= out->dtype() != before[i].first || out->shape() != before[i].second ||
+               out->element_dims() != elements_before[i];
   }
   return changed;
 }
@@ -145,6 +152,8 @@ inline std::optional<std::vector<Tensor>> known_inputs(const Node& n) {
       args.emplace_back();
     } else if (v->is_constant()) {
       args.push_back(v->constant());
+    } else if (v->known_data()) {  // elements known from shapes (ir/infer/values.hpp)
+      args.push_back(*v->known_data());
     } else if (reads_only_dims && i == 0 && v->shape().is_static()) {
       DType t = v->dtype() == DType::Undefined ? DType::Float32 : v->dtype();
       args.emplace_back(t, v->shape().sizes(), nullptr, nullptr);

@@ -66,10 +66,12 @@ inline Shape broadcast(const Node& n, const Shape& a, const Shape& b) {
   return Shape(out);
 }
 
-// The constant data of input i when it is known at compile time, else nullptr.
+// The data of input i when it is known at compile time, else nullptr: a constant's, or the elements
+// shape-value propagation found to be numbers (Value::known_data, ir/infer/values.hpp).
 inline const Tensor* constant_input(const Node& n, std::size_t i) {
   Value* v = n.input(i);
-  return v && v->is_constant() ? &v->constant() : nullptr;
+  if (!v) return nullptr;
+  return v->is_constant() ? &v->constant() : v->known_data();
 }
 
 }  // namespace infer

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/values.hpp"
 
 namespace ondine::infer {
 namespace detail_nn {
@@ -137,10 +138,18 @@ inline Dim window_output_dim(const Node& n, const Window& w, std::size_t i, cons
     std::int64_t pb, pe;
     return window_output_size(n, w, i, in.value, pb, pe);
   }
-  bool same = w.strides[i] == 1 &&
-              (w.auto_pad == "SAME_UPPER" || w.auto_pad == "SAME_LOWER" ||
-               (w.effective_kernel(i) == 1 && w.pads[i] == 0 && w.pads[i + w.spatial()] == 0));
-  return same ? in : Dim();
+  std::int64_t s = w.strides[i];
+  if (w.auto_pad == "SAME_UPPER" || w.auto_pad == "SAME_LOWER")  // ceil(in / s)
+    return dim_floor_div(dim_add(in, Dim(s - 1)), Dim(s));
+  // floor((in + pads - extent) / s) + 1, ceil_mode: ceil(...) + 1 (less a last window starting in the
+  // end padding, which needs the number: left unknown then).
+  Dim span = dim_sub(dim_add(in, Dim(w.pads[i] + w.pads[i + w.spatial()])), Dim(w.effective_kernel(i)));
+  if (w.ceil_mode && w.auto_pad != "VALID") {
+    if (s == 1) return dim_add(span, Dim(1));
+    if (w.pads[i + w.spatial()] != 0) return Dim();
+    return dim_add(dim_floor_div(dim_add(span, Dim(s - 1)), Dim(s)), Dim(1));
+  }
+  return dim_add(dim_floor_div(span, Dim(s)), Dim(1));
 }
 
 // Output sizes and pads for static input spatial sizes (the kernels' view of the above).
@@ -694,6 +703,15 @@ inline void infer_resize(Node& n) {
   Value* sizes_v = n.input(resize_sizes_index(n));
   bool scales_known = !scales_v || scales;
   bool sizes_known = !sizes_v || sizes;
+  if (!sizes_known && n.attr_string("keep_aspect_ratio_policy", "stretch") == "stretch") {
+    // Sizes computed from shapes (ir/infer/values.hpp): each resized axis takes its size as a dim.
+    auto elems = input_values(n, resize_sizes_index(n));
+    if (elems && elems->size() == spec.axes.size()) {
+      std::vector<Dim> out = xs.dims();
+      for (std::size_t i = 0; i < spec.axes.size(); ++i) out[static_cast<std::size_t>(spec.axes[i])] = (*elems)[i].as_dim();
+      return set_output(n, 0, x.dtype(), Shape(out));
+    }
+  }
   if (!scales_known || !sizes_known) {
     // Data-dependent target: the rank is all we know (axes not resized keep their dims).
     std::vector<Dim> out = xs.dims();
@@ -776,6 +794,25 @@ inline void infer_pad(Node& n) {
   bool have_axes = n.opset() >= 18 && n.input(3);
   auto pads = pad_amounts(n, xs.rank(), constant_input(n, 1), constant_input(n, 3), have_axes);
   std::vector<Dim> out(xs.rank());
+  if (!pads && n.opset() >= 11 && (!have_axes || constant_input(n, 3))) {
+    // Pads computed from shapes (ir/infer/values.hpp): each axis grows by its begin and end pads.
+    auto elems = input_values(n, 1);
+    std::vector<std::int64_t> axes;
+    if (have_axes) {
+      for (auto a : constant_input(n, 3)->to_int64s())
+        axes.push_back(normalize_axis(n, a, static_cast<std::int64_t>(xs.rank())));
+    } else {
+      for (std::size_t i = 0; i < xs.rank(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+    }
+    if (elems && elems->size() == 2 * axes.size()) {
+      out = xs.dims();
+      for (std::size_t i = 0; i < axes.size(); ++i) {
+        auto ax = static_cast<std::size_t>(axes[i]);
+        out[ax] = sym_add(sym_add(SymInt::of(xs[ax]), (*elems)[i]), (*elems)[i + axes.size()]).as_dim();
+      }
+    }
+    return set_output(n, 0, x.dtype(), Shape(out));
+  }
   for (std::size_t i = 0; i < xs.rank(); ++i) {
     if (!pads) continue;
     std::int64_t total = (*pads)[i] + (*pads)[i + xs.rank()];

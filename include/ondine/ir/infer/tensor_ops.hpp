@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/values.hpp"
 
 namespace ondine::infer {
 namespace detail_tensor_ops {
@@ -328,6 +329,42 @@ inline Shape reshape_output(const Node& n, const Shape& in, const Ints& shape, b
   return Shape(out);
 }
 
+// The same with a target known symbolically (ir/infer/values.hpp): [batch, -1, 64], [0, 3*seq]. A -1 is
+// the input's element count divided by the others' where that division is exact, else unknown.
+inline Shape reshape_output_symbolic(const Node& n, const Shape& in, const std::vector<SymInt>& target,
+                                     bool allowzero) {
+  std::vector<Dim> out;
+  std::int64_t infer_at = -1;
+  for (std::size_t i = 0; i < target.size(); ++i) {
+    const SymInt& t = target[i];
+    if (t.is_number() && *t.number == -1) {
+      if (infer_at >= 0) throw n.error("the target shape has more than one -1");
+      infer_at = static_cast<std::int64_t>(i);
+      out.emplace_back();
+    } else if (t.is_number() && *t.number == 0 && !allowzero) {
+      out.push_back(in.rank_known() && i < in.rank() ? in[i] : Dim());
+    } else {
+      out.push_back(t.as_dim());
+    }
+  }
+  if (infer_at < 0 || !in.rank_known()) return Shape(out);
+  SymInt total(1), rest(1);
+  for (auto& d : in.dims()) total = sym_mul(total, SymInt::of(d));
+  for (std::size_t i = 0; i < out.size(); ++i)
+    if (static_cast<std::int64_t>(i) != infer_at) rest = sym_mul(rest, SymInt::of(out[i]));
+  auto pt = detail::dim_expr::of(total), pr = detail::dim_expr::of(rest);
+  if (pt && pr && !pr->empty())
+    if (auto q = detail::dim_expr::divide_exact(*pt, *pr)) out[static_cast<std::size_t>(infer_at)] = detail::dim_expr::to_sym(*q).as_dim();
+  return Shape(out);
+}
+
+// Dims from known elements (a shape given as a computed value): negative or unknown ones are unknown.
+inline std::vector<Dim> dims_of(const std::vector<SymInt>& elems) {
+  std::vector<Dim> out;
+  for (auto& e : elems) out.push_back(e.as_dim());
+  return out;
+}
+
 // ---- Split ------------------------------------------------------------------------------------
 
 // The sizes of the parts of a Split along a dim of size `dim` (static), given explicit sizes (nullopt
@@ -561,7 +598,10 @@ inline void infer_split(Node& n) {
   const Dim& dim = s[static_cast<std::size_t>(axis)];
   std::vector<Dim> parts(n.num_outputs());
   if (sizes.given && !sizes.values) {
-    // sizes unknown: each part's axis dim is unknown
+    // sizes computed from shapes: each part takes its size as a dim; else each is unknown
+    auto elems = input_values(n, 1);
+    if (elems && elems->size() == parts.size())
+      for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = (*elems)[i].as_dim();
   } else if (dim.is_static()) {
     Ints p = split_sizes(n, dim.value, sizes.values, n.num_outputs());
     for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = p[i];
@@ -669,6 +709,10 @@ inline void infer_reshape(Node& n) {
   IntParam shape = int_param(n, 1, constant_input(n, 1), opset_of(n) < 5 ? "shape" : "", "shape");
   if (!shape.given) throw n.error("missing the target shape");
   if (!shape.values) {
+    if (auto elems = input_values(n, 1)) {
+      set_output(n, 0, x.dtype(), reshape_output_symbolic(n, x.shape(), *elems, allowzero));
+      return;
+    }
     std::optional<std::int64_t> len = static_length(n, 1);
     set_output(n, 0, x.dtype(), len ? Shape(std::vector<Dim>(static_cast<std::size_t>(*len))) : Shape::unknown());
     return;
@@ -820,6 +864,10 @@ inline void infer_expand(Node& n) {
     set_output(n, 0, x.dtype(), broadcast(n, x.shape(), Shape::from(*shape.values)));
     return;
   }
+  if (auto elems = input_values(n, 1)) {
+    set_output(n, 0, x.dtype(), broadcast(n, x.shape(), Shape(dims_of(*elems))));
+    return;
+  }
   std::optional<std::int64_t> len = static_length(n, 1);
   if (!len || !x.shape().rank_known()) {
     set_output(n, 0, x.dtype(), Shape::unknown());
@@ -841,6 +889,10 @@ inline void infer_constant_of_shape(Node& n) {
   if (shape.values) {
     checked_numel(n, *shape.values);
     set_output(n, 0, value.dtype(), Shape::from(*shape.values));
+    return;
+  }
+  if (auto elems = input_values(n, 0)) {
+    set_output(n, 0, value.dtype(), Shape(dims_of(*elems)));
     return;
   }
   std::optional<std::int64_t> len = static_length(n, 0);
@@ -870,6 +922,15 @@ inline void infer_range(Node& n) {
     set_output(n, 0, t, Shape{range_count(n, s->at_double(0), l->at_double(0), d->at_double(0))});
     return;
   }
+  // Bounds known symbolically (Range(0, seq, 1)): ceil((limit - start) / delta) for a positive delta.
+  auto sv = input_values(n, 0), lv = input_values(n, 1), dv = input_values(n, 2);
+  if (sv && lv && dv && sv->size() == 1 && lv->size() == 1 && dv->size() == 1 && (*dv)[0].is_number() &&
+      *(*dv)[0].number > 0) {
+    SymInt step = (*dv)[0];
+    SymInt count = sym_floor_div(sym_add(sym_sub((*lv)[0], (*sv)[0]), sym_sub(step, SymInt(1))), step);
+    set_output(n, 0, t, Shape{count.as_dim()});
+    return;
+  }
   set_output(n, 0, t, Shape{Dim()});
 }
 
@@ -884,7 +945,10 @@ inline void infer_tile(Node& n) {
     return;
   }
   Shape out = s;
-  if (!repeats.values) {
+  auto rep_elems = repeats.values ? std::nullopt : input_values(n, 1);
+  if (rep_elems && rep_elems->size() == s.rank()) {
+    for (std::size_t i = 0; i < s.rank(); ++i) out[i] = sym_mul(SymInt::of(s[i]), (*rep_elems)[i]).as_dim();
+  } else if (!repeats.values) {
     for (auto& d : out.dims()) d = Dim();
   } else {
     if (repeats.values->size() != s.rank())
