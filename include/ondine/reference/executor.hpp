@@ -80,7 +80,7 @@ inline void check_supported(const Graph& g) {
 // Checks a set of named inputs against the graph's declared inputs: every input present, no unknown
 // name, dtype equal, rank equal, static dims equal, and each named symbolic dim bound to one size.
 inline void check_inputs(const Graph& g, const std::map<std::string, Tensor>& inputs) {
-  std::map<std::string, std::int64_t> bound;
+  std::map<std::string, std::pair<std::int64_t, std::string>> bound;  // symbol -> size, the input that set it
   for (Value* in : g.inputs()) {
     auto it = inputs.find(in->name());
     if (it == inputs.end()) throw Error("missing input '" + in->name() + "' (" + Graph::value_type_str(in) + ")");
@@ -95,12 +95,14 @@ inline void check_inputs(const Graph& g, const std::map<std::string, Tensor>& in
     for (std::size_t i = 0; i < s.rank(); ++i) {
       const Dim& d = s[i];
       if (d.is_static() && d.value != t.dims()[i])
-        throw Error("input '" + in->name() + "' has shape " + dims_str(t.dims()) + ", the model expects " + s.str());
+        throw Error("input '" + in->name() + "' has shape " + dims_str(t.dims()) + ", the model expects " + s.str() +
+                    ": dim " + std::to_string(i) + " is " + std::to_string(t.dims()[i]) + ", expected " +
+                    std::to_string(d.value));
       if (!d.is_static() && !d.symbol.empty()) {
-        auto [b, fresh] = bound.emplace(d.symbol, t.dims()[i]);
-        if (!fresh && b->second != t.dims()[i])
+        auto [b, fresh] = bound.emplace(d.symbol, std::make_pair(t.dims()[i], in->name()));
+        if (!fresh && b->second.first != t.dims()[i])
           throw Error("input '" + in->name() + "' binds dim '" + d.symbol + "' to " + std::to_string(t.dims()[i]) +
-                      " but another input bound it to " + std::to_string(b->second));
+                      " but input '" + b->second.second + "' bound it to " + std::to_string(b->second.first));
       }
     }
   }

@@ -620,6 +620,9 @@ inline void infer_split(Node& n) {
   }
 }
 
+// An end at least this large means "to the end of the axis" (exporters write INT64_MAX or INT32_MAX).
+inline constexpr std::int64_t kLargeSliceEnd = std::numeric_limits<std::int32_t>::max();
+
 inline void infer_slice(Node& n) {
   Value& x = required_input(n, 0);
   check_data_dtype(n, x.dtype());
@@ -637,6 +640,26 @@ inline void infer_slice(Node& n) {
   }
   SliceParams p = slice_params(n, rank, constant_input(n, 1), constant_input(n, 2), constant_input(n, 3),
                                constant_input(n, 4));
+  if (p.axes && p.steps && (!p.starts || !p.ends)) {
+    // Bounds computed from shapes (ir/infer/values.hpp), e.g. pos_table[:seq]: with step 1 and a start
+    // >= 0, the count is end - start, a symbolic end taken to lie within the axis (x[:, :seq] as
+    // exporters write it); a number end past the axis or negative counts from the axis' size.
+    auto sv = input_values(n, 1), ev = input_values(n, 2);
+    bool usable = sv && ev && sv->size() == p.axes->size() && ev->size() == p.axes->size();
+    for (std::size_t i = 0; i < p.axes->size(); ++i) {
+      auto a = static_cast<std::size_t>((*p.axes)[i]);
+      out[a] = Dim();
+      if (!usable || (*p.steps)[i] != 1) continue;
+      SymInt start = (*sv)[i], end = (*ev)[i], dim = SymInt::of(s[a]);
+      if (!start.is_number() || *start.number < 0) continue;
+      if (end.is_number() && *end.number >= kLargeSliceEnd) end = dim;
+      else if (end.is_number() && *end.number < 0) end = sym_add(dim, end);
+      if (end.is_number() && dim.is_number()) end = std::min(*end.number, *dim.number);
+      out[a] = sym_sub(end, start).as_dim();
+    }
+    set_output(n, 0, x.dtype(), out);
+    return;
+  }
   if (!p.axes) {
     // starts and ends unknown, axes defaulted: the first len(starts) dims may change.
     std::optional<std::int64_t> len = static_length(n, 1);
@@ -645,7 +668,7 @@ inline void infer_slice(Node& n) {
     set_output(n, 0, x.dtype(), out);
     return;
   }
-  constexpr std::int64_t kLarge = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t kLarge = kLargeSliceEnd;
   for (std::size_t i = 0; i < p.axes->size(); ++i) {
     auto a = static_cast<std::size_t>((*p.axes)[i]);
     const Dim& d = s[a];

@@ -40,9 +40,11 @@ inline std::optional<Elems> input_elems(const Node& n, std::size_t i) {
     const Tensor& t = v->constant();
     if (t.numel() > kMaxElements || t.dtype() == DType::String || t.empty()) return std::nullopt;
     Elems out;
+    const bool integral = is_integer(t.dtype()) || t.dtype() == DType::Bool;
+    std::vector<std::int64_t> ints = integral ? t.to_int64s() : std::vector<std::int64_t>{};
     for (std::int64_t k = 0; k < t.numel(); ++k) {
-      if (is_integer(t.dtype()) || t.dtype() == DType::Bool) {
-        out.emplace_back(t.to_int64s()[static_cast<std::size_t>(k)]);
+      if (integral) {
+        out.emplace_back(ints[static_cast<std::size_t>(k)]);
       } else {
         double d = t.at_double(static_cast<std::size_t>(k));
         if (!(d == std::floor(d) && std::abs(d) < 9.0e15)) out.emplace_back();  // not an integer: unknown
@@ -54,12 +56,14 @@ inline std::optional<Elems> input_elems(const Node& n, std::size_t i) {
   return v->element_dims();
 }
 
+// The output has a static shape of at most kMaxElements elements (any rank: pads travel as [2, rank]).
 inline bool small_output(const Node& n, std::size_t i = 0) {
   const Value* v = n.output(i);
-  if (!v || !v->shape().rank_known() || v->shape().rank() > 1) return false;
+  if (!v) return false;
   auto k = v->shape().numel();
   return k && *k <= kMaxElements;
 }
+inline bool rank_at_most_1(const Value* v) { return v && v->shape().rank_known() && v->shape().rank() <= 1; }
 
 inline void set(Node& n, Elems e, std::size_t i = 0) {
   if (Value* v = n.output(i)) v->set_element_dims(std::move(e));
@@ -130,7 +134,7 @@ inline void gather(Node& n) {
 }
 
 inline void concat(Node& n) {
-  if (!small_output(n)) return;
+  if (!small_output(n) || !rank_at_most_1(n.output(0))) return;
   Elems e;
   for (std::size_t i = 0; i < n.num_inputs(); ++i) {
     auto part = input_elems(n, i);
@@ -140,55 +144,130 @@ inline void concat(Node& n) {
   set(n, e);
 }
 
-// Slice of a 1-D value with numeric starts/ends/axes/steps.
+// Row-major strides of static dims.
+inline std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& dims) {
+  std::vector<std::int64_t> st(dims.size(), 1);
+  for (std::size_t i = dims.size(); i-- > 1;) st[i - 1] = st[i] * dims[i];
+  return st;
+}
+
+// Calls f(flat input index) for each output element of a gather along static per-axis index lists.
+template <typename F>
+inline void for_each_index(const std::vector<std::vector<std::int64_t>>& picks, const std::vector<std::int64_t>& strides,
+                           F f) {
+  std::vector<std::size_t> pos(picks.size(), 0);
+  for (auto& p : picks)
+    if (p.empty()) return;
+  while (true) {
+    std::int64_t flat = 0;
+    for (std::size_t a = 0; a < picks.size(); ++a) flat += picks[a][pos[a]] * strides[a];
+    f(flat);
+    std::size_t a = picks.size();
+    while (a-- > 0) {
+      if (++pos[a] < picks[a].size()) break;
+      pos[a] = 0;
+    }
+    if (a == static_cast<std::size_t>(-1)) return;
+  }
+}
+
+// Slice of a small value with numeric parameters (PyTorch's pads: a [rank, 2] value reversed on axis 0).
 inline void slice(Node& n) {
   auto data = input_elems(n, 0);
   const Value* d = n.input(0);
-  if (!data || !d || d->shape().rank() != 1 || !small_output(n)) return;
-  std::int64_t start, end, step = 1;
-  if (n.opset() > 0 && n.opset() < 10) {
-    auto s = n.attr_ints("starts"), en = n.attr_ints("ends");
-    if (s.size() != 1 || en.size() != 1) return;
-    start = s[0];
-    end = en[0];
-  } else {
-    auto s = input_elems(n, 1), en = input_elems(n, 2);
-    if (!s || !en || s->size() != 1 || en->size() != 1 || !(*s)[0].is_number() || !(*en)[0].is_number()) return;
-    start = *(*s)[0].number;
-    end = *(*en)[0].number;
-    if (n.input(4)) {
-      auto st = input_elems(n, 4);
-      if (!st || st->size() != 1 || !(*st)[0].is_number() || *(*st)[0].number == 0) return;
-      step = *(*st)[0].number;
+  if (!data || !d || !d->shape().is_static() || !small_output(n)) return;
+  const auto dims = d->shape().sizes();
+  auto rank = static_cast<std::int64_t>(dims.size());
+  if (rank == 0) return;
+  auto numbers = [&](std::size_t i) -> std::optional<std::vector<std::int64_t>> {
+    auto e = input_elems(n, i);
+    if (!e) return std::nullopt;
+    std::vector<std::int64_t> out;
+    for (auto& x : *e) {
+      if (!x.is_number()) return std::nullopt;
+      out.push_back(*x.number);
     }
-  }
-  auto len = static_cast<std::int64_t>(data->size());
-  if (start < 0) start += len;
-  if (end < 0) end += len;
-  Elems e;
-  if (step > 0) {
-    start = std::clamp<std::int64_t>(start, 0, len);
-    end = std::clamp<std::int64_t>(end, 0, len);
-    for (std::int64_t k = start; k < end; k += step) e.push_back((*data)[static_cast<std::size_t>(k)]);
+    return out;
+  };
+  std::optional<std::vector<std::int64_t>> starts, ends, axes, steps;
+  if (n.opset() > 0 && n.opset() < 10) {
+    starts = n.attr_ints("starts");
+    ends = n.attr_ints("ends");
+    if (n.has_attr("axes")) axes = n.attr_ints("axes");
   } else {
-    start = std::clamp<std::int64_t>(start, 0, len - 1);
-    end = std::clamp<std::int64_t>(end, -1, len - 1);
-    for (std::int64_t k = start; k > end; k += step) e.push_back((*data)[static_cast<std::size_t>(k)]);
+    starts = numbers(1);
+    ends = numbers(2);
+    if (n.input(3) && !(axes = numbers(3))) return;
+    if (n.input(4) && !(steps = numbers(4))) return;
   }
+  if (!starts || !ends || starts->size() != ends->size()) return;
+  if (!axes) {
+    axes.emplace();
+    for (std::size_t i = 0; i < starts->size(); ++i) axes->push_back(static_cast<std::int64_t>(i));
+  }
+  if (!steps) steps = std::vector<std::int64_t>(starts->size(), 1);
+  if (axes->size() != starts->size() || steps->size() != starts->size()) return;
+  std::vector<std::vector<std::int64_t>> picks(dims.size());
+  for (std::size_t a = 0; a < dims.size(); ++a)
+    for (std::int64_t k = 0; k < dims[a]; ++k) picks[a].push_back(k);
+  for (std::size_t i = 0; i < axes->size(); ++i) {
+    std::int64_t ax = (*axes)[i] < 0 ? (*axes)[i] + rank : (*axes)[i];
+    if (ax < 0 || ax >= rank || (*steps)[i] == 0) return;
+    std::int64_t len = dims[static_cast<std::size_t>(ax)], start = (*starts)[i], end = (*ends)[i], step = (*steps)[i];
+    if (start < 0) start += len;
+    if (end < 0) end += len;
+    std::vector<std::int64_t> p;
+    if (step > 0) {
+      start = std::clamp<std::int64_t>(start, 0, len);
+      end = std::clamp<std::int64_t>(end, 0, len);
+      for (std::int64_t k = start; k < end; k += step) p.push_back(k);
+    } else {
+      start = std::clamp<std::int64_t>(start, 0, len - 1);
+      end = std::clamp<std::int64_t>(end, -1, len - 1);
+      for (std::int64_t k = start; k > end; k += step) p.push_back(k);
+    }
+    picks[static_cast<std::size_t>(ax)] = std::move(p);
+  }
+  Elems e;
+  for_each_index(picks, strides_of(dims), [&](std::int64_t flat) { e.push_back((*data)[static_cast<std::size_t>(flat)]); });
   set(n, e);
 }
 
-// Element-wise ops on 0-D/1-D values with numpy broadcasting (one side of length 1).
+// Transpose of a small value.
+inline void transpose(Node& n) {
+  auto data = input_elems(n, 0);
+  const Value* d = n.input(0);
+  if (!data || !d || !d->shape().is_static() || !small_output(n)) return;
+  const auto dims = d->shape().sizes();
+  std::vector<std::int64_t> perm = n.attr_ints("perm", {});
+  if (perm.empty())
+    for (std::size_t i = dims.size(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
+  if (perm.size() != dims.size()) return;
+  auto in_strides = strides_of(dims);
+  std::vector<std::vector<std::int64_t>> picks;
+  std::vector<std::int64_t> strides;
+  for (auto p : perm) {
+    if (p < 0 || p >= static_cast<std::int64_t>(dims.size())) return;
+    picks.emplace_back();
+    for (std::int64_t k = 0; k < dims[static_cast<std::size_t>(p)]; ++k) picks.back().push_back(k);
+    strides.push_back(in_strides[static_cast<std::size_t>(p)]);
+  }
+  Elems e;
+  for_each_index(picks, strides, [&](std::int64_t flat) { e.push_back((*data)[static_cast<std::size_t>(flat)]); });
+  set(n, e);
+}
+
+// Element-wise ops on small values: inputs of the output's shape, or of one element.
 template <typename F>
 inline void elementwise(Node& n, std::size_t arity, F f) {
   if (!small_output(n)) return;
+  // Each input has all of the output's elements in the same order, or one that broadcasts.
+  const auto len = static_cast<std::size_t>(*n.output(0)->shape().numel());
   std::vector<Elems> ins;
-  std::size_t len = 1;
   for (std::size_t i = 0; i < arity; ++i) {
     auto e = input_elems(n, i);
     if (!e || e->empty()) return;
-    if (e->size() != 1 && len != 1 && e->size() != len) return;
-    len = std::max(len, e->size());
+    if (e->size() != 1 && (e->size() != len || n.input(i)->shape() != n.output(0)->shape())) return;
     ins.push_back(std::move(*e));
   }
   Elems out;
@@ -334,6 +413,7 @@ inline const std::map<std::string, ValueFn>& value_table() {
     t["Gather"] = values::gather;
     t["Concat"] = values::concat;
     t["Slice"] = values::slice;
+    t["Transpose"] = values::transpose;
     for (const char* op : {"Add", "Sub", "Mul", "Div", "Mod"}) t[op] = values::binary;
     t["Max"] = values::min_max;
     t["Min"] = values::min_max;

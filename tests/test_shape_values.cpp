@@ -1,0 +1,299 @@
+// Symbolic dims and shape values: dim expressions, element propagation through shape arithmetic, and the
+// PyTorch-exported corpus (tests/data/torch, written by scripts/make_models.py --torch-corpus) inferred
+// symbolically and compiled at two shapes in one process, against PyTorch's own outputs.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ondine/lower/shape_cache.hpp"
+#include "ondine/ondine.hpp"
+
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_shape_values {
+
+using namespace ondine;
+namespace fs = std::filesystem;
+
+namespace {
+
+Tensor ints(std::vector<std::int64_t> v) {
+  auto n = static_cast<std::int64_t>(v.size());
+  return Tensor::from_vector<std::int64_t>({n}, v);
+}
+
+// x[batch, seq, 64] and the Shape -> Gather -> Unsqueeze -> Concat chain PyTorch writes for a reshape.
+struct ShapeChain {
+  Graph g;
+  Value* x = nullptr;
+  Value* seq = nullptr;   // Gather(Shape(x), 1): a scalar
+  Value* seq1 = nullptr;  // Unsqueeze(seq): [1]
+};
+ShapeChain shape_chain() {
+  ShapeChain c;
+  Graph& g = c.g;
+  c.x = g.add_input("x", DType::Float32, Shape{Dim::named("batch"), Dim::named("seq"), 64});
+  Value* shape = g.add_op("Shape", {c.x}, {}, "shape");
+  c.seq = g.add_op("Gather", {shape, g.add_constant("one", Tensor::scalar<std::int64_t>(1))},
+                   {{"axis", std::int64_t{0}}}, "seq");
+  c.seq1 = g.add_op("Unsqueeze", {c.seq, g.add_constant("axes0", ints({0}))}, {}, "seq1");
+  return c;
+}
+
+std::string elems_str(const Value* v) {
+  if (!v->element_dims()) return "none";
+  std::string s;
+  for (auto& e : *v->element_dims()) s += (s.empty() ? "" : ",") + e.str();
+  return "[" + s + "]";
+}
+
+// Largest |a - b| over max |b|.
+double rel_error(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.dims() == b.dims());
+  auto x = a.to_floats(), y = b.to_floats();
+  double err = 0, mag = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(x[i] - y[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(y[i])));
+  }
+  REQUIRE(mag > 0.05);  // a real output, not a vacuous all-zero one
+  return err / mag;
+}
+
+const char* const kCorpus[] = {"bert_encoder", "gpt_decoder", "vit_small", "audio_encoder",
+                               "seq2seq",      "paddle_reshape", "pad_shape_arith"};
+
+fs::path corpus_dir(const std::string& model) { return fs::path(ONDINE_TEST_DATA_DIR) / "torch" / model; }
+
+// case<K>.<input>.npy and case<K>.out.<output>.npy of one corpus model.
+struct Case {
+  std::map<std::string, Tensor> inputs, outputs;
+};
+Case load_case(const std::string& model, int k) {
+  Case c;
+  std::string prefix = "case" + std::to_string(k) + ".";
+  for (auto& entry : fs::directory_iterator(corpus_dir(model))) {
+    std::string f = entry.path().filename().string();
+    if (f.rfind(prefix, 0) != 0 || entry.path().extension() != ".npy") continue;
+    std::string name = f.substr(prefix.size(), f.size() - prefix.size() - 4);
+    if (name.rfind("out.", 0) == 0) c.outputs[name.substr(4)] = load_npy(entry.path().string());
+    else c.inputs[name] = load_npy(entry.path().string());
+  }
+  REQUIRE(!c.inputs.empty());
+  REQUIRE(!c.outputs.empty());
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("dim expressions: one canonical form, so equal expressions compare equal", "[ir][symbolic]") {
+  Dim seq = Dim::named("seq"), batch = Dim::named("batch"), h = Dim::named("H");
+  CHECK(dim_mul(seq, 3).str() == "3*seq");
+  CHECK(dim_add(seq, 1).str() == "seq + 1");
+  CHECK(dim_mul(seq, batch) == dim_mul(batch, seq));
+  CHECK(dim_mul(seq, batch).str() == "batch*seq");
+  CHECK(dim_sub(dim_add(seq, 5), 5) == seq);
+  CHECK(dim_floor_div(dim_mul(batch, seq), seq) == batch);
+  CHECK(dim_floor_div(dim_mul(seq, 4), 2).str() == "2*seq");
+  CHECK(dim_add(dim_mul(seq, 2), dim_mul(seq, 3)).str() == "5*seq");
+  CHECK(dim_add(Dim(2), 3) == Dim(5));
+
+  Dim conv = dim_add(dim_floor_div(dim_sub(h, 1), 2), 1);  // a 3x3 stride-2 pad-1 convolution
+  CHECK(conv.str() == "(H - 1)/2 + 1");
+  CHECK(dim_eval(conv, {{"H", 13}}) == 7);
+  CHECK(dim_eval(conv, {{"H", 14}}) == 7);
+  CHECK(dim_eval(conv, {{"W", 14}}) == std::nullopt);
+  CHECK(dim_mod(dim_mul(h, 8), 8) == Dim(0));
+  CHECK(dim_eval(dim_mod(h, 8), {{"H", 13}}) == 5);
+  CHECK(dim_eval(dim_mul(dim_add(seq, 1), batch), {{"seq", 4}, {"batch", 3}}) == 15);
+}
+
+TEST_CASE("dim expressions: unknowns, negatives and a model's own names", "[ir][symbolic]") {
+  Dim seq = Dim::named("seq");
+  CHECK(dim_add(Dim(), seq) == Dim());         // anything with an unknown dim is unknown
+  CHECK(dim_sub(Dim(3), Dim(5)) == Dim());     // a negative size is no size
+  CHECK(dim_floor_div(seq, Dim(0)) == Dim());  // nor is a division by zero
+  // Names a model brings stay whole, whatever characters they hold.
+  CHECK(dim_mul(Dim::named("Addfeatures_dim_2"), 1).str() == "Addfeatures_dim_2");
+  CHECK(dim_add(Dim::named("seq len"), 0).str() == "seq len");
+  CHECK(dim_mul(Dim::named("(odd"), 2).str() == "2*(odd");
+  // SymInts may be negative (Reshape's -1).
+  CHECK(sym_sub(SymInt(0), SymInt(1)).number == std::optional<std::int64_t>(-1));
+  CHECK(sym_floor_div(SymInt(-7), SymInt(2)).number == std::optional<std::int64_t>(-4));
+  CHECK(sym_mod(SymInt(-7), SymInt(3)).number == std::optional<std::int64_t>(2));
+}
+
+TEST_CASE("shape values: Shape -> Gather -> Concat -> Reshape keeps the symbols", "[ir][symbolic]") {
+  ShapeChain c = shape_chain();
+  Graph& g = c.g;
+  // [-1, seq, 4, 16]: the -1 is batch*seq*64 / (seq*64) = batch.
+  Value* target = g.add_op("Concat", {g.add_constant("m1", ints({-1})), c.seq1, g.add_constant("hd", ints({4, 16}))},
+                           {{"axis", std::int64_t{0}}}, "target");
+  Value* heads = g.add_op("Reshape", {c.x, target}, {}, "heads");
+  // A causal-mask-like [seq, seq] from ConstantOfShape(Concat(seq, seq)), and Range(0, seq, 1).
+  Value* square = g.add_op("Concat", {c.seq1, c.seq1}, {{"axis", std::int64_t{0}}}, "square");
+  Value* mask = g.add_op("ConstantOfShape", {square}, {}, "mask");
+  Value* positions = g.add_op("Range", {g.add_constant("zero", Tensor::scalar<std::int64_t>(0)), c.seq,
+                                        g.add_constant("step", Tensor::scalar<std::int64_t>(1))},
+                              {}, "positions");
+  // Arithmetic on the values: 4*seq and (seq)%8.
+  Value* quad = g.add_op("Mul", {c.seq1, g.add_constant("four", ints({4}))}, {}, "quad");
+  Value* flat = g.add_op("Reshape", {c.x, g.add_op("Concat", {g.add_constant("m1b", ints({-1})), quad},
+                                                    {{"axis", std::int64_t{0}}}, "flat_shape")},
+                         {}, "flat");
+  Value* rem = g.add_op("Mod", {c.seq1, g.add_constant("eight", ints({8}))}, {}, "rem");
+  for (Value* v : {heads, mask, positions, flat, rem}) g.add_output(v);
+  infer_shapes(g);
+
+  CHECK(elems_str(c.seq) == "[seq]");
+  CHECK(elems_str(target) == "[-1,seq,4,16]");
+  CHECK(heads->shape().str() == "[batch,seq,4,16]");
+  CHECK(mask->shape().str() == "[seq,seq]");
+  CHECK(positions->shape().str() == "[seq]");
+  CHECK(elems_str(quad) == "[4*seq]");
+  CHECK(flat->shape().str() == "[16*batch,4*seq]");  // the -1: 64*batch*seq / (4*seq)
+  CHECK(elems_str(rem) == "[(seq)%8]");
+
+  // Bound, every shape is a number, and the values are known data.
+  bind_dims(g, {{"batch", 2}, {"seq", 5}});
+  CHECK(heads->shape().str() == "[2,5,4,16]");
+  CHECK(mask->shape().str() == "[5,5]");
+  CHECK(flat->shape().str() == "[32,20]");
+  REQUIRE(target->known_data());
+  CHECK(target->known_data()->to_int64s() == std::vector<std::int64_t>{-1, 5, 4, 16});
+  CHECK(rem->known_data()->to_int64s() == std::vector<std::int64_t>{5});
+}
+
+TEST_CASE("shape values: must not claim what the data decides", "[ir][symbolic]") {
+  ShapeChain c = shape_chain();
+  Graph& g = c.g;
+  // Gather with an index that is itself an input: unknown element, unknown reshape dims.
+  Value* idx = g.add_input("idx", DType::Int64, Shape{});
+  Value* shape = g.add_op("Shape", {c.x}, {}, "shape2");
+  Value* picked = g.add_op("Gather", {shape, idx}, {{"axis", std::int64_t{0}}}, "picked");
+  // Float Div that is not exact stays unknown (a float shape value must be an integer to be known).
+  Value* f = g.add_op("Cast", {c.seq}, {{"to", std::int64_t{1}}}, "seq_f");
+  Value* half = g.add_op("Div", {f, g.add_constant("two", Tensor::scalar<float>(2.0f))}, {}, "half");
+  // Equal on a size and a positive number: unknown (seq may be 4); on -1: known false.
+  Value* eq4 = g.add_op("Equal", {c.seq1, g.add_constant("four", ints({4}))}, {}, "eq4");
+  Value* eqm1 = g.add_op("Equal", {c.seq1, g.add_constant("minus1", ints({-1}))}, {}, "eqm1");
+  for (Value* v : {picked, half, eq4, eqm1}) g.add_output(v);
+  infer_shapes(g);
+  CHECK(elems_str(picked) == "none");
+  CHECK(elems_str(half) == "[?]");
+  CHECK(elems_str(eq4) == "[?]");
+  CHECK(elems_str(eqm1) == "[0]");
+  CHECK(half->known_data() == nullptr);
+
+  bind_dims(g, {{"seq", 7}, {"batch", 1}});
+  CHECK(half->known_data() == nullptr);  // 3.5 is no shape value
+  CHECK(eq4->known_data()->to_int64s() == std::vector<std::int64_t>{0});
+}
+
+TEST_CASE("symbolic conv and pool output dims are expressions of the input dims", "[ir][symbolic]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("N"), 3, Dim::named("H"), Dim::named("W")});
+  Value* w = g.add_constant("w", Tensor(DType::Float32, {8, 3, 3, 3}));
+  Value* y = g.add_op("Conv", {x, w},
+                      {{"strides", std::vector<std::int64_t>{2, 2}}, {"pads", std::vector<std::int64_t>{1, 1, 1, 1}}}, "y");
+  Value* p = g.add_op("MaxPool", {y},
+                      {{"kernel_shape", std::vector<std::int64_t>{2, 2}}, {"strides", std::vector<std::int64_t>{2, 2}}},
+                      "p");
+  g.add_output(p);
+  infer_shapes(g);
+  CHECK(y->shape().str() == "[N,8,(H - 1)/2 + 1,(W - 1)/2 + 1]");
+  CHECK(p->shape().str() == "[N,8,((H - 1)/2 - 1)/2 + 1,((W - 1)/2 - 1)/2 + 1]");
+  for (std::int64_t h : {13, 16, 31}) CHECK(dim_eval(p->shape()[2], {{"H", h}}) == ((h - 1) / 2 + 1 - 2) / 2 + 1);
+}
+
+TEST_CASE("exported corpus: every value's shape is inferred symbolically", "[ir][symbolic][corpus]") {
+  for (const char* model : kCorpus) {
+    INFO(model);
+    Graph g = ondine::onnx::load_model((corpus_dir(model) / "model.onnx").string());
+    std::vector<std::string> unknown;
+    for (Node* n : g.topo_order())
+      for (Value* v : n->outputs()) {
+        bool known = v->shape().rank_known();
+        for (std::size_t i = 0; known && i < v->shape().rank(); ++i)
+          known = v->shape()[i].is_static() || !v->shape()[i].symbol.empty();
+        if (!known) unknown.push_back(n->name() + " " + v->shape().str());
+      }
+    INFO((unknown.empty() ? std::string() : unknown.front()));
+    CHECK(unknown.empty());
+  }
+  Graph gpt = ondine::onnx::load_model((corpus_dir("gpt_decoder") / "model.onnx").string());
+  CHECK(gpt.outputs()[0]->shape().str() == "[batch,seq,100]");
+  Graph audio = ondine::onnx::load_model((corpus_dir("audio_encoder") / "model.onnx").string());
+  CHECK(audio.outputs()[0]->shape()[1].str() == "(frames - 1)/2 + 1");  // conv1d k3, stride 2, pad 1
+}
+
+TEST_CASE("exported corpus: compiled at two shapes in one process, equal to PyTorch", "[lower][symbolic][corpus]") {
+  for (const char* model : kCorpus) {
+    INFO(model);
+    Graph g = ondine::onnx::load_model((corpus_dir(model) / "model.onnx").string());
+    lower::CompileOptions options;
+    options.threads = 1;
+    lower::ShapeCache cache(g.clone(), options);
+    ReferenceExecutor reference(g);
+    for (int k = 0; k < 2; ++k) {
+      INFO("case " << k);
+      Case c = load_case(model, k);
+      auto compiled = cache.run(c.inputs);
+      auto ref = reference.run(c.inputs);
+      for (auto& [name, expected] : c.outputs) {
+        INFO(name);
+        REQUIRE(compiled.count(name));
+        CHECK(rel_error(compiled.at(name), expected) < 1e-4);
+        CHECK(rel_error(ref.at(name), expected) < 1e-4);
+      }
+    }
+    CHECK(cache.compilations() == 2);
+  }
+}
+
+TEST_CASE("compile names the node whose shape depends on data", "[lower][symbolic]") {
+  // Reshape to a shape read from a NonZero's count: not a function of the input shapes.
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 3});
+  Value* nz = g.add_op("NonZero", {x}, {}, "nz");
+  Value* count = g.add_op("Shape", {nz}, {}, "count");
+  Value* y = g.add_op("Reshape", {x, count}, {}, "y");
+  g.add_output(y);
+  infer_shapes(g);
+  try {
+    lower::compile(g.clone(), {});
+    FAIL("compiled a data-dependent shape");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("'nz'") != std::string::npos);
+    CHECK(msg.find("NonZero") != std::string::npos);
+    CHECK(msg.find("depends on the data") != std::string::npos);
+  }
+}
+
+TEST_CASE("two inputs disagreeing on a dim: the error names both inputs and the dim", "[lower][symbolic]") {
+  ShapeChain c = shape_chain();
+  Graph& g = c.g;
+  Value* mask = g.add_input("mask", DType::Float32, Shape{Dim::named("batch"), Dim::named("seq")});
+  g.add_output(g.add_op("Relu", {c.x}, {}, "r"));
+  g.add_output(g.add_op("Relu", {mask}, {}, "m"));
+  infer_shapes(g);
+  lower::ShapeCache cache(g.clone(), {});
+  try {
+    cache.run({{"x", Tensor(DType::Float32, {1, 5, 64})}, {"mask", Tensor(DType::Float32, {1, 6})}});
+    FAIL("ran with seq bound twice");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("'seq'") != std::string::npos);
+    CHECK(msg.find("'mask'") != std::string::npos);
+    CHECK(msg.find("'x'") != std::string::npos);
+  }
+}
+
+}  // namespace test_shape_values
