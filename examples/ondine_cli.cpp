@@ -347,6 +347,24 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
 
 // `passes` ("none" unless given) runs on the graph shown; --compiled compiles the imported graph with
 // `compile_passes`, the pipeline `ondine run` would use.
+// The nodes whose output shapes do not follow from the input dims although their inputs' shapes do:
+// their shapes depend on data (NonZero, a Reshape fed by one) or the op has no shape inference.
+std::vector<const Node*> data_dependent_nodes(const Graph& g) {
+  auto known = [](const Value* v) {
+    if (!v || !v->shape().rank_known()) return v == nullptr;
+    for (auto& d : v->shape().dims())
+      if (!d.is_static() && d.symbol.empty()) return false;
+    return true;
+  };
+  std::vector<const Node*> out;
+  for (Node* n : g.topo_order()) {
+    bool inputs_known = std::all_of(n->inputs().begin(), n->inputs().end(), known);
+    bool outputs_known = std::all_of(n->outputs().begin(), n->outputs().end(), known);
+    if (inputs_known && !outputs_known) out.push_back(n);
+  }
+  return out;
+}
+
 int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_specs, bool json, bool print_graph,
                 const std::string& dot_file, bool compiled, int threads, const std::string& passes,
                 const std::string& compile_passes) {
@@ -359,11 +377,14 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     pm.run(g);
   }
   auto bindings = parse_dims(dim_specs);
-  // FLOPs need static shapes: unbound symbolic dims count as 1 (one sample).
-  for (auto& sym : symbolic_dims(g)) bindings.emplace(sym, 1);
+  // FLOPs need numbers: symbolic dims not given with --dim count as 1 (one sample), and the report says so.
+  std::vector<std::string> defaulted;
+  for (auto& sym : symbolic_dims(g))
+    if (bindings.emplace(sym, 1).second) defaulted.push_back(sym);
   Graph bound = g.clone();
   bind_dims(bound, bindings);
   GraphStats stats = graph_stats(bound);
+  std::vector<const Node*> data_dependent = data_dependent_nodes(g);
   auto unsupported = unsupported_nodes(g);
   std::map<std::string, std::vector<std::string>> bad;
   for (auto* n : unsupported) bad[n->op_key()].push_back(n->name());
@@ -380,6 +401,11 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     j["parameter_bytes"] = stats.parameter_bytes;
     j["flops"] = stats.flops ? nlohmann::json(*stats.flops) : nlohmann::json(nullptr);
     j["dims"] = bindings;
+    j["defaulted_dims"] = defaulted;
+    j["symbolic_dims"] = symbolic_dims(g);
+    for (const Node* n : data_dependent)
+      j["data_dependent"].push_back({{"node", n->name()}, {"op", n->op_key()}});
+    if (data_dependent.empty()) j["data_dependent"] = nlohmann::json::array();
     for (Value* v : g.inputs()) j["inputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
     for (Value* v : g.outputs()) j["outputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
     j["ops"] = op_key_histogram(g);
@@ -397,7 +423,21 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   std::string at;
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ", ") + k + "=" + std::to_string(v);
   std::cout << "FLOPs:   " << (stats.flops ? human(*stats.flops, "FLOP") : std::string("unknown (dynamic shapes)"))
-            << (at.empty() ? "" : " at " + at) << "\n";
+            << (at.empty() ? "" : " at " + at);
+  if (!defaulted.empty()) {
+    std::string names;
+    for (auto& d : defaulted) names += (names.empty() ? "" : ", ") + d;
+    std::cout << " (" << names << " not given with --dim: counted as 1)";
+  }
+  std::cout << "\n";
+  if (data_dependent.empty()) {
+    std::cout << "shapes:  " << (symbolic_dims(g).empty() ? "static" : "every shape follows from the input dims") << "\n";
+  } else {
+    std::cout << "shapes:  data-dependent at " << data_dependent.size() << " node(s):";
+    for (std::size_t i = 0; i < std::min<std::size_t>(data_dependent.size(), 5); ++i)
+      std::cout << " '" << data_dependent[i]->name() << "' (" << data_dependent[i]->op_key() << ")";
+    std::cout << (data_dependent.size() > 5 ? " ..." : "") << "\n";
+  }
   std::cout << "ops:\n";
   auto op_counts = op_key_histogram(g);
   std::vector<std::pair<std::string, std::size_t>> hist(op_counts.begin(), op_counts.end());

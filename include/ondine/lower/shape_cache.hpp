@@ -7,10 +7,16 @@
 // them from each call's input shapes (checked: one size per symbol), and compiles once per distinct
 // binding. It holds at most `capacity` compiled models and evicts the least recently used one; models
 // evicted while a call still runs them stay alive until that call returns (shared ownership). Safe to
-// call from several threads: compiling happens under a lock, running does not.
+// call from several threads: a new shape compiles outside the lock (runs of compiled shapes go on; a
+// second caller of the same new shape waits for that compile), and running takes no lock at all.
+//
+// Symbolic dims inside the model (derived ones such as "(H - 1)/2 + 1", shapes computed at run time
+// through Shape -> Gather -> Concat -> Reshape) follow from the inputs' dims: compile() infers and
+// folds them to numbers for each binding (lower.hpp, resolve_static_shapes).
 #pragma once
 
 #include <cstddef>
+#include <future>
 #include <list>
 #include <map>
 #include <memory>
@@ -38,17 +44,39 @@ class ShapeCache {
     return model->run(inputs);
   }
 
-  // The compiled model for a binding (compiled now if not cached).
+  // The compiled model for a binding (compiled now if not cached). The compile runs outside the lock:
+  // runs of shapes already compiled never wait for it, and a second caller asking for the same new
+  // binding waits for the first one's compile instead of compiling again.
   std::shared_ptr<const CompiledModel> get(const Binding& binding) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = entries_.begin(); it != entries_.end(); ++it)
-      if (it->first == binding) {
-        entries_.splice(entries_.begin(), entries_, it);  // most recently used first
-        return entries_.front().second;
+    std::promise<std::shared_ptr<const CompiledModel>> promise;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      for (auto it = entries_.begin(); it != entries_.end(); ++it)
+        if (it->first == binding) {
+          entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+          return entries_.front().second;
+        }
+      if (auto it = in_flight_.find(binding); it != in_flight_.end()) {
+        auto pending = it->second;
+        lock.unlock();
+        return pending.get();  // rethrows the compile's error
       }
-    Graph bound = graph_.clone();
-    bind_dims(bound, binding);
-    auto model = std::make_shared<const CompiledModel>(compile(std::move(bound), options_));
+      in_flight_.emplace(binding, promise.get_future().share());
+    }
+    std::shared_ptr<const CompiledModel> model;
+    try {
+      Graph bound = graph_.clone();
+      bind_dims(bound, binding);
+      model = std::make_shared<const CompiledModel>(compile(std::move(bound), options_));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      promise.set_exception(std::current_exception());
+      in_flight_.erase(binding);
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    promise.set_value(model);
+    in_flight_.erase(binding);
     ++compilations_;
     entries_.emplace_front(binding, model);
     if (entries_.size() > capacity_) entries_.pop_back();
@@ -82,6 +110,7 @@ class ShapeCache {
   std::size_t capacity_;
   mutable std::mutex mutex_;
   std::list<std::pair<Binding, std::shared_ptr<const CompiledModel>>> entries_;
+  std::map<Binding, std::shared_future<std::shared_ptr<const CompiledModel>>> in_flight_;
   std::size_t compilations_ = 0;
 };
 
