@@ -279,7 +279,8 @@ TEST_CASE("lower: compile runs options.passes on its own copy first and logs the
     CHECK(b.g.num_nodes() == nodes);  // the caller's graph is untouched
     CHECK(count_op(m, "BatchNormalization") == 0);  // fold-bn ran
     REQUIRE(!log.empty());
-    CHECK(log[0] == std::string("passes: ") + default_pipeline());
+    // (without VNNI a line about int8 layers comes first)
+    CHECK(std::count(log.begin(), log.end(), std::string("passes: ") + default_pipeline()) == 1);
     CHECK(std::any_of(log.begin(), log.end(), [](const std::string& l) { return l.rfind("fold-bn ", 0) == 0; }));
   }
   SECTION("a user pass named in the pipeline string; none") {

@@ -172,6 +172,10 @@ std::size_t steps_with(const CompiledModel& m, const std::string& op, const std:
 }  // namespace
 
 TEST_CASE("int8 conv + relu, u8 activations with a zero point, per-channel weights") {
+  if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
+    WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");
+    return;
+  }
   for (bool relu : {false, true}) {
     QBuilder b;
     Value* x = b.qdq(b.input("x", {1, 16, 12, 12}), 0.01f, 128);
@@ -206,6 +210,10 @@ TEST_CASE("int8 1x1 conv: the kernel preferred on this CPU, equal to the referen
 // oneDNN's AMX brgemm convs take no source zero point, so where no padding reads it the compiler folds it
 // into the bias (-zp * sum(w[c])); K = 640 passes the 2^24 bound where f32 stops being exact.
 TEST_CASE("int8 conv source zero point: in the bias where no padding reads it, else a runtime zero point") {
+  if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
+    WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");
+    return;
+  }
   struct Case {
     std::int64_t ic, k, pad, group;
     bool bias;
@@ -289,6 +297,10 @@ TEST_CASE("int8 residual: Conv -> Q -> DQ -> Add(DQ(skip)) -> Relu -> Q folds in
 }
 
 TEST_CASE("int8 residual with no activation after the Add (a linear bottleneck), skip with a zero point") {
+  if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
+    WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");
+    return;
+  }
   // MobileNetV2's form: Conv -> Q -> DQ -> Add(DQ(x)) -> Q with x's zero point != 0, and with a Relu or
   // a Clip after the Add. The mid rounding and saturation are kept exactly (these hand-picked scales make
   // ~1% of the conv outputs saturate the mid type). oneDNN 2.6 runs a repeated eltwise algorithm with
@@ -593,6 +605,10 @@ std::string steps_text(const CompiledModel& m) {
 }  // namespace
 
 TEST_CASE("int8 plan: an unquantizable op between int8 convs is one fp32 island with its cost") {
+  if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
+    WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");
+    return;
+  }
   QBuilder b;
   Value* x = b.qdq(b.input("x", {1, 16, 12, 12}), 0.01f, 128);
   std::map<std::string, Attribute> same{{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}};
@@ -625,6 +641,10 @@ TEST_CASE("int8 plan: an unquantizable op between int8 convs is one fp32 island 
 }
 
 TEST_CASE("int8 plan: a fully int8 chain has no fp32 island and is predicted faster than fp32") {
+  if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
+    WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");
+    return;
+  }
   QBuilder b;
   Value* x = b.qdq(b.input("x", {1, 16, 12, 12}), 0.01f, 128);
   std::map<std::string, Attribute> same{{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}};
@@ -645,6 +665,10 @@ TEST_CASE("int8 plan: a fully int8 chain has no fp32 island and is predicted fas
 }
 
 TEST_CASE("int8 plan: tiny int8 convs between float ops are predicted slower than fp32 and warn") {
+  if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
+    WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");
+    return;
+  }
   QBuilder b;
   Value* y = b.input("x", {1, 8, 8, 8});
   for (int i = 0; i < 4; ++i) {  // Q -> QConv 1x1 -> DQ -> Sigmoid, four times

@@ -209,13 +209,13 @@ TEST_CASE("Conv shape inference keeps the symbolic batch", "[nn][conv][infer]") 
   CHECK(n->output(0)->shape() == Shape{batch, 64, 112, 112});
   CHECK(n->output(0)->dtype() == DType::Float32);
 
-  Graph g2;  // symbolic spatial dims survive a 1x1 stride-1 conv and SAME padding; else become unknown
+  Graph g2;  // symbolic spatial dims survive a 1x1 stride-1 conv and SAME padding; else become expressions
   Node* n2 = infer_one(g2, "Conv", {{DType::Float32, Shape{batch, 8, Dim::named("h"), Dim::named("w")}},
                                     {DType::Float32, Shape{4, 8, 1, 1}}});
   CHECK(n2->output(0)->shape() == Shape{batch, 4, Dim::named("h"), Dim::named("w")});
   Graph g3;
   Node* n3 = infer_one(g3, "Conv", {{DType::Float32, Shape{batch, 8, Dim::named("h"), 10}}, {DType::Float32, Shape{4, 8, 3, 3}}});
-  CHECK(n3->output(0)->shape() == Shape{batch, 4, Dim(), 8});
+  CHECK(n3->output(0)->shape() == Shape{batch, 4, Dim::named("h - 2"), 8});  // a 3x3 valid conv: h - 2
 
   Graph g4;
   auto msg = error_of([&] {
