@@ -12,7 +12,7 @@
 
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/passes/qoperator_to_qdq.hpp"
-#include "ondine/passes/quantize_dynamic.hpp"
+#include "ondine/quant/quantize_dynamic.hpp"
 #include "ondine/reference/executor.hpp"
 
 #if __has_include("ondine/onnx/import.hpp")

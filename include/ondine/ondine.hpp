@@ -18,6 +18,8 @@
 #include "ondine/passes/rewrite.hpp"
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/metrics.hpp"
+#include "ondine/quant/qdq.hpp"
+#include "ondine/quant/quantize_dynamic.hpp"
 #include "ondine/reference/executor.hpp"
 
 namespace ondine {

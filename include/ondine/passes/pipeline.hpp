@@ -1,4 +1,4 @@
-// ondine/passes/pipeline.hpp - every built-in pass, the process-wide pass registry, and the default
+// ondine/passes/pipeline.hpp - the graph passes built in, the process-wide pass registry, and the default
 // pipeline that `ondine compile` and lower::compile run.
 //
 //   Graph g = onnx::load_model("resnet50.onnx");
@@ -23,9 +23,7 @@
 #include "ondine/passes/layout.hpp"
 #include "ondine/passes/pass_manager.hpp"
 #include "ondine/passes/qoperator_to_qdq.hpp"
-#include "ondine/passes/quantize_dynamic.hpp"
 #include "ondine/passes/remove_identity.hpp"
-#include "ondine/quant/qdq.hpp"
 
 namespace ondine {
 
@@ -54,10 +52,10 @@ inline PassRegistry& pass_registry() {
         .add<FuseQdq>()
         .add<FuseDynamicQMatMul>()
         .add<QOperatorToQdq>()
-        .add<QuantizeDynamic>()
         .add<CancelTransposes>()
-        .add<AssignLayouts>()
-        .add<quant::QuantizeQDQ>();  // not in the default pipeline: needs quantize.calibration
+        .add<AssignLayouts>();
+    // The quantization passes (quantize, quantize-dynamic) sit a layer up, in quant/, and add themselves
+    // to this registry when their headers are included (ondine.hpp includes them).
     return r;
   }();
   return registry;

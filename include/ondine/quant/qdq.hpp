@@ -65,6 +65,7 @@
 #include "ondine/error.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/passes/pass.hpp"
+#include "ondine/passes/pipeline.hpp"
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/observers.hpp"
 
@@ -581,5 +582,11 @@ class QuantizeQDQ {
   QuantizeReport report_;
   std::unordered_map<const Node*, Value*> original_input_;  // a quantized MaxPool's input before editing
 };
+
+// Nameable in pipelines ("quantize") wherever this header is included (it needs quantize.calibration, so
+// it is not in the default pipeline): registered from quant/, so passes/ never includes quant/.
+namespace detail::qdq {
+inline const bool registered = (pass_registry().add<QuantizeQDQ>(), true);
+}  // namespace detail::qdq
 
 }  // namespace ondine::quant

@@ -1,4 +1,4 @@
-// ondine/passes/quantize_dynamic.hpp - quantize-dynamic: dynamic int8 quantization of MatMul and Gemm
+// ondine/quant/quantize_dynamic.hpp - quantize-dynamic: dynamic int8 quantization of MatMul and Gemm
 // with constant float32 weights, in the standard ONNX form (the one ONNX Runtime's quantize_dynamic
 // writes): the activation's range is measured on every call, the weight's once, here.
 //
@@ -27,6 +27,7 @@
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/passes/detail/fusion.hpp"
 #include "ondine/passes/pass.hpp"
+#include "ondine/passes/pipeline.hpp"
 #include "ondine/quant/observers.hpp"
 
 namespace ondine {
@@ -172,5 +173,11 @@ struct QuantizeDynamic {
     return changed;
   }
 };
+
+// Nameable in pipelines ("quantize-dynamic,default") wherever this header is included: the quantization
+// passes register themselves from quant/, so passes/ never includes quant/.
+namespace detail::qdyn {
+inline const bool registered = (pass_registry().add<QuantizeDynamic>(), true);
+}  // namespace detail::qdyn
 
 }  // namespace ondine
