@@ -296,4 +296,35 @@ TEST_CASE("two inputs disagreeing on a dim: the error names both inputs and the 
   }
 }
 
+TEST_CASE("bad shapes: a wrong static dim names the dim and both sizes; two -1s in a computed target", "[lower][symbolic]") {
+  ShapeChain c = shape_chain();
+  Graph& g = c.g;
+  g.add_output(g.add_op("Relu", {c.x}, {}, "r"));
+  infer_shapes(g);
+  lower::ShapeCache cache(g.clone(), {});
+  try {
+    cache.run({{"x", Tensor(DType::Float32, {1, 5, 63})}});
+    FAIL("ran with dim 2 = 63");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("input 'x'") != std::string::npos);
+    CHECK(msg.find("dim 2 is 63, expected 64") != std::string::npos);
+  }
+
+  // Reshape(x, Concat([-1], [-1], seq)): the target is known symbolically and has two -1s.
+  ShapeChain d = shape_chain();
+  Value* target = d.g.add_op("Concat", {d.g.add_constant("m1", ints({-1, -1})), d.seq1}, {{"axis", std::int64_t{0}}}, "t");
+  d.g.add_output(d.g.add_op("Reshape", {d.x, target}, {}, "bad"));
+  try {
+    infer_shapes(d.g);
+    FAIL("inferred a target with two -1s");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("Reshape") != std::string::npos);
+    CHECK(msg.find("more than one -1") != std::string::npos);
+  }
+}
+
 }  // namespace test_shape_values

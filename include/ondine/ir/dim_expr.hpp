@@ -129,12 +129,6 @@ inline std::optional<Poly> of(const Dim& d) {
   return parse(d.symbol);
 }
 
-inline Dim to_dim(const Poly& p) {
-  if (p.empty()) return Dim(0);
-  if (p.size() == 1 && p.begin()->first.empty()) return p.begin()->second >= 0 ? Dim(p.begin()->second) : Dim();
-  return Dim::named(print(p));
-}
-
 inline std::optional<Poly> add(Poly a, const Poly& b, std::int64_t sign) {
   bool overflow = false;
   for (auto& [m, c] : b) add_term(a, m, sign * c, overflow);
@@ -176,10 +170,7 @@ inline std::optional<Poly> divide_exact(const Poly& a, const Poly& b) {
   return out;
 }
 
-inline std::string wrap(const Poly& p) {
-  std::string s = print(p);
-  return "(" + s + ")";
-}
+inline std::string wrap(const Poly& p) { return "(" + print(p) + ")"; }
 
 }  // namespace detail::dim_expr
 
@@ -283,9 +274,6 @@ inline Dim dim_mul(const Dim& a, const Dim& b) { return sym_mul(SymInt::of(a), S
 inline Dim dim_floor_div(const Dim& a, const Dim& b) { return sym_floor_div(SymInt::of(a), SymInt::of(b)).as_dim(); }
 inline Dim dim_mod(const Dim& a, const Dim& b) { return sym_mod(SymInt::of(a), SymInt::of(b)).as_dim(); }
 
-// The dim's number once every name in it has a size; nullopt otherwise.
-inline std::optional<std::int64_t> dim_eval(const Dim& d, const std::map<std::string, std::int64_t>& sizes);
-
 namespace detail::dim_expr {
 inline std::optional<std::int64_t> eval_poly(const Poly& p, const std::map<std::string, std::int64_t>& sizes);
 
@@ -325,6 +313,7 @@ inline std::optional<std::int64_t> eval_poly(const Poly& p, const std::map<std::
 }
 }  // namespace detail::dim_expr
 
+// The value's number once every name in it has a size; nullopt otherwise.
 inline std::optional<std::int64_t> sym_eval(const SymInt& s, const std::map<std::string, std::int64_t>& sizes) {
   auto p = detail::dim_expr::of(s);
   if (!p) return std::nullopt;

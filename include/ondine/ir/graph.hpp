@@ -100,8 +100,9 @@ class Value {
   // What shape inference knows of the elements of a small tensor computed from shapes that is not a
   // constant: Shape(x) of x:[batch,seq,64] is [batch, seq, 64], and Gather, Concat, Add, ... of such
   // values carry theirs (ir/infer/values.hpp). One SymInt per element, row-major: a number, an
-  // expression over dim names, or unknown. Readers of shape-like inputs (Reshape's shape, Expand, Range, Slice, Pad, ...) use them where
-  // no constant is there. nullopt: nothing known. Set only together with the value's dtype and shape.
+  // expression over dim names, or unknown. Readers of shape-like inputs (Reshape's shape, Expand,
+  // Range, Slice, Pad, ...) use them where no constant is there. nullopt: nothing known. Cleared by
+  // set_dtype/set_shape, so set it after them.
   const std::optional<std::vector<SymInt>>& element_dims() const { return element_dims_; }
   // The elements as a tensor when every one is a number (else nullptr): what the value will hold at
   // run time, known at compile time although no constant holds it.

@@ -47,16 +47,10 @@ inline bool infer_node(Node& n) {
 // Inconsistent shapes throw an Error naming the node and op. Nodes of unsupported ops get unknown
 // outputs (check_supported() reports those ops all at once).
 inline void infer_shapes(Graph& g) {
-  const InferTable& table = infer_table();
   for (Node* n : g.topo_order()) {
-    auto it = table.find(n->op_key());
-    if (it == table.end()) {
-      for (Value* out : n->outputs()) out->set_shape(Shape::unknown());
-      continue;
-    }
     try {
-      it->second(*n);
-      infer::propagate_values(*n);
+      if (!infer_node(*n))
+        for (Value* out : n->outputs()) out->set_shape(Shape::unknown());
     } catch (Error& e) {
       if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
       throw;

@@ -105,8 +105,7 @@ inline bool refines(DType dtype_before, const Shape& before, DType dtype_now, co
 // Infers n's outputs again (an input became constant or better known). Keeps the new types only
 // when they refine the old ones; returns whether an output changed.
 inline bool reinfer(Node& n) {
-  auto it = infer_table().find(n.op_key());
-  if (it == infer_table().end()) return false;
+  if (!infer_table().count(n.op_key())) return false;
   std::vector<std::pair<DType, Shape>> before;
   std::vector<std::optional<std::vector<SymInt>>> elements_before;
   for (Value* out : n.outputs()) {
@@ -121,8 +120,7 @@ inline bool reinfer(Node& n) {
     }
   };
   try {
-    it->second(n);
-    infer::propagate_values(n);
+    infer_node(n);
   } catch (const std::exception&) {
     restore();
     return false;

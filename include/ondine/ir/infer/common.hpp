@@ -2,9 +2,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +74,30 @@ inline const Tensor* constant_input(const Node& n, std::size_t i) {
   Value* v = n.input(i);
   if (!v) return nullptr;
   return v->is_constant() ? &v->constant() : v->known_data();
+}
+
+// Shape values (ir/infer/values.hpp) are kept for tensors of at most this many elements.
+inline constexpr std::int64_t kMaxShapeValueElements = 64;
+
+// What is known of the elements of input i: a small constant's data (a non-integral float element is
+// unknown), else the element dims shape-value propagation set on the value; nullopt when nothing is.
+inline std::optional<std::vector<SymInt>> input_values(const Node& n, std::size_t i) {
+  const Value* v = n.input(i);
+  if (!v) return std::nullopt;
+  if (!v->is_constant()) return v->element_dims();
+  const Tensor& t = v->constant();
+  if (t.numel() > kMaxShapeValueElements || t.dtype() == DType::String || t.empty()) return std::nullopt;
+  std::vector<SymInt> out;
+  if (is_integer(t.dtype()) || t.dtype() == DType::Bool) {
+    for (auto x : t.to_int64s()) out.emplace_back(x);
+    return out;
+  }
+  for (std::int64_t k = 0; k < t.numel(); ++k) {
+    double d = t.at_double(static_cast<std::size_t>(k));
+    if (d == std::floor(d) && std::abs(d) < 9.0e15) out.emplace_back(static_cast<std::int64_t>(d));
+    else out.emplace_back();
+  }
+  return out;
 }
 
 }  // namespace infer

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
-#include "ondine/ir/infer/values.hpp"
 
 namespace ondine::infer {
 namespace detail_nn {

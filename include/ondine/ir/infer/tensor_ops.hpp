@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
-#include "ondine/ir/infer/values.hpp"
 
 namespace ondine::infer {
 namespace detail_tensor_ops {

@@ -13,7 +13,7 @@
 //
 // The readers of shape-like inputs (Reshape, Expand, ConstantOfShape, Range, Tile, Slice, Split, Pad,
 // Resize) then give static dims once the graph inputs are bound, and symbolic dims ("seq", "3*seq")
-// while they are not. Only values with at most kMaxElements elements carry element dims; a value
+// while they are not. Only values with at most kMaxShapeValueElements elements carry element dims; a value
 // whose elements are all numbers also offers them as Value::known_data().
 #pragma once
 
@@ -24,44 +24,22 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/tensor_ops.hpp"
 
 namespace ondine::infer {
 
 namespace values {
 
-inline constexpr std::int64_t kMaxElements = 64;
 using Elems = std::vector<SymInt>;
+using detail_tensor_ops::resolve_slice_axis;
+using detail_tensor_ops::shape_range;
 
-// The elements of input i: a small constant's data, else what inference knows of it.
-inline std::optional<Elems> input_elems(const Node& n, std::size_t i) {
-  const Value* v = n.input(i);
-  if (!v) return std::nullopt;
-  if (v->is_constant()) {
-    const Tensor& t = v->constant();
-    if (t.numel() > kMaxElements || t.dtype() == DType::String || t.empty()) return std::nullopt;
-    Elems out;
-    const bool integral = is_integer(t.dtype()) || t.dtype() == DType::Bool;
-    std::vector<std::int64_t> ints = integral ? t.to_int64s() : std::vector<std::int64_t>{};
-    for (std::int64_t k = 0; k < t.numel(); ++k) {
-      if (integral) {
-        out.emplace_back(ints[static_cast<std::size_t>(k)]);
-      } else {
-        double d = t.at_double(static_cast<std::size_t>(k));
-        if (!(d == std::floor(d) && std::abs(d) < 9.0e15)) out.emplace_back();  // not an integer: unknown
-        else out.emplace_back(static_cast<std::int64_t>(d));
-      }
-    }
-    return out;
-  }
-  return v->element_dims();
-}
-
-// The output has a static shape of at most kMaxElements elements (any rank: pads travel as [2, rank]).
+// The output has a static shape of at most kMaxShapeValueElements elements (any rank: pads travel as [2, rank]).
 inline bool small_output(const Node& n, std::size_t i = 0) {
   const Value* v = n.output(i);
   if (!v) return false;
   auto k = v->shape().numel();
-  return k && *k <= kMaxElements;
+  return k && *k <= kMaxShapeValueElements;
 }
 inline bool rank_at_most_1(const Value* v) { return v && v->shape().rank_known() && v->shape().rank() <= 1; }
 
@@ -78,18 +56,13 @@ inline bool all_numbers(const Elems& e) {
 // Ops that only move elements (row-major order unchanged): the output holds the input's elements.
 inline void same_elements(Node& n) {
   if (!small_output(n)) return;
-  if (auto e = input_elems(n, 0)) set(n, *e);
+  if (auto e = input_values(n, 0)) set(n, *e);
 }
 
 inline void shape(Node& n) {
   const Value* x = n.input(0);
   if (!x || !x->shape().rank_known() || !small_output(n)) return;
-  auto rank = static_cast<std::int64_t>(x->shape().rank());
-  std::int64_t start = n.attr_int("start", 0), end = n.attr_int("end", rank);
-  if (start < 0) start += rank;
-  if (end < 0) end += rank;
-  start = std::clamp<std::int64_t>(start, 0, rank);
-  end = std::clamp<std::int64_t>(end, 0, rank);
+  auto [start, end] = shape_range(n, static_cast<std::int64_t>(x->shape().rank()));
   Elems e;
   for (std::int64_t d = start; d < end; ++d) e.push_back(SymInt::of(x->shape()[static_cast<std::size_t>(d)]));
   set(n, e);
@@ -105,7 +78,7 @@ inline void size(Node& n) {
 
 inline void cast(Node& n) {
   if (!small_output(n)) return;
-  auto e = input_elems(n, 0);
+  auto e = input_values(n, 0);
   const Value* out = n.output(0);
   if (!e || !out) return;
   if (out->dtype() == DType::Bool) {
@@ -118,8 +91,8 @@ inline void cast(Node& n) {
 
 // Gather on a 1-D value with known indices (the "take dim k of Shape(x)" idiom).
 inline void gather(Node& n) {
-  auto data = input_elems(n, 0);
-  auto idx = input_elems(n, 1);
+  auto data = input_values(n, 0);
+  auto idx = input_values(n, 1);
   const Value* d = n.input(0);
   if (!data || !idx || !d || d->shape().rank() != 1 || !small_output(n)) return;
   auto len = static_cast<std::int64_t>(data->size());
@@ -137,7 +110,7 @@ inline void concat(Node& n) {
   if (!small_output(n) || !rank_at_most_1(n.output(0))) return;
   Elems e;
   for (std::size_t i = 0; i < n.num_inputs(); ++i) {
-    auto part = input_elems(n, i);
+    auto part = input_values(n, i);
     if (!part) return;
     e.insert(e.end(), part->begin(), part->end());
   }
@@ -173,14 +146,14 @@ inline void for_each_index(const std::vector<std::vector<std::int64_t>>& picks, 
 
 // Slice of a small value with numeric parameters (PyTorch's pads: a [rank, 2] value reversed on axis 0).
 inline void slice(Node& n) {
-  auto data = input_elems(n, 0);
+  auto data = input_values(n, 0);
   const Value* d = n.input(0);
   if (!data || !d || !d->shape().is_static() || !small_output(n)) return;
   const auto dims = d->shape().sizes();
   auto rank = static_cast<std::int64_t>(dims.size());
   if (rank == 0) return;
   auto numbers = [&](std::size_t i) -> std::optional<std::vector<std::int64_t>> {
-    auto e = input_elems(n, i);
+    auto e = input_values(n, i);
     if (!e) return std::nullopt;
     std::vector<std::int64_t> out;
     for (auto& x : *e) {
@@ -213,19 +186,9 @@ inline void slice(Node& n) {
   for (std::size_t i = 0; i < axes->size(); ++i) {
     std::int64_t ax = (*axes)[i] < 0 ? (*axes)[i] + rank : (*axes)[i];
     if (ax < 0 || ax >= rank || (*steps)[i] == 0) return;
-    std::int64_t len = dims[static_cast<std::size_t>(ax)], start = (*starts)[i], end = (*ends)[i], step = (*steps)[i];
-    if (start < 0) start += len;
-    if (end < 0) end += len;
+    auto axis = resolve_slice_axis(dims[static_cast<std::size_t>(ax)], (*starts)[i], (*ends)[i], (*steps)[i]);
     std::vector<std::int64_t> p;
-    if (step > 0) {
-      start = std::clamp<std::int64_t>(start, 0, len);
-      end = std::clamp<std::int64_t>(end, 0, len);
-      for (std::int64_t k = start; k < end; k += step) p.push_back(k);
-    } else {
-      start = std::clamp<std::int64_t>(start, 0, len - 1);
-      end = std::clamp<std::int64_t>(end, -1, len - 1);
-      for (std::int64_t k = start; k > end; k += step) p.push_back(k);
-    }
+    for (std::int64_t k = 0; k < axis.count; ++k) p.push_back(axis.start + k * axis.step);
     picks[static_cast<std::size_t>(ax)] = std::move(p);
   }
   Elems e;
@@ -235,7 +198,7 @@ inline void slice(Node& n) {
 
 // Transpose of a small value.
 inline void transpose(Node& n) {
-  auto data = input_elems(n, 0);
+  auto data = input_values(n, 0);
   const Value* d = n.input(0);
   if (!data || !d || !d->shape().is_static() || !small_output(n)) return;
   const auto dims = d->shape().sizes();
@@ -265,7 +228,7 @@ inline void elementwise(Node& n, std::size_t arity, F f) {
   const auto len = static_cast<std::size_t>(*n.output(0)->shape().numel());
   std::vector<Elems> ins;
   for (std::size_t i = 0; i < arity; ++i) {
-    auto e = input_elems(n, i);
+    auto e = input_values(n, i);
     if (!e || e->empty()) return;
     if (e->size() != 1 && (e->size() != len || n.input(i)->shape() != n.output(0)->shape())) return;
     ins.push_back(std::move(*e));
@@ -377,7 +340,7 @@ inline void constant_of_shape(Node& n) {
 
 inline void range(Node& n) {
   if (!small_output(n) || !n.output(0)->shape().is_static()) return;
-  auto s = input_elems(n, 0), l = input_elems(n, 1), d = input_elems(n, 2);
+  auto s = input_values(n, 0), l = input_values(n, 1), d = input_values(n, 2);
   if (!s || !l || !d || s->size() != 1 || !(*s)[0].is_number() || !(*d)[0].is_number()) return;
   Elems e;
   std::int64_t v = *(*s)[0].number, step = *(*d)[0].number;
@@ -388,7 +351,7 @@ inline void range(Node& n) {
 // ReduceProd / ReduceSum over all of a 1-D value (the element count of a shape).
 inline void reduce(Node& n) {
   if (!small_output(n)) return;
-  auto e = input_elems(n, 0);
+  auto e = input_values(n, 0);
   const Value* x = n.input(0);
   if (!e || !x || x->shape().rank() != 1 || n.output(0)->shape().numel() != std::optional<std::int64_t>(1)) return;
   const bool prod = n.op_type() == "ReduceProd";
@@ -434,12 +397,6 @@ inline void propagate_values(Node& n) {
   if (!n.domain().empty()) return;
   auto it = value_table().find(n.op_type());
   if (it != value_table().end()) it->second(n);
-}
-
-// The known elements of input i as dims (for shape parameters: a number >= 0 or a symbol; negative or
-// unknown elements are Dim()), or nullopt when nothing is known.
-inline std::optional<std::vector<SymInt>> input_values(const Node& n, std::size_t i) {
-  return values::input_elems(n, i);
 }
 
 }  // namespace ondine::infer
