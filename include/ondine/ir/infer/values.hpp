@@ -34,7 +34,8 @@ using Elems = std::vector<SymInt>;
 using detail_tensor_ops::resolve_slice_axis;
 using detail_tensor_ops::shape_range;
 
-// The output has a static shape of at most kMaxShapeValueElements elements (any rank: pads travel as [2, rank]).
+// The output has a static shape of at most kMaxShapeValueElements elements (any rank: PyTorch's pads
+// travel as [rank, 2]).
 inline bool small_output(const Node& n, std::size_t i = 0) {
   const Value* v = n.output(i);
   if (!v) return false;
@@ -45,12 +46,6 @@ inline bool rank_at_most_1(const Value* v) { return v && v->shape().rank_known()
 
 inline void set(Node& n, Elems e, std::size_t i = 0) {
   if (Value* v = n.output(i)) v->set_element_dims(std::move(e));
-}
-
-inline bool all_numbers(const Elems& e) {
-  for (auto& x : e)
-    if (!x.is_number()) return false;
-  return true;
 }
 
 // Ops that only move elements (row-major order unchanged): the output holds the input's elements.
