@@ -34,7 +34,16 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INPUTS = {"resnet50": ("input", "image"), "mobilenetv2": ("input", "image"), "bert": ("input_ids", "tokens")}
+# model -> (input name, input kind, sequence length for token inputs). The *_pt models are PyTorch exports
+# (scripts/make_models.py --torch-bench, in <models-dir>/torch/<name>/model.onnx) with symbolic batch and seq.
+INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image", 128), "bert": ("input_ids", "tokens", 128),
+          "bert_pt": ("input_ids", "tokens", 128), "gpt_pt": ("input_ids", "tokens", 256),
+          "vit_pt": ("pixels", "image", 0)}
+
+
+def model_path(models_dir, model):
+    return os.path.join(models_dir, "torch", model, "model.onnx") if model.endswith("_pt") else \
+        os.path.join(models_dir, f"{model}.onnx")
 
 
 def run_json(cmd):
@@ -54,10 +63,10 @@ def peak_gflops(peak_exe, threads, int8=False):
 
 def write_input(model, batch, directory):
     """A seeded random input as .npy (image N(0,1) floats, or token ids in [0, 8000))."""
-    name, kind = INPUTS[model]
+    name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
     array = (rng.standard_normal((batch, 3, 224, 224), dtype=np.float32) if kind == "image"
-             else rng.integers(0, 8000, size=(batch, 128), dtype=np.int64))
+             else rng.integers(0, 8000, size=(batch, seq), dtype=np.int64))
     path = os.path.join(directory, f"{model}.b{batch}.npy")
     np.save(path, array)
     return name, path
@@ -77,6 +86,8 @@ class Ondine:
         if self.passes is not None and model.endswith("-int8"):
             return None
         extra = ["--passes", self.passes] if self.passes is not None else []
+        if model.split("-")[0].endswith("_pt") and INPUTS[model.split("-")[0]][1] == "tokens":
+            extra += ["--dim", "batch", "--dim", f"seq={INPUTS[model.split('-')[0]][2]}"]
         subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",
                         str(a.warmup), "--runs", str(a.runs), "--json", self.json] + extra, check=True,
                        stdout=subprocess.DEVNULL)
@@ -113,8 +124,8 @@ class PyTorch:
 
     def measure(self, model, path, batch, input_spec):
         torch, a = self.torch, self.args
-        if model.endswith("-int8"):
-            return None
+        if model.endswith("-int8") or model.endswith("_pt"):
+            return None  # (the *_pt models: no eager counterpart in torch_models.py)
         if model not in self.cache:
             torch.manual_seed(0)
             self.cache[model] = self.models.make(model)
@@ -154,10 +165,11 @@ def main():
     for m in models:
         if m not in INPUTS:
             sys.exit(f"peers: unknown model '{m}' (known: {', '.join(INPUTS)})")
-        if not os.path.exists(os.path.join(a.models_dir, f"{m}.onnx")):
-            sys.exit(f"peers: {a.models_dir}/{m}.onnx missing; run /usr/bin/python3 scripts/make_models.py --out models")
+        if not os.path.exists(model_path(a.models_dir, m)):
+            sys.exit(f"peers: {model_path(a.models_dir, m)} missing; run /usr/bin/python3 scripts/make_models.py "
+                     f"--out models (and --torch-bench for the *_pt models)")
     # (label, input kind, model file): the fp32 models, then their int8 QDQ forms.
-    cases = [(m, m, os.path.join(a.models_dir, f"{m}.onnx")) for m in models]
+    cases = [(m, m, model_path(a.models_dir, m)) for m in models]
     if a.int8:
         for m in models:
             q = os.path.join(a.qdq_dir, m, f"{m}.qdq.onnx")

@@ -244,8 +244,10 @@ struct Engine {
 
 // `passes`: the pipeline lower::compile runs; the reference executor runs the graph as given unless
 // `reference_passes` (then it runs the optimised graph, which checks the passes without the lowering).
+// `packed`: weight packings shared with other engines of the same model (bench's batch sizes), as a
+// lower::ShapeCache shares them between shapes.
 Engine make_engine(const Graph& g, bool use_reference, int threads, const std::string& passes,
-                   bool reference_passes = false) {
+                   bool reference_passes = false, std::shared_ptr<lower::PackedWeights> packed = nullptr) {
   Engine engine;
   if (use_reference) {
     std::shared_ptr<ReferenceExecutor> exec;
@@ -265,6 +267,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   lower::CompileOptions opts;
   opts.threads = threads;
   opts.passes = passes;
+  opts.packed_weights = std::move(packed);
   auto model = std::make_shared<CompiledModel>(lower::compile(g, opts));
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
@@ -710,11 +713,12 @@ struct BenchResult {
 
 BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batch, bool use_reference, int threads,
                         int warmup, int runs, std::uint64_t seed, const std::string& path, std::string& isa,
-                        const std::string& passes, bool passes_given, bool profile) {
+                        const std::string& passes, bool passes_given, bool profile,
+                        const std::shared_ptr<lower::PackedWeights>& packed) {
   Graph bound = bind_batch(g, dims, batch);
   std::map<std::string, Tensor> inputs;
   fill_random_inputs(bound, inputs, seed);
-  Engine engine = make_engine(bound, use_reference, threads, passes, passes_given);
+  Engine engine = make_engine(bound, use_reference, threads, passes, passes_given, packed);
   isa = engine.isa;
   std::string label = "batch " + std::to_string(batch);
   time_runs(engine, inputs, warmup, path, label + " warmup");
@@ -752,9 +756,12 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
 
   std::string isa;
   std::vector<BenchResult> results;
+  // The batch sizes share weight packings, as the shapes of a ShapeCache do: the compile time of the
+  // second and later batches is that of a new shape of a model already loaded.
+  auto packed = std::make_shared<lower::PackedWeights>();
   for (auto batch : batches)
-    results.push_back(
-        bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, passes, passes_given, profile));
+    results.push_back(bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, passes,
+                                  passes_given, profile, packed));
   double rss = peak_rss_mib();
 
   bool passes_apply = !use_reference || passes_given;

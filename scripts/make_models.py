@@ -436,20 +436,20 @@ def sinusoid_table(length, dim):
     return table
 
 
-def torch_bert_encoder(rng):
+def torch_bert_encoder(rng, bench=False):
     import torch
     from torch import nn
 
-    vocab, hidden, max_len = 100, 64, 64
+    vocab, hidden, heads, ff, layers, max_len = (8000, 256, 4, 1024, 4, 512) if bench else (100, 64, 4, 128, 2, 64)
 
     class BertEncoder(nn.Module):
         def __init__(self):
             super().__init__()
             self.word_embeddings = nn.Embedding(vocab, hidden)
             self.position_embeddings = nn.Embedding(max_len, hidden)
-            layer = nn.TransformerEncoderLayer(hidden, 4, dim_feedforward=128, dropout=0.0, activation="gelu",
+            layer = nn.TransformerEncoderLayer(hidden, heads, dim_feedforward=ff, dropout=0.0, activation="gelu",
                                                batch_first=True)
-            self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+            self.encoder = nn.TransformerEncoder(layer, num_layers=layers)
             self.norm = nn.LayerNorm(hidden)
 
         def forward(self, input_ids):
@@ -461,19 +461,19 @@ def torch_bert_encoder(rng):
             return self.norm(x)
 
     module = BertEncoder()
-    cases = token_cases(rng, vocab, [(1, 7), (2, 12)])
+    cases = token_cases(rng, vocab, [(1, 128), (8, 128)] if bench else [(1, 7), (2, 12)])
     cases[1]["input_ids"][1, -3:] = 0  # the second sample of case 1 ends in 3 padding tokens
     return TorchSpec(module, 14, ["input_ids"], ["hidden"],
                      {"input_ids": {0: "batch", 1: "seq"}, "hidden": {0: "batch", 1: "seq"}}, cases,
                      "token + learned position embeddings (arange of the runtime length), nn.TransformerEncoder "
-                     "(2 layers, d 64, 4 heads, ff 128, gelu, padding mask from id 0), LayerNorm")
+                     f"({layers} layers, d {hidden}, {heads} heads, ff {ff}, gelu, padding mask from id 0), LayerNorm")
 
 
-def torch_gpt_decoder(rng):
+def torch_gpt_decoder(rng, bench=False):
     import torch
     from torch import nn
 
-    vocab, hidden, heads, layers, max_len = 100, 64, 4, 2, 64
+    vocab, hidden, heads, layers, max_len = (8000, 256, 4, 4, 512) if bench else (100, 64, 4, 2, 64)
     head_dim = hidden // heads
 
     class Attention(nn.Module):
@@ -532,25 +532,29 @@ def torch_gpt_decoder(rng):
         module.wte.weight.mul_(0.3)  # N(0, 0.3) embeddings: logits through the tied head of order 1-10
     return TorchSpec(module, 14, ["input_ids"], ["logits"],
                      {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
-                     token_cases(rng, vocab, [(1, 7), (2, 12)]),
-                     "GPT-style decoder written by hand (2 pre-LN blocks, d 64, 4 heads, manual attention with a "
+                     token_cases(rng, vocab, [(1, 256), (2, 256)] if bench else [(1, 7), (2, 12)]),
+                     f"GPT-style decoder written by hand ({layers} pre-LN blocks, d {hidden}, {heads} heads, manual "
+                     "attention with a "
                      "triu causal mask built from the runtime length, GELU MLP), LM head tied to the embedding")
 
 
-def torch_vit_small(rng):
+def torch_vit_small(rng, bench=False):
     import torch
     import torchvision
 
-    module = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
-                                                  hidden_dim=64, mlp_dim=128, num_classes=10)
+    # bench: ViT-S/16 (DeiT-S) at 224x224, 1000 classes.
+    image, patch, layers, heads, hidden, mlp, classes = \
+        (224, 16, 12, 6, 384, 1536, 1000) if bench else (32, 8, 2, 4, 64, 128, 10)
+    module = torchvision.models.VisionTransformer(image_size=image, patch_size=patch, num_layers=layers,
+                                                  num_heads=heads, hidden_dim=hidden, mlp_dim=mlp, num_classes=classes)
     with torch.no_grad():
         # torchvision zero-initializes the classification head: logits would be all zero.
-        module.heads.head.weight.normal_(0.0, 1.0 / math.sqrt(64))
+        module.heads.head.weight.normal_(0.0, 1.0 / math.sqrt(hidden))
         module.heads.head.bias.normal_(0.0, 0.01)
     return TorchSpec(module, 14, ["pixels"], ["logits"], {"pixels": {0: "batch"}, "logits": {0: "batch"}},
-                     float_cases(rng, "pixels", [(1, 3, 32, 32), (3, 3, 32, 32)]),
-                     "torchvision.models.VisionTransformer (image 32, patch 8, 2 layers, 4 heads, hidden 64, "
-                     "mlp 128, 10 classes)")
+                     float_cases(rng, "pixels", [(1, 3, image, image), (3 if not bench else 2, 3, image, image)]),
+                     f"torchvision.models.VisionTransformer (image {image}, patch {patch}, {layers} layers, {heads} "
+                     f"heads, hidden {hidden}, mlp {mlp}, {classes} classes)")
 
 
 def torch_audio_encoder(rng):
@@ -677,6 +681,10 @@ TORCH_MODELS = {
 }
 
 
+# --torch-bench: the same builders at benchmark size (bench/peers.py rows bert_pt, gpt_pt, vit_pt).
+TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small"}
+
+
 def torch_seed(seed, name):
     """torch.manual_seed value per (seed, model): stable across runs and --which subsets."""
     return int(model_rng(seed, name, "torch.weights").integers(2**31))
@@ -703,12 +711,14 @@ def value_signature(value):
     return f"{value.name} {dtype}[{','.join(dims)}]"
 
 
-def write_torch_model(name, out_dir, seed, verify):
-    """Export one TORCH_MODELS entry to out_dir/name/ with its cases; return False if a check fails."""
+def write_torch_model(name, out_dir, seed, verify, bench=False):
+    """Export one TORCH_MODELS (or, bench, TORCH_BENCH) entry to out_dir/name/ with its cases; return False if a
+    check fails."""
     import torch
 
     torch.manual_seed(torch_seed(seed, name))
-    spec = TORCH_MODELS[name](model_rng(seed, name, "inputs"))
+    builder = TORCH_MODELS[TORCH_BENCH[name]] if bench else TORCH_MODELS[name]
+    spec = builder(model_rng(seed, name, "inputs"), bench=True) if bench else builder(model_rng(seed, name, "inputs"))
     module = spec.module.eval()
     model_dir = os.path.join(out_dir, name)
     os.makedirs(model_dir, exist_ok=True)
@@ -804,6 +814,9 @@ def main():
     parser.add_argument("--torch-corpus", nargs="?", const=TORCH_CORPUS_DIR, metavar="DIR",
                         help="write the models exported from PyTorch instead, one folder each under DIR "
                         f"(default: {os.path.relpath(TORCH_CORPUS_DIR)}); --out, --inputs, --batch are ignored")
+    parser.add_argument("--torch-bench", nargs="?", const=os.path.join("models", "torch"), metavar="DIR",
+                        help="write the benchmark-size PyTorch exports (" + ",".join(TORCH_BENCH) + ") to "
+                        "DIR/NAME/model.onnx (default: models/torch), for bench/peers.py")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inputs", action="store_true", help="also write seeded random inputs as .npy")
     parser.add_argument("--batch", default="1", help="comma-separated input batch sizes for --inputs (default 1)")
@@ -815,6 +828,15 @@ def main():
     parser.add_argument("--bert-vocab", type=int, default=8000)
     args = parser.parse_args()
 
+    if args.torch_bench:
+        names = [n.strip() for n in (args.which or ",".join(TORCH_BENCH)).split(",") if n.strip()]
+        if any(n not in TORCH_BENCH for n in names):
+            parser.error(f"unknown model(s) {names}; choose from {list(TORCH_BENCH)}")
+        os.makedirs(args.torch_bench, exist_ok=True)
+        failed = [n for n in names if not write_torch_model(n, args.torch_bench, args.seed, args.verify, bench=True)]
+        if failed:
+            print(f"FAILED: {', '.join(failed)}")
+        return 1 if failed else 0
     group = TORCH_MODELS if args.torch_corpus else MODELS
     names = [n.strip() for n in (args.which or ",".join(group)).split(",") if n.strip()]
     unknown = [n for n in names if n not in group]

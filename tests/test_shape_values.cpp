@@ -255,6 +255,26 @@ TEST_CASE("exported corpus: compiled at two shapes in one process, equal to PyTo
   }
 }
 
+TEST_CASE("shape cache: the shapes share their packed weights", "[lower][symbolic][corpus]") {
+  // The GPT-style decoder at two sequence lengths: every MatMul weight is packed once. Only constants
+  // that depend on the length (the causal mask folded for each length) add packings.
+  Graph g = ondine::onnx::load_model((corpus_dir("gpt_decoder") / "model.onnx").string());
+  lower::CompileOptions options;
+  options.threads = 1;
+  lower::ShapeCache cache(std::move(g), options);
+  cache.run(load_case("gpt_decoder", 0).inputs);
+  const std::size_t bytes_one = cache.packed_weights().bytes(), packings_one = cache.packed_weights().size();
+  CHECK(bytes_one > 100 * 1024);  // the decoder's ~120 KB of matrices, packed
+  CHECK(cache.packed_weights().hits() > 0);  // the tied embedding / LM head and the like
+  const std::size_t hits_one = cache.packed_weights().hits();
+  cache.run(load_case("gpt_decoder", 1).inputs);
+  CHECK(cache.compilations() == 2);
+  const std::size_t added = cache.packed_weights().bytes() - bytes_one;
+  INFO("first shape " << bytes_one << " B in " << packings_one << " packings; the second added " << added << " B");
+  CHECK(added < bytes_one / 20);
+  CHECK(cache.packed_weights().hits() - hits_one >= packings_one - 4);
+}
+
 TEST_CASE("compile names the node whose shape depends on data", "[lower][symbolic]") {
   // Reshape to a shape read from a NonZero's count: not a function of the input shapes.
   Graph g;

@@ -4,6 +4,10 @@
 //   ondine.FusedMatMul  (A, B, Bias?, Sum?) Y = act(MatMul(A, B) + Bias + Sum)        Bias [N], Sum Y's shape
 //   ondine.FusedGemm    (A, B, C?)          Y = act(Gemm(A, B, C))                    Gemm's attributes
 //   ondine.Gelu         (X)                 Y = Gelu(X), approximate = "none" | "tanh" (ONNX opset-20 Gelu)
+//   ondine.Attention    (Q, K, V, Mask?)    Y = MatMul(Softmax(scale * MatMul(Q, K) + Mask, axis = -1), V)
+//       Q [..., Sq, D], K [..., D, Sk] (the keys already transposed, as the first MatMul reads them),
+//       V [..., Sk, Dv], Y [..., Sq, Dv]: one rank >= 2 and the same batch dims for all four; Mask
+//       float, broadcasting to the scores [..., Sq, Sk] without changing them; "scale" a float (1).
 //
 // The activation chain `act` is three attributes of equal length: "activations" (names, applied in
 // order), "activation_alpha" and "activation_beta" (one float each, 0 when the activation has no

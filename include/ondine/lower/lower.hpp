@@ -32,6 +32,7 @@
 
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
+#include "ondine/lower/detail/attention.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/conv.hpp"
 #include "ondine/lower/detail/deconv.hpp"
@@ -68,6 +69,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["ondine.FusedMatMul"] = lower_matmul;
     t["ondine.FusedGemm"] = lower_gemm;
     t["ondine.Gelu"] = lower_eltwise;
+    t["ondine.Attention"] = lower_attention;
     for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) t[op] = lower_pool;
     t["BatchNormalization"] = lower_batchnorm;
     t["LayerNormalization"] = lower_layernorm;
@@ -81,6 +83,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["Concat"] = lower_concat;
     for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = lower_view;
     t["Transpose"] = lower_transpose;
+    t["Slice"] = lower_slice;
     t["Identity"] = lower_identity;
     t["Dropout"] = lower_identity;
     t["ondine.Reorder"] = lower_reorder;
@@ -275,6 +278,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   ThreadCountScope threads(options.threads);
   auto program = std::make_shared<runtime::Program>();
   auto library = std::make_shared<Library>();
+  if (options.packed_weights) library->engine = options.packed_weights->engine();
   program->graph = g;
   program->isa = effective_isa().name;
   program->threads = options.threads;

@@ -13,6 +13,10 @@
 // Symbolic dims inside the model (derived ones such as "(H - 1)/2 + 1", shapes computed at run time
 // through Shape -> Gather -> Concat -> Reshape) follow from the inputs' dims: compile() infers and
 // folds them to numbers for each binding (lower.hpp, resolve_static_shapes).
+//
+// The specialisations share their packed weights (lower/packed_weights.hpp): a constant packed into
+// a oneDNN layout once is reused by every shape that wants the same layout, so a transformer's
+// second sequence length adds no weight memory and compiles faster (it only builds primitives).
 #pragma once
 
 #include <cstddef>
@@ -36,6 +40,7 @@ class ShapeCache {
   explicit ShapeCache(Graph graph, CompileOptions options = {}, std::size_t capacity = 8)
       : graph_(std::move(graph)), options_(std::move(options)), capacity_(capacity ? capacity : 1) {
     check_supported(graph_);
+    if (!options_.packed_weights) options_.packed_weights = std::make_shared<PackedWeights>();
   }
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) {
@@ -88,6 +93,8 @@ class ShapeCache {
     return entries_.size();
   }
   std::size_t capacity() const { return capacity_; }
+  // The packed constants all shapes share (lower/packed_weights.hpp): bytes(), size(), hits().
+  const PackedWeights& packed_weights() const { return *options_.packed_weights; }
   std::size_t compilations() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return compilations_;

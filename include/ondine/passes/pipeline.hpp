@@ -15,6 +15,7 @@
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
+#include "ondine/passes/fuse_attention.hpp"
 #include "ondine/passes/fuse_dynamic_qmatmul.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
@@ -33,9 +34,11 @@ namespace ondine {
 // fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
 // qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form;
 // fuse-dynamic-qmatmul finds dynamically quantized matrix products (ONNX Runtime's quantize_dynamic,
-// or "quantize-dynamic,default") after fuse-gelu, so that it takes their Gelu too.
+// or "quantize-dynamic,default") after fuse-gelu, so that it takes their Gelu too; fuse-attention runs
+// after fold-constants (a causal mask built from the sequence length is a constant by then) and before
+// fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -48,6 +51,7 @@ inline PassRegistry& pass_registry() {
         .add<FoldBatchNorm>()
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
+        .add<FuseAttention>()
         .add<FusePostOps>()
         .add<FuseQdq>()
         .add<FuseDynamicQMatMul>()

@@ -6,6 +6,8 @@
 // runtime's fallback when oneDNN rejects a fused form.
 #pragma once
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -76,6 +78,48 @@ inline std::vector<Tensor> gelu(const Node& n, const std::vector<Tensor>& inputs
   return {nn::from_doubles(x.dtype(), x.dims(), v)};
 }
 
+// ondine.Attention: every step in double, rounded once into Q's type. The two products reuse the
+// MatMul kernel on float64 copies (so batch dims and errors read as MatMul's).
+inline std::vector<Tensor> attention(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& q = nn::required(n, inputs, 0);
+  const Tensor& k = nn::required(n, inputs, 1);
+  const Tensor& v = nn::required(n, inputs, 2);
+  nn::require_floating(n, q, "Q");
+  nn::require_same_dtype(n, q, k, "K");
+  nn::require_same_dtype(n, q, v, "V");
+  if (q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank())
+    throw n.error("Q, K and V must have one rank >= 2, got " + dims_str(q.dims()) + ", " + dims_str(k.dims()) +
+                  " and " + dims_str(v.dims()));
+  auto f64 = [](const Tensor& t) { return nn::from_doubles(DType::Float64, t.dims(), nn::to_doubles(t)); };
+  Tensor scores = nn::matmul(n, {f64(q), f64(k)}).at(0);
+  const std::vector<std::int64_t> sd = scores.dims();
+  std::vector<double> s = nn::to_doubles(scores);
+  double scale = n.attr_float("scale", 1.0f);
+  for (double& e : s) e *= scale;
+  if (inputs.size() > 3 && !inputs[3].empty()) {
+    const Tensor& mask = inputs[3];
+    nn::require_same_dtype(n, q, mask, "Mask");
+    if (detail::broadcast_dims(n, sd, mask.dims()) != sd)
+      throw n.error("Mask " + dims_str(mask.dims()) + " does not broadcast to the scores " + dims_str(sd));
+    std::vector<double> m = nn::to_doubles(mask);
+    std::vector<std::int64_t> at = detail::broadcast_index_map(mask.dims(), sd);
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] += m[static_cast<std::size_t>(at[i])];
+  }
+  // Softmax over the last axis; a row of -inf (fully masked) gives NaN, as the unfused ops do.
+  std::int64_t len = sd.back();
+  for (std::size_t row = 0; len > 0 && row < s.size(); row += static_cast<std::size_t>(len)) {
+    double* x = s.data() + row;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, x[j]);
+    if (std::isinf(mx)) mx = 0;
+    double sum = 0;
+    for (std::int64_t j = 0; j < len; ++j) sum += (x[j] = std::exp(x[j] - mx));
+    for (std::int64_t j = 0; j < len; ++j) x[j] /= sum;
+  }
+  Tensor y = nn::matmul(n, {nn::from_doubles(DType::Float64, sd, s), f64(v)}).at(0);
+  return {nn::from_doubles(q.dtype(), y.dims(), nn::to_doubles(y))};
+}
+
 }  // namespace detail::fused_ops
 
 inline void register_fused_kernels(KernelTable& table) {
@@ -85,6 +129,7 @@ inline void register_fused_kernels(KernelTable& table) {
   table[d + "FusedMatMul"] = k::fused_matmul;
   table[d + "FusedGemm"] = k::fused_gemm;
   table[d + "Gelu"] = k::gelu;
+  table[d + "Attention"] = k::attention;
 }
 
 }  // namespace ondine::reference

@@ -1,5 +1,5 @@
 // ondine/ir/infer/fused.hpp - shape and type inference for Ondine's own ops (ir/fused_ops.hpp):
-// ondine.FusedConv, ondine.FusedMatMul, ondine.FusedGemm, ondine.Gelu.
+// ondine.FusedConv, ondine.FusedMatMul, ondine.FusedGemm, ondine.Gelu, ondine.Attention.
 //
 // A fused op's output is its base op's (Conv, MatMul, Gemm: the same functions infer them); the
 // operands it adds are checked against that output: Bias is [N] (MatMul's last output dim), Sum has
@@ -65,6 +65,47 @@ inline void infer_gelu(Node& n) {
   set_output(n, 0, x.dtype(), x.shape());
 }
 
+// ondine.Attention: Q [..., Sq, D] x K [..., D, Sk] -> scores, x V [..., Sk, Dv] -> Y [..., Sq, Dv].
+inline void infer_attention(Node& n) {
+  Value& q = required_input(n, 0);
+  Value& k = required_input(n, 1);
+  Value& v = required_input(n, 2);
+  detail_nn::require_floating(n, q);
+  detail_nn::require_same_dtype(n, q, k);
+  detail_nn::require_same_dtype(n, q, v);
+  if (!q.shape().rank_known() || !k.shape().rank_known() || !v.shape().rank_known())
+    return set_output(n, 0, q.dtype(), Shape::unknown());
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  std::size_t r = qs.rank();
+  if (r < 2 || ks.rank() != r || vs.rank() != r)
+    throw n.error("Q, K and V must have one rank >= 2, got " + qs.str() + ", " + ks.str() + " and " + vs.str());
+  std::string shapes = "Q " + qs.str() + ", K " + ks.str() + ", V " + vs.str();
+  for (std::size_t i = 0; i + 2 < r; ++i) {
+    detail_nn::unify(n, qs[i], ks[i], "batch dims differ: " + shapes);
+    detail_nn::unify(n, qs[i], vs[i], "batch dims differ: " + shapes);
+  }
+  detail_nn::unify(n, qs[r - 1], ks[r - 2], "Q's last dim is not K's rows: " + shapes);
+  detail_nn::unify(n, ks[r - 1], vs[r - 2], "K's last dim is not V's rows: " + shapes);
+  if (const Value* mask = n.input(3)) {
+    detail_nn::require_same_dtype(n, q, *mask);
+    if (mask->shape().rank_known()) {
+      const Shape& ms = mask->shape();
+      std::vector<Dim> scores(qs.dims().begin(), qs.dims().end() - 1);
+      scores.push_back(ks[r - 1]);
+      if (ms.rank() > r) throw n.error("Mask " + ms.str() + " has a higher rank than the scores (" + shapes + ")");
+      for (std::size_t i = 0; i < ms.rank(); ++i) {
+        const Dim& m = ms[i];
+        const Dim& s = scores[r - ms.rank() + i];
+        if (m.is_static() && m.value == 1) continue;
+        detail_nn::unify(n, m, s, "Mask " + ms.str() + " does not broadcast to the scores of " + shapes);
+      }
+    }
+  }
+  std::vector<Dim> out(qs.dims().begin(), qs.dims().end() - 1);
+  out.push_back(vs[r - 1]);
+  set_output(n, 0, q.dtype(), Shape(out));
+}
+
 }  // namespace detail_fused
 
 inline void register_fused_infer(InferTable& table) {
@@ -74,6 +115,7 @@ inline void register_fused_infer(InferTable& table) {
   table[d + "FusedMatMul"] = infer_fused_matmul;
   table[d + "FusedGemm"] = infer_fused_gemm;
   table[d + "Gelu"] = infer_gelu;
+  table[d + "Attention"] = infer_attention;
 }
 
 }  // namespace ondine::infer

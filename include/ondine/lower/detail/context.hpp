@@ -27,6 +27,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "oneapi/dnnl/dnnl_debug.h"
 #include "ondine/ir/graph.hpp"
+#include "ondine/lower/packed_weights.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/compiled_model.hpp"
@@ -45,6 +46,9 @@ struct CompileOptions {
   // The passes run on compile's own copy of the graph before lowering, as a pipeline string
   // (ondine/passes/pipeline.hpp: "fold-bn,fuse", "default" for the default pipeline); "" or "none": none.
   std::string passes = default_pipeline();
+  // Packed constants shared with other compiles (lower/packed_weights.hpp); null: this compile's own.
+  // ShapeCache sets one for all the shapes it compiles.
+  std::shared_ptr<PackedWeights> packed_weights;
 };
 
 namespace detail {
@@ -536,13 +540,16 @@ class Lowering {
     if (t.numel() != md_numel(want))
       throw Error("internal: constant of " + std::to_string(t.numel()) + " elements for a layout of " +
                   std::to_string(md_numel(want)));
-    memory src(plain_md(want.dims(), dt), engine(), const_cast<void*>(t.raw()));
-    memory dst(want, engine());
-    dnnl::stream s(engine());
-    dnnl::reorder(src, dst).execute(s, src, dst);
-    s.wait();
+    auto pack = [&] {
+      memory src(plain_md(want.dims(), dt), engine(), const_cast<void*>(t.raw()));
+      memory dst(want, engine());
+      dnnl::stream s(engine());
+      dnnl::reorder(src, dst).execute(s, src, dst);
+      s.wait();
+      return dst;
+    };
     constant_bytes += want.get_size();
-    return dst;
+    return options.packed_weights ? options.packed_weights->get(t, want, pack) : pack();
   }
   memory constant_memory(const std::vector<float>& values, const memory::desc& want) {
     return constant_memory(Tensor::from_vector<float>({static_cast<std::int64_t>(values.size())}, values), want);

@@ -79,6 +79,17 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
                           : dnnl::matmul::desc(plan.src_md, plan.weights_md, plan.dst_md);
     return dnnl::matmul::primitive_desc(desc, attr, L.engine(), true);
   };
+  // Constant 2-D weights that oneDNN leaves row-major ([K, N], "ab": gemm:jit does not pack them) are
+  // stored transposed ("ba", PyTorch's [N, K]) instead: the same kernel then runs up to 3.5x faster for
+  // the row counts of transformer layers (bench: 128x256x1024 fp32, AVX2, 2 threads: 1.69 ms as ab,
+  // 0.47 ms as ba; within 6% either way from 1024 rows up).
+  if (plan.weights_constant && plan.weights_md.data.ndims == 2 && plan.weights_md.data.format_kind == dnnl_format_kind_any) {
+    auto probe = make_pd(false);
+    if (probe && is_row_major(probe.weights_desc())) {
+      const memory::dim k = plan.weights_md.data.dims[0], nn = plan.weights_md.data.dims[1];
+      plan.weights_md = memory::desc({k, nn}, memory::data_type::f32, Dims{1, k});
+    }
+  }
   bool fused = false;
   auto pd = choose_fusion<dnnl::matmul::primitive_desc>(make_pd, !plan.chain.nodes.empty() || plan.bias_add, fused);
   if (!pd)
@@ -133,8 +144,10 @@ inline void plan_matmul_tail(Lowering& L, const Node& n, const Dims& dst_dims, M
     if (c && c != y && c->is_constant() && is_f32(c) && is_f32(add->output(0)) &&
         add->output(0)->shape().sizes() == y->shape().sizes() && bias_fits(c->shape().sizes(), y->shape().sizes())) {
       plan.bias_add = add;
-      plan.bias_dims = left_pad(c->shape().sizes(), dst_dims.size());
-      if (!bias_fits(plan.bias_dims, dst_dims)) {
+      Dims cd = c->shape().sizes();
+      while (cd.size() > dst_dims.size() && cd.front() == 1) cd.erase(cd.begin());  // dst collapsed to 2-D
+      plan.bias_dims = left_pad(cd, dst_dims.size());
+      if (cd.size() > dst_dims.size() || !bias_fits(plan.bias_dims, dst_dims)) {
         plan.bias_add = nullptr;
       } else {
         plan.bias = c->constant();
@@ -187,6 +200,16 @@ inline bool lower_matmul(Lowering& L, const Node& n) {
   std::int64_t numel = 1;
   for (auto d : dd) numel *= d;
   if (numel != *y->shape().numel()) return false;
+  // B without batch dims (a Linear's weight): A's batch dims are more rows of one 2-D matmul. oneDNN
+  // would otherwise run a batch of small matmuls, M = 1 each for a [seq, 1, hidden] activation.
+  bool b_unbatched = std::all_of(bd.begin(), bd.end() - 2, [](std::int64_t d) { return d == 1; });
+  if (r > 2 && b_unbatched) {
+    std::int64_t rows = 1;
+    for (std::size_t i = 0; i + 1 < r; ++i) rows *= ad[i];
+    ad = {rows, ad[r - 1]};
+    bd = {bd[r - 2], bd[r - 1]};
+    dd = {rows, dd[r - 1]};
+  }
 
   MatmulPlan plan;
   plan.src_md = plain_md(ad);

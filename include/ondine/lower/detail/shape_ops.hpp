@@ -1,4 +1,5 @@
-// ondine/lower/detail/shape_ops.hpp - Concat (oneDNN concat on the producers' layouts) and the ops
+// ondine/lower/detail/shape_ops.hpp - Concat (oneDNN concat on the producers' layouts), Transpose and
+// Slice (one reorder each, reading the source through strides) and the ops
 // that only re-label row-major bytes: Reshape, Flatten, Squeeze, Unsqueeze (zero-copy views of the
 // producer, reordered to row-major first when it is blocked), and Identity / inference Dropout
 // (aliases in whatever layout the producer chose).
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 
@@ -95,6 +97,48 @@ inline bool lower_transpose(Lowering& L, const Node& n) {
   SlotId dst = L.new_value_slot(y, dst_md);
   L.define(y, dst, dst_md);
   L.add_primitive({n.name(), "Transpose", pd.impl_info_str(), "perm " + dims_str(perm) + " " + dims_str(xd) + " -> " + dims_str(yd)},
+                  &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
+  return true;
+}
+
+// Slice with constant parameters and positive steps as one reorder: the source is read through a
+// strided view of its row-major bytes starting at the first element taken (the view's offset).
+inline bool lower_slice(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  memory::data_type dt;
+  if (!x || !y || x->is_constant() || !x->shape().is_static() || !y->shape().is_static() || !dnnl_dtype(x->dtype(), dt))
+    return false;
+  const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  const auto rank = static_cast<std::int64_t>(xd.size());
+  if (rank == 0 || rank > 6 || yd.size() != xd.size() || *y->shape().numel() == 0) return false;
+  for (std::size_t i = 1; i < n.num_inputs(); ++i)
+    if (n.input(i) && !n.input(i)->is_constant()) return false;
+  auto constant = [&](std::size_t i) -> const Tensor* {
+    return i < n.num_inputs() && n.input(i) ? &n.input(i)->constant() : nullptr;
+  };
+  namespace t = infer::detail_tensor_ops;
+  t::SliceParams p = t::slice_params(n, rank, constant(1), constant(2), constant(3), constant(4));
+  if (!p.starts || !p.ends || !p.axes) return false;
+  Dims strides = row_major_strides(xd);
+  memory::dim offset = 0;
+  for (std::size_t i = 0; i < p.axes->size(); ++i) {
+    auto a = static_cast<std::size_t>((*p.axes)[i]);
+    std::int64_t step = p.steps ? (*p.steps)[i] : 1;
+    if (step <= 0) return false;
+    t::SliceAxis s = t::resolve_slice_axis(xd[a], (*p.starts)[i], (*p.ends)[i], step);
+    if (s.count != yd[a]) return false;
+    offset += s.start * strides[a];
+    strides[a] *= step;
+  }
+  memory::desc src_md(yd, dt, strides), dst_md = plain_md(yd, dt);
+  src_md.data.offset0 = offset;
+  dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr(), true);
+  if (!pd) return false;
+  SlotId src = L.row_major_slot(x);
+  SlotId dst = L.new_value_slot(y, dst_md);
+  L.define(y, dst, dst_md);
+  L.add_primitive({n.name(), "Slice", pd.impl_info_str(), dims_str(xd) + " -> " + dims_str(yd) + " from offset " + std::to_string(offset)},
                   &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
   return true;
 }

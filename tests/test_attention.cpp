@@ -1,0 +1,317 @@
+// fuse-attention and ondine.Attention:
+// - structure: every attention of the PyTorch-exported corpus (nn.MultiheadAttention's 3-D form, the
+//   Hugging Face-style 4-D form with a run-time causal mask, torchvision's ViT) becomes one node;
+// - numbers: the graph before and after the pass agree on the reference executor (1e-5), and the
+//   compiled node agrees with its reference kernel (1e-4) for each mask form the lowering handles
+//   (none, [P,1,S,S], [P,1,1,S], broadcast over the batch, a constant one it expands, a boolean one);
+// - must-not-fire: a mask of a higher rank, a softmax on another axis, a shared intermediate, a
+//   scale between the mask and the softmax, a finite fill that is not a mask.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ondine/lower/shape_cache.hpp"
+#include "ondine/ondine.hpp"
+
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_attention {
+
+using namespace ondine;
+using Dims = std::vector<std::int64_t>;
+namespace fs = std::filesystem;
+
+namespace {
+
+Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t(DType::Float32, dims);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+// Largest |a - b| over max |b|.
+double rel_error(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.dims() == b.dims());
+  auto x = a.to_floats(), y = b.to_floats();
+  double err = 0, mag = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(x[i] - y[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(y[i])));
+  }
+  REQUIRE(mag > 0.05);  // a real output, not a vacuous all-zero one
+  return err / mag;
+}
+
+std::size_t count_ops(const Graph& g, const std::string& key) {
+  std::size_t n = 0;
+  for (const Node* node : g.topo_order()) n += node->op_key() == key;
+  return n;
+}
+
+struct Builder {
+  Graph g;
+  Value* input(const std::string& name, const Dims& dims, DType t = DType::Float32) {
+    return g.add_input(name, t, Shape::from(dims));
+  }
+  Value* scalar(float v) { return g.add_constant(g.unique_name("c"), Tensor::from_vector<float>({}, {v})); }
+  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {}) {
+    return g.add_node(type, inputs, {""}, std::move(attrs), g.unique_name(type))->output(0);
+  }
+  Value* transpose(Value* x, Dims perm) { return op("Transpose", {x}, {{"perm", perm}}); }
+  Value* softmax(Value* x, std::int64_t axis = -1) { return op("Softmax", {x}, {{"axis", axis}}); }
+  void output(Value* v) {
+    g.add_output(v);
+    infer_shapes(g);
+  }
+};
+
+// Hugging Face-style 4-D attention: q [B,H,S,D], k [B,H,S,D] (transposed here), v [B,H,S,D].
+struct Attention4d {
+  Builder b;
+  Value *q, *k, *v;
+  std::int64_t batch, heads, seq, dim;
+  Attention4d(std::int64_t batch_, std::int64_t heads_, std::int64_t seq_, std::int64_t dim_)
+      : batch(batch_), heads(heads_), seq(seq_), dim(dim_) {
+    q = b.input("q", {batch, heads, seq, dim});
+    k = b.input("k", {batch, heads, seq, dim});
+    v = b.input("v", {batch, heads, seq, dim});
+  }
+  Value* scores() {
+    return b.op("Div", {b.op("MatMul", {q, b.transpose(k, {0, 1, 3, 2})}), b.scalar(std::sqrt(float(dim)))});
+  }
+  std::map<std::string, Tensor> feeds(unsigned seed = 7) const {
+    return {{"q", random_tensor({batch, heads, seq, dim}, seed)},
+            {"k", random_tensor({batch, heads, seq, dim}, seed + 1)},
+            {"v", random_tensor({batch, heads, seq, dim}, seed + 2)}};
+  }
+};
+
+// Runs the default pipeline's fuse-attention alone and checks the reference executor agrees before
+// and after (1e-5); returns the fused graph.
+Graph fuse_and_check(const Graph& before, const std::map<std::string, Tensor>& feeds, std::size_t expect_fused) {
+  Graph after = before.clone();
+  PassManager pm = make_pass_manager("fuse-attention,dce");
+  pm.run(after);
+  CHECK(count_ops(after, "ondine.Attention") == expect_fused);
+  auto want = ReferenceExecutor(before).run(feeds);
+  auto got = ReferenceExecutor(after).run(feeds);
+  for (auto& [name, t] : want) CHECK(rel_error(got.at(name), t) < 1e-5);
+  return after;
+}
+
+// The fused graph compiled (no further passes) against the reference executor on the unfused one.
+void check_compiled(const Graph& before, const Graph& fused, const std::map<std::string, Tensor>& feeds,
+                    std::vector<std::string>* log = nullptr) {
+  lower::CompileOptions options;
+  options.passes = "none";
+  options.threads = 2;
+  if (log) options.log = [log](const std::string& line) { log->push_back(line); };
+  auto model = lower::compile(fused, options);
+  auto got = model.run(feeds);
+  auto want = ReferenceExecutor(before).run(feeds);
+  for (auto& [name, t] : want) CHECK(rel_error(got.at(name), t) < 1e-4);
+}
+
+fs::path corpus_model(const std::string& model) {
+  return fs::path(ONDINE_TEST_DATA_DIR) / "torch" / model / "model.onnx";
+}
+
+}  // namespace
+
+TEST_CASE("ondine.Attention: shape inference and its checks", "[attention][ops]") {
+  Builder b;
+  Value* q = b.input("q", {2, 4, 8, 16});
+  Value* k = b.input("k", {2, 4, 16, 10});
+  Value* v = b.input("v", {2, 4, 10, 32});
+  Value* y = b.g.add_node("Attention", {q, k, v}, {"y"}, {{"scale", 0.25f}}, "att", fused::kDomain)->output(0);
+  b.output(y);
+  CHECK(y->shape().str() == "[2,4,8,32]");
+
+  Builder bad;
+  Value* q2 = bad.input("q", {2, 4, 8, 16});
+  Value* k2 = bad.input("k", {2, 4, 12, 10});  // D 16 vs 12
+  Value* v2 = bad.input("v", {2, 4, 10, 32});
+  bad.g.add_node("Attention", {q2, k2, v2}, {"y"}, {}, "att", fused::kDomain);
+  bad.g.add_output(bad.g.find_value("y"));
+  CHECK_THROWS_WITH(infer_shapes(bad.g), Catch::Contains("att") && Catch::Contains("Q's last dim"));
+
+  Builder mask_bad;
+  Value* q3 = mask_bad.input("q", {2, 4, 8, 16});
+  Value* k3 = mask_bad.input("k", {2, 4, 16, 10});
+  Value* v3 = mask_bad.input("v", {2, 4, 10, 32});
+  Value* m3 = mask_bad.input("m", {2, 1, 8, 9});  // 9 keys for 10
+  mask_bad.g.add_node("Attention", {q3, k3, v3, m3}, {"y"}, {}, "att", fused::kDomain);
+  mask_bad.g.add_output(mask_bad.g.find_value("y"));
+  CHECK_THROWS_WITH(infer_shapes(mask_bad.g), Catch::Contains("Mask"));
+}
+
+TEST_CASE("fuse-attention: 4-D, scale on the scores, no mask (1e-5; compiled 1e-4)", "[attention]") {
+  Attention4d a(2, 3, 9, 8);
+  Builder& b = a.b;
+  b.output(b.op("MatMul", {b.softmax(a.scores()), a.v}));
+  Graph fused = fuse_and_check(b.g, a.feeds(), 1);
+  CHECK(count_ops(fused, "Softmax") == 0);
+  CHECK(count_ops(fused, "Div") == 0);
+  check_compiled(b.g, fused, a.feeds());
+}
+
+TEST_CASE("fuse-attention: the scale on Q and on K, and baddbmm's Mul by 1s (1e-5; compiled 1e-4)", "[attention]") {
+  // nn.MultiheadAttention's 3-D form: q [B*H, S, D] scaled first, an additive mask [B*H, 1, S] times 1.
+  Builder b;
+  Value* q = b.input("q", {6, 7, 8});
+  Value* k = b.input("k", {6, 8, 7});
+  Value* v = b.input("v", {6, 7, 5});
+  Value* mask = b.input("mask", {6, 1, 7});
+  Value* qs = b.op("Div", {q, b.scalar(2.0f)});
+  Value* ks = b.op("Mul", {k, b.scalar(0.5f)});
+  Value* scores = b.op("Mul", {b.op("MatMul", {qs, ks}), b.scalar(1.0f)});
+  Value* added = b.op("Add", {scores, b.op("Mul", {mask, b.scalar(1.0f)})});
+  b.output(b.op("MatMul", {b.softmax(added), v}));
+  Tensor m = random_tensor({6, 1, 7}, 3, -2, 0);
+  m.data<float>()[3] = -std::numeric_limits<float>::infinity();  // one key masked out
+  std::map<std::string, Tensor> feeds{{"q", random_tensor({6, 7, 8}, 1)}, {"k", random_tensor({6, 8, 7}, 2)},
+                                      {"v", random_tensor({6, 7, 5}, 4)}, {"mask", m}};
+  Graph fused = fuse_and_check(b.g, feeds, 1);
+  CHECK(count_ops(fused, "Mul") == 0);
+  CHECK(count_ops(fused, "Div") == 0);
+  const Node* att = nullptr;
+  for (const Node* n : fused.topo_order())
+    if (n->op_key() == "ondine.Attention") att = n;
+  REQUIRE(att);
+  CHECK(att->attr_float("scale") == Approx(0.25f));
+  CHECK(att->input(3)->name() == "mask");  // the Mul by 1 dropped
+  check_compiled(b.g, fused, feeds);
+}
+
+TEST_CASE("fuse-attention: a causal mask from Where, constant or computed (1e-5; compiled 1e-4)", "[attention]") {
+  for (bool constant : {true, false}) {
+    INFO((constant ? "constant" : "run-time") << " condition");
+    Attention4d a(2, 2, 6, 4);
+    Builder& b = a.b;
+    std::vector<bool> upper;
+    Tensor cond(DType::Bool, {6, 6});
+    for (std::int64_t i = 0; i < 6; ++i)
+      for (std::int64_t j = 0; j < 6; ++j) cond.data<bool>()[i * 6 + j] = j > i;
+    Value* c = constant ? b.g.add_constant("causal", cond) : b.input("causal", {6, 6}, DType::Bool);
+    Value* masked = b.op("Where", {c, b.scalar(-std::numeric_limits<float>::infinity()), a.scores()});
+    b.output(b.op("MatMul", {b.softmax(masked), a.v}));
+    auto feeds = a.feeds();
+    if (!constant) feeds["causal"] = cond;
+    Graph fused = fuse_and_check(b.g, feeds, 1);
+    CHECK(count_ops(fused, "Where") == (constant ? 0u : 1u));  // a run-time condition: Where(c, -inf, 0)
+    check_compiled(b.g, fused, feeds);
+  }
+}
+
+TEST_CASE("fuse-attention: each mask broadcast compiles, fast or expanded (compiled 1e-4)", "[attention][lower]") {
+  struct Form {
+    Dims mask;
+    bool constant;
+    const char* log;  // expected in the compile log, "" for nothing special
+  };
+  // Scores [2,3,5,5]: [2,1,5,5] and [2,1,1,5] are fast as they are; [1,1,5,5] groups the batch as
+  // [1, 6]; [1,3,5,5] (constant) is expanded at compile time; at run time it runs the reference kernel.
+  for (const Form& f : {Form{{2, 1, 5, 5}, false, ""}, Form{{2, 1, 1, 5}, false, ""}, Form{{1, 1, 5, 5}, false, ""},
+                        Form{{5, 5}, true, ""}, Form{{1, 3, 5, 5}, true, ""}, Form{{2, 3, 5, 1}, true, ""},
+                        Form{{1, 3, 5, 5}, false, "reference kernel"}}) {
+    INFO("mask " << dims_str(f.mask) << (f.constant ? " constant" : " run-time"));
+    Attention4d a(2, 3, 5, 4);
+    Builder& b = a.b;
+    Tensor m = random_tensor(f.mask, 11, -3, 0);
+    Value* mask = f.constant ? b.g.add_constant("mask", m) : b.input("mask", f.mask);
+    b.output(b.op("MatMul", {b.softmax(b.op("Add", {a.scores(), mask})), a.v}));
+    auto feeds = a.feeds();
+    if (!f.constant) feeds["mask"] = m;
+    Graph fused = fuse_and_check(b.g, feeds, 1);
+    std::vector<std::string> log;
+    check_compiled(b.g, fused, feeds, &log);
+    bool said = std::any_of(log.begin(), log.end(),
+                            [&](const std::string& l) { return *f.log && l.find(f.log) != std::string::npos; });
+    CHECK(said == (*f.log != 0));
+  }
+}
+
+TEST_CASE("fuse-attention: must not fire", "[attention][must-not-fire]") {
+  SECTION("a mask of a higher rank than the scores") {
+    Attention4d a(1, 2, 4, 4);
+    Builder& b = a.b;
+    Value* mask = b.input("mask", {3, 1, 2, 4, 4});  // broadcasts the scores up to rank 5
+    b.output(b.op("MatMul", {b.softmax(b.op("Add", {a.scores(), mask})), a.v}));
+    auto feeds = a.feeds();
+    feeds["mask"] = random_tensor({3, 1, 2, 4, 4}, 5);
+    fuse_and_check(b.g, feeds, 0);
+  }
+  SECTION("a softmax on another axis") {
+    Attention4d a(1, 2, 4, 4);
+    Builder& b = a.b;
+    b.output(b.op("MatMul", {b.softmax(a.scores(), 2), a.v}));
+    fuse_and_check(b.g, a.feeds(), 0);
+  }
+  SECTION("a shared intermediate: the scores are also an output") {
+    Attention4d a(1, 2, 4, 4);
+    Builder& b = a.b;
+    Value* scores = a.scores();
+    Value* y = b.op("MatMul", {b.softmax(scores), a.v});
+    b.g.add_output(y);
+    b.g.add_output(scores);
+    infer_shapes(b.g);
+    fuse_and_check(b.g, a.feeds(), 0);
+  }
+  SECTION("the probabilities read twice") {
+    Attention4d a(1, 2, 4, 4);
+    Builder& b = a.b;
+    Value* p = b.softmax(a.scores());
+    b.output(b.op("Add", {b.op("MatMul", {p, a.v}), b.op("MatMul", {p, a.q})}));
+    fuse_and_check(b.g, a.feeds(), 0);
+  }
+  SECTION("a scale between the mask and the softmax") {
+    Attention4d a(1, 2, 4, 4);
+    Builder& b = a.b;
+    Value* mask = b.g.add_constant("mask", random_tensor({4, 4}, 9, -1, 0));
+    Value* x = b.op("Mul", {b.op("Add", {a.scores(), mask}), b.scalar(0.5f)});
+    b.output(b.op("MatMul", {b.softmax(x), a.v}));
+    fuse_and_check(b.g, a.feeds(), 0);
+  }
+  SECTION("a finite fill that is not a mask value") {
+    Attention4d a(1, 2, 4, 4);
+    Builder& b = a.b;
+    Tensor cond(DType::Bool, {4, 4});
+    for (std::int64_t i = 0; i < 16; ++i) cond.data<bool>()[i] = i % 3 == 0;
+    Value* x = b.op("Where", {b.g.add_constant("c", cond), b.scalar(-5.0f), a.scores()});
+    b.output(b.op("MatMul", {b.softmax(x), a.v}));
+    fuse_and_check(b.g, a.feeds(), 0);
+  }
+}
+
+TEST_CASE("fuse-attention: every attention of the exported corpus is one node", "[attention][corpus]") {
+  // (model, attentions): nn.TransformerEncoder's 3-D form with a padding mask, the hand-written 4-D
+  // form with a Trilu causal mask, torchvision's ViT, nn.Transformer's self, causal and cross attention.
+  const std::pair<const char*, std::size_t> corpus[] = {
+      {"bert_encoder", 2}, {"gpt_decoder", 2}, {"vit_small", 2}, {"audio_encoder", 2}, {"seq2seq", 3}};
+  for (auto [model, expected] : corpus) {
+    INFO(model);
+    Graph g = ondine::onnx::load_model(corpus_model(model).string());
+    // Bound as compile() binds them: the masks built from the sequence length fold to constants.
+    std::map<std::string, std::int64_t> dims{{"batch", 2}, {"seq", 12}, {"frames", 20}, {"src_seq", 12}, {"tgt_seq", 9}};
+    for (Value* in : g.inputs()) {
+      std::vector<Dim> d = in->shape().dims();
+      for (Dim& x : d)
+        if (!x.is_static()) x = Dim(dims.at(x.symbol));
+      in->set_shape(Shape(d));
+    }
+    infer_shapes(g);
+    PassManager pm = make_pass_manager();
+    pm.run(g);
+    CHECK(count_ops(g, "ondine.Attention") == expected);
+    CHECK(count_ops(g, "Softmax") == 0);
+  }
+}
+
+}  // namespace test_attention
