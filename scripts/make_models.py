@@ -61,6 +61,13 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    of 8 with pads from shape arithmetic (Mod/Sub -> Concat -> ... -> Pad), Conv stride 2, nearest
                    Resize x2, crop back to [:h, :w] (Slice), Conv 1x1 + input. Cases 13x21 (batch 1), 16x16
                    (batch 2).
+  lstm_tagger      opset 14  "input_ids" i64 [batch,seq] -> "tags" [batch,seq,10]; Embedding(100, 32), nn.LSTM (2 layers,
+                   hidden 48, bidirectional, batch_first, zero initial states), Linear(96, 10). Cases [1,9], [3,16].
+  gru_tagger       opset 14  the same with nn.GRU (exported with linear_before_reset=1, as PyTorch's GRU is).
+  lstm_stream      opset 14  "frame" f32 [batch,512], "h" [2,batch,64], "c" [2,batch,64] -> "speech" [batch,1],
+                   "h_out", "c_out": a VAD-like streaming step on one 32 ms frame at 16 kHz: Linear(512, 64) +
+                   ReLU, a 2-layer LSTM over that one step with the state passed in and returned, Linear + Sigmoid.
+                   Cases batch 1 and 4.
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -670,6 +677,59 @@ def torch_pad_shape_arith(rng):
                      "ReLU, nearest Resize x2, crop back to [:h, :w], Conv 1x1(8->3) + input")
 
 
+def torch_rnn_tagger(rng, cell):
+    import torch
+    from torch import nn
+
+    vocab, embed, hidden, tags = 100, 32, 48, 10
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, embed)
+            self.rnn = getattr(nn, cell)(embed, hidden, num_layers=2, bidirectional=True, batch_first=True)
+            self.head = nn.Linear(2 * hidden, tags)
+
+        def forward(self, input_ids):
+            y, _ = self.rnn(self.embed(input_ids))  # no initial state: exported as zeros from Shape -> Gather
+            return self.head(y)
+
+    return TorchSpec(Tagger(), 14, ["input_ids"], ["tags"],
+                     {"input_ids": {0: "batch", 1: "seq"}, "tags": {0: "batch", 1: "seq"}},
+                     token_cases(rng, vocab, [(1, 9), (3, 16)]),
+                     f"Embedding(100, 32), nn.{cell} (2 layers, hidden 48, bidirectional, batch_first), Linear(96, 10)")
+
+
+def torch_lstm_stream(rng):
+    import torch
+    from torch import nn
+
+    class Stream(nn.Module):
+        """One step of a streaming voice-activity model: the LSTM state comes in and goes out."""
+
+        def __init__(self):
+            super().__init__()
+            self.front = nn.Linear(512, 64)
+            self.lstm = nn.LSTM(64, 64, num_layers=2, batch_first=True)
+            self.head = nn.Linear(64, 1)
+
+        def forward(self, frame, h, c):
+            x = torch.relu(self.front(frame)).unsqueeze(1)
+            y, (h_out, c_out) = self.lstm(x, (h, c))
+            return torch.sigmoid(self.head(y[:, -1])), h_out, c_out
+
+    cases = []
+    for batch in (1, 4):
+        cases.append({"frame": rng.standard_normal((batch, 512)).astype(np.float32),
+                      "h": (0.5 * rng.standard_normal((2, batch, 64))).astype(np.float32),
+                      "c": (0.5 * rng.standard_normal((2, batch, 64))).astype(np.float32)})
+    return TorchSpec(Stream(), 14, ["frame", "h", "c"], ["speech", "h_out", "c_out"],
+                     {"frame": {0: "batch"}, "h": {1: "batch"}, "c": {1: "batch"}, "speech": {0: "batch"},
+                      "h_out": {1: "batch"}, "c_out": {1: "batch"}}, cases,
+                     "streaming VAD step: Linear(512, 64) + ReLU, 2-layer LSTM(64) on one step with state in and out, "
+                     "Linear(64, 1) + Sigmoid")
+
+
 TORCH_MODELS = {
     "bert_encoder": torch_bert_encoder,
     "gpt_decoder": torch_gpt_decoder,
@@ -678,6 +738,9 @@ TORCH_MODELS = {
     "seq2seq": torch_seq2seq,
     "paddle_reshape": torch_paddle_reshape,
     "pad_shape_arith": torch_pad_shape_arith,
+    "lstm_tagger": lambda rng: torch_rnn_tagger(rng, "LSTM"),
+    "gru_tagger": lambda rng: torch_rnn_tagger(rng, "GRU"),
+    "lstm_stream": torch_lstm_stream,
 }
 
 

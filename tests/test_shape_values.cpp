@@ -64,8 +64,9 @@ double rel_error(const Tensor& a, const Tensor& b) {
   return err / mag;
 }
 
-const char* const kCorpus[] = {"bert_encoder", "gpt_decoder", "vit_small", "audio_encoder",
-                               "seq2seq",      "paddle_reshape", "pad_shape_arith"};
+const char* const kCorpus[] = {"bert_encoder",   "gpt_decoder",     "vit_small",   "audio_encoder",
+                               "seq2seq",        "paddle_reshape",  "pad_shape_arith", "lstm_tagger",
+                               "gru_tagger",     "lstm_stream"};
 
 fs::path corpus_dir(const std::string& model) { return fs::path(ONDINE_TEST_DATA_DIR) / "torch" / model; }
 
@@ -273,6 +274,35 @@ TEST_CASE("shape cache: the shapes share their packed weights", "[lower][symboli
   INFO("first shape " << bytes_one << " B in " << packings_one << " packings; the second added " << added << " B");
   CHECK(added < bytes_one / 20);
   CHECK(cache.packed_weights().hits() - hits_one >= packings_one - 4);
+}
+
+TEST_CASE("shape cache: an input that decides a shape compiles once per value", "[lower][symbolic]") {
+  // Reshape(x, shape) with the shape a graph input, as the ONNX test suite writes it; and token ids
+  // (also a small int64 input) that only index an embedding, which must not be specialised.
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 3, 4});
+  Value* shape = g.add_input("shape", DType::Int64, Shape{2});
+  Value* ids = g.add_input("ids", DType::Int64, Shape{1, 5});
+  Value* table = g.add_constant("table", Tensor::from_vector<float>({10, 2}, std::vector<float>(20, 0.5f)));
+  g.add_output(g.add_op("Reshape", {x, shape}, {}, "reshape"));
+  g.add_output(g.add_op("Gather", {table, ids}, {}, "embed"));
+  infer_shapes(g);
+  auto found = shape_inputs(g);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0]->name() == "shape");
+
+  lower::ShapeCache cache(g.clone());
+  Tensor xs(DType::Float32, {2, 3, 4});
+  for (std::int64_t i = 0; i < 24; ++i) xs.data<float>()[i] = static_cast<float>(i);
+  Tensor token_ids = Tensor::from_vector<std::int64_t>({1, 5}, {1, 2, 3, 4, 5});
+  auto a = cache.run({{"x", xs}, {"shape", ints({6, 4})}, {"ids", token_ids}});
+  CHECK(a.at("reshape").dims() == std::vector<std::int64_t>{6, 4});
+  auto b = cache.run({{"x", xs}, {"shape", ints({-1, 6})}, {"ids", token_ids}});
+  CHECK(b.at("reshape").dims() == std::vector<std::int64_t>{4, 6});
+  CHECK(b.at("reshape").data<float>()[23] == 23.0f);
+  token_ids.data<std::int64_t>()[0] = 7;  // another id: the same compiled model
+  cache.run({{"x", xs}, {"shape", ints({6, 4})}, {"ids", token_ids}});
+  CHECK(cache.compilations() == 2);
 }
 
 TEST_CASE("compile names the node whose shape depends on data", "[lower][symbolic]") {

@@ -11,6 +11,7 @@
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
+#include "ondine/ir/infer/rnn.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/ir/infer/values.hpp"
 
@@ -28,6 +29,7 @@ inline const InferTable& infer_table() {
     infer::register_quantized_infer(t);
     infer::register_layout_infer(t);
     infer::register_qoperator_infer(t);
+    infer::register_rnn_infer(t);
     return t;
   }();
   return table;

@@ -1,4 +1,6 @@
-// ondine/ir/stats.hpp - parameter and FLOP counts of a graph (for `ondine inspect` and benchmarks).
+// ondine/ir/stats.hpp - parameter and FLOP counts of a graph (for `ondine inspect` and benchmarks),
+// and binding a graph's inputs: symbolic dims to sizes (bind_dims), inputs whose values decide shapes
+// to those values (shape_inputs, bind_shape_inputs).
 //
 // FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm and their integer and fused forms
 // (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/Fused*) are
@@ -10,7 +12,9 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
@@ -46,6 +50,75 @@ inline void bind_dims(Graph& g, const std::map<std::string, std::int64_t>& sizes
   for (auto& [k, u] : used)
     if (!u) throw Error("--dim " + k + ": the model has no input dim named '" + k + "'");
   infer_shapes(g);
+}
+
+// True when input `index` of `n` is a shape parameter: its values decide the shape of the output
+// (Reshape's shape, Expand's, Tile's repeats, ConstantOfShape's, Range's bounds, Slice's starts, ends,
+// axes and steps, Pad's pads, Resize's scales and sizes, Split's split, (Un)Squeeze's and reductions'
+// axes, TopK's k, OneHot's depth).
+inline bool is_shape_parameter(const Node& n, std::size_t index) {
+  if (!n.domain().empty()) return false;
+  const std::string& op = n.op_type();
+  if (op == "Range") return index <= 2;
+  if (op == "ConstantOfShape") return index == 0;
+  if (op == "Slice") return index >= 1 && index <= 4;
+  if (op == "Resize") return index == 2 || index == 3;
+  if (index != 1) return false;
+  return op == "Reshape" || op == "Expand" || op == "Tile" || op == "Pad" || op == "Split" || op == "Squeeze" ||
+         op == "Unsqueeze" || op == "TopK" || op == "OneHot" || op == "Upsample" || op == "CenterCropPad" ||
+         op.rfind("Reduce", 0) == 0;
+}
+
+// The graph inputs whose values decide shapes: numeric tensors of a static shape with at most
+// infer::kMaxShapeValueElements elements that reach a shape parameter, directly or through nodes whose
+// outputs are such small tensors too (Concat, Cast, Add, ...). The ONNX test suite passes Reshape's
+// shape this way; a compiled model needs it as a number, so a run binds it (bind_shape_inputs) and
+// lower::ShapeCache compiles once per value, as it does per input shape.
+inline std::vector<Value*> shape_inputs(const Graph& g) {
+  auto small = [](const Value* v) {
+    if (!v || !(is_integer(v->dtype()) || is_floating(v->dtype())) || !v->shape().is_static()) return false;
+    auto n = v->shape().numel();
+    return n && *n <= infer::kMaxShapeValueElements;
+  };
+  std::vector<Value*> out;
+  for (Value* in : g.inputs()) {
+    if (!small(in) || in->is_graph_output()) continue;
+    std::vector<const Value*> work{in};
+    std::set<const Value*> seen{in};
+    bool decides = false;
+    while (!work.empty() && !decides) {
+      const Value* v = work.back();
+      work.pop_back();
+      for (const Use& u : v->uses()) {
+        if (is_shape_parameter(*u.node, u.index)) {
+          decides = true;
+          break;
+        }
+        for (const Value* o : u.node->outputs())
+          if (small(o) && seen.insert(o).second) work.push_back(o);
+      }
+    }
+    if (decides) out.push_back(in);
+  }
+  return out;
+}
+
+// Every reader of a shape input (shape_inputs) reads a constant holding its value in `inputs` instead,
+// and shapes are inferred again. The input stays in the interface (a caller still passes it); values
+// missing from `inputs` leave their input as it is. The compiled result is only valid for these values.
+inline void bind_shape_inputs(Graph& g, const std::map<std::string, Tensor>& inputs) {
+  bool bound = false;
+  for (Value* in : shape_inputs(g)) {
+    auto it = inputs.find(in->name());
+    if (it == inputs.end()) continue;
+    const Tensor& t = it->second;
+    if (t.dtype() != in->dtype() || t.dims() != in->shape().sizes())
+      throw Error("input '" + in->name() + "' is " + std::string(dtype_name(t.dtype())) + dims_str(t.dims()) +
+                  ", expected " + Graph::value_type_str(in));
+    g.replace_all_uses(in, g.add_constant(g.unique_name(in->name() + ".value"), t.clone()));
+    bound = true;
+  }
+  if (bound) infer_shapes(g);
 }
 
 // The named symbolic dims of the graph inputs, in order of first appearance.

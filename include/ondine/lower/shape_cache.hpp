@@ -12,7 +12,9 @@
 //
 // Symbolic dims inside the model (derived ones such as "(H - 1)/2 + 1", shapes computed at run time
 // through Shape -> Gather -> Concat -> Reshape) follow from the inputs' dims: compile() infers and
-// folds them to numbers for each binding (lower.hpp, resolve_static_shapes).
+// folds them to numbers for each binding (lower.hpp, resolve_static_shapes). Inputs whose values decide
+// shapes (a Reshape's shape passed as a graph input: ir/stats.hpp, shape_inputs) are part of the binding:
+// one compile per value, the value baked in as a constant.
 //
 // The specialisations share their packed weights (lower/packed_weights.hpp): a constant packed into
 // a oneDNN layout once is reused by every shape that wants the same layout, so a transformer's
@@ -20,12 +22,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <future>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "ondine/ir/stats.hpp"
@@ -40,19 +44,40 @@ class ShapeCache {
   explicit ShapeCache(Graph graph, CompileOptions options = {}, std::size_t capacity = 8)
       : graph_(std::move(graph)), options_(std::move(options)), capacity_(capacity ? capacity : 1) {
     check_supported(graph_);
+    for (const Value* in : shape_inputs(graph_)) shape_inputs_.push_back(in->name());
     if (!options_.packed_weights) options_.packed_weights = std::make_shared<PackedWeights>();
   }
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) {
     check_inputs(graph_, inputs);  // names, dtypes, ranks, static dims and consistent symbols
-    std::shared_ptr<const CompiledModel> model = get(binding_of(inputs));
+    Key key{binding_of(inputs), {}};
+    for (const std::string& name : shape_inputs_) {
+      const Tensor& t = inputs.at(name);
+      key.values[name].assign(static_cast<const char*>(t.raw()), static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
+    }
+    std::shared_ptr<const CompiledModel> model = get(key);
     return model->run(inputs);
   }
 
-  // The compiled model for a binding (compiled now if not cached). The compile runs outside the lock:
-  // runs of shapes already compiled never wait for it, and a second caller asking for the same new
-  // binding waits for the first one's compile instead of compiling again.
-  std::shared_ptr<const CompiledModel> get(const Binding& binding) {
+  // The compiled model for a binding of the symbolic dims (compiled now if not cached). The compile runs
+  // outside the lock: runs of shapes already compiled never wait for it, and a second caller asking for
+  // the same new binding waits for the first one's compile instead of compiling again.
+  std::shared_ptr<const CompiledModel> get(const Binding& binding) { return get(Key{binding, {}}); }
+
+  // The graph inputs whose values decide shapes (ir/stats.hpp, shape_inputs): run() compiles once per
+  // value of these as well, as for a new input shape.
+  const std::vector<std::string>& shape_input_names() const { return shape_inputs_; }
+
+ private:
+  // A specialisation: the dims' sizes and the values of the shape inputs.
+  struct Key {
+    Binding dims;
+    std::map<std::string, std::string> values;  // their bytes
+    bool operator==(const Key& o) const { return dims == o.dims && values == o.values; }
+    bool operator<(const Key& o) const { return dims != o.dims ? dims < o.dims : values < o.values; }
+  };
+
+  std::shared_ptr<const CompiledModel> get(const Key& binding) {
     std::promise<std::shared_ptr<const CompiledModel>> promise;
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -71,7 +96,17 @@ class ShapeCache {
     std::shared_ptr<const CompiledModel> model;
     try {
       Graph bound = graph_.clone();
-      bind_dims(bound, binding);
+      bind_dims(bound, binding.dims);
+      if (!binding.values.empty()) {
+        std::map<std::string, Tensor> values;
+        for (auto& [name, v] : binding.values) {
+          const Value* in = bound.find_value(name);
+          Tensor t(in->dtype(), in->shape().sizes());
+          std::memcpy(t.raw(), v.data(), v.size());
+          values[name] = t;
+        }
+        bind_shape_inputs(bound, values);
+      }
       model = std::make_shared<const CompiledModel>(compile(std::move(bound), options_));
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -88,6 +123,8 @@ class ShapeCache {
     return model;
   }
 
+
+ public:
   std::size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return entries_.size();
@@ -116,8 +153,9 @@ class ShapeCache {
   CompileOptions options_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
-  std::list<std::pair<Binding, std::shared_ptr<const CompiledModel>>> entries_;
-  std::map<Binding, std::shared_future<std::shared_ptr<const CompiledModel>>> in_flight_;
+  std::vector<std::string> shape_inputs_;
+  std::list<std::pair<Key, std::shared_ptr<const CompiledModel>>> entries_;
+  std::map<Key, std::shared_future<std::shared_ptr<const CompiledModel>>> in_flight_;
   std::size_t compilations_ = 0;
 };
 

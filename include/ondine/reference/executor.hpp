@@ -19,6 +19,7 @@
 #include "ondine/reference/nn.hpp"
 #include "ondine/reference/quantized.hpp"
 #include "ondine/reference/qoperator.hpp"
+#include "ondine/reference/rnn.hpp"
 #include "ondine/reference/tensor_ops.hpp"
 
 namespace ondine {
@@ -34,6 +35,7 @@ inline const KernelTable& kernel_table() {
     register_quantized_kernels(t);
     register_layout_kernels(t);
     register_qoperator_kernels(t);
+    register_rnn_kernels(t);
     return t;
   }();
   return table;

@@ -1,0 +1,138 @@
+// RNN, GRU and LSTM: shape inference and its errors, the reference kernels' semantics that the ONNX
+// backend suite does not reach (sequence_lens with unequal lengths, both layouts agreeing), and bad
+// input. The ONNX suite's cases (tests/conformance.cpp) and the PyTorch-exported taggers and streaming
+// model (tests/test_shape_values.cpp's corpus) check the numbers against ONNX's and PyTorch's.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ondine/ondine.hpp"
+
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_rnn {
+
+using namespace ondine;
+using Dims = std::vector<std::int64_t>;
+
+namespace {
+
+Tensor random_tensor(const Dims& dims, unsigned seed, float scale = 0.5f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  Tensor t(DType::Float32, dims);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+// One recurrent node over X [T, N, I] (layout 0) with constant weights; inputs "x" and optionally "lens".
+struct Recurrent {
+  Graph g;
+  std::string op;
+  std::int64_t seq, batch, input, hidden, dirs;
+  Recurrent(const std::string& op_, const std::string& direction, std::int64_t seq_, std::int64_t batch_,
+            std::int64_t input_, std::int64_t hidden_, bool with_lens, std::int64_t layout = 0)
+      : op(op_), seq(seq_), batch(batch_), input(input_), hidden(hidden_), dirs(direction == "bidirectional" ? 2 : 1) {
+    std::int64_t gates = op == "LSTM" ? 4 : op == "GRU" ? 3 : 1;
+    Dims xd = layout ? Dims{batch, seq, input} : Dims{seq, batch, input};
+    Value* x = g.add_input("x", DType::Float32, Shape::from(xd));
+    Value* w = g.add_constant("W", random_tensor({dirs, gates * hidden, input}, 1));
+    Value* r = g.add_constant("R", random_tensor({dirs, gates * hidden, hidden}, 2));
+    Value* b = g.add_constant("B", random_tensor({dirs, 2 * gates * hidden}, 3));
+    Value* lens = with_lens ? g.add_input("lens", DType::Int32, Shape{batch}) : nullptr;
+    std::vector<Value*> ins{x, w, r, b, lens};
+    std::vector<std::string> outs{"y", "y_h"};
+    if (op == "LSTM") outs.push_back("y_c");
+    std::map<std::string, Attribute> attrs{{"direction", direction}, {"hidden_size", hidden}, {"layout", layout}};
+    if (op == "GRU") attrs["linear_before_reset"] = std::int64_t{1};
+    Node* n = g.add_node(op, ins, outs, attrs, "rnn");
+    for (Value* v : n->outputs()) g.add_output(v);
+    infer_shapes(g);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("recurrent ops: inferred shapes in both layouts", "[rnn][infer]") {
+  Recurrent lstm("LSTM", "bidirectional", 5, 3, 4, 6, false);
+  CHECK(lstm.g.find_value("y")->shape().str() == "[5,2,3,6]");
+  CHECK(lstm.g.find_value("y_c")->shape().str() == "[2,3,6]");
+  Recurrent gru("GRU", "forward", 5, 3, 4, 6, false, 1);
+  CHECK(gru.g.find_value("y")->shape().str() == "[3,5,1,6]");
+  CHECK(gru.g.find_value("y_h")->shape().str() == "[3,1,6]");
+}
+
+TEST_CASE("recurrent ops: unequal sequence_lens equal running each sequence alone", "[rnn][reference]") {
+  for (const char* op : {"RNN", "GRU", "LSTM"}) {
+    for (const char* direction : {"forward", "reverse", "bidirectional"}) {
+      INFO(op << " " << direction);
+      Recurrent full(op, direction, 6, 2, 3, 4, true);
+      Tensor x = random_tensor({6, 2, 3}, 9, 1.0f);
+      Tensor lens = Tensor::from_vector<std::int32_t>({2}, {6, 3});
+      auto out = ReferenceExecutor(full.g).run({{"x", x}, {"lens", lens}});
+      // Sample 1 alone, cut to its 3 steps.
+      Recurrent one(op, direction, 3, 1, 3, 4, false);
+      Tensor x1(DType::Float32, {3, 1, 3});
+      for (std::int64_t t = 0; t < 3; ++t)
+        for (std::int64_t i = 0; i < 3; ++i) x1.data<float>()[t * 3 + i] = x.data<float>()[(t * 2 + 1) * 3 + i];
+      auto alone = ReferenceExecutor(one.g).run({{"x", x1}});
+      const Tensor &y = out.at("y"), &y1 = alone.at("y");
+      const std::int64_t dirs = full.dirs, h = 4;
+      double err = 0, mag = 0;
+      for (std::int64_t t = 0; t < 6; ++t)
+        for (std::int64_t d = 0; d < dirs; ++d)
+          for (std::int64_t j = 0; j < h; ++j) {
+            float got = y.data<float>()[((t * dirs + d) * 2 + 1) * h + j];
+            float want = t < 3 ? y1.data<float>()[((t * dirs + d) * 1) * h + j] : 0.0f;  // zero past the length
+            err = std::max(err, static_cast<double>(std::fabs(got - want)));
+            mag = std::max(mag, static_cast<double>(std::fabs(want)));
+          }
+      for (std::int64_t d = 0; d < dirs; ++d)
+        for (std::int64_t j = 0; j < h; ++j)
+          err = std::max(err, static_cast<double>(std::fabs(out.at("y_h").data<float>()[(d * 2 + 1) * h + j] -
+                                                            alone.at("y_h").data<float>()[d * h + j])));
+      CHECK(mag > 0.05);
+      CHECK(err < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("recurrent ops: layout 1 is layout 0 transposed", "[rnn][reference]") {
+  Recurrent a("LSTM", "bidirectional", 4, 3, 2, 5, false, 0);
+  Recurrent b("LSTM", "bidirectional", 4, 3, 2, 5, false, 1);
+  Tensor x0 = random_tensor({4, 3, 2}, 4, 1.0f), x1(DType::Float32, {3, 4, 2});
+  for (std::int64_t t = 0; t < 4; ++t)
+    for (std::int64_t n = 0; n < 3; ++n)
+      for (std::int64_t i = 0; i < 2; ++i) x1.data<float>()[(n * 4 + t) * 2 + i] = x0.data<float>()[(t * 3 + n) * 2 + i];
+  auto ya = ReferenceExecutor(a.g).run({{"x", x0}}).at("y");
+  auto yb = ReferenceExecutor(b.g).run({{"x", x1}}).at("y");
+  double err = 0;
+  for (std::int64_t t = 0; t < 4; ++t)
+    for (std::int64_t d = 0; d < 2; ++d)
+      for (std::int64_t n = 0; n < 3; ++n)
+        for (std::int64_t j = 0; j < 5; ++j)
+          err = std::max(err, static_cast<double>(std::fabs(ya.data<float>()[((t * 2 + d) * 3 + n) * 5 + j] -
+                                                            yb.data<float>()[((n * 4 + t) * 2 + d) * 5 + j])));
+  CHECK(err == 0);
+}
+
+TEST_CASE("recurrent ops: bad input is an error naming the node", "[rnn][bad-input]") {
+  Recurrent lstm("LSTM", "forward", 4, 2, 3, 5, true);
+  Tensor x = random_tensor({4, 2, 3}, 5);
+  ReferenceExecutor exec(lstm.g);
+  CHECK_THROWS_WITH(exec.run({{"x", x}, {"lens", Tensor::from_vector<std::int32_t>({2}, {4, -1})}}),
+                    Catch::Contains("rnn") && Catch::Contains("sequence_lens value -1"));
+  CHECK_THROWS_WITH(exec.run({{"x", x}, {"lens", Tensor::from_vector<std::int32_t>({2}, {9, 1})}}),
+                    Catch::Contains("outside [0, 4]"));
+
+  Graph g;
+  Value* xin = g.add_input("x", DType::Float32, Shape{4, 2, 3});
+  Value* w = g.add_constant("W", random_tensor({1, 20, 7}, 1));  // input size 7 for X's 3
+  Value* r = g.add_constant("R", random_tensor({1, 20, 5}, 2));
+  g.add_output(g.add_node("LSTM", {xin, w, r}, {"y"}, {{"hidden_size", std::int64_t{5}}}, "lstm")->output(0));
+  CHECK_THROWS_WITH(infer_shapes(g), Catch::Contains("lstm") && Catch::Contains("W 'W'"));
+}
+
+}  // namespace test_rnn
