@@ -38,7 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (scripts/make_models.py --torch-bench, in <models-dir>/torch/<name>/model.onnx) with symbolic batch and seq.
 INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image", 128), "bert": ("input_ids", "tokens", 128),
           "bert_pt": ("input_ids", "tokens", 128), "gpt_pt": ("input_ids", "tokens", 256),
-          "vit_pt": ("pixels", "image", 0)}
+          "vit_pt": ("pixels", "image", 0), "lstm_pt": ("input_ids", "tokens", 128),
+          "gru_pt": ("input_ids", "tokens", 128), "stream_pt": ("frame", "stream", 0)}
 
 
 def model_path(models_dir, model):
@@ -62,14 +63,23 @@ def peak_gflops(peak_exe, threads, int8=False):
 
 
 def write_input(model, batch, directory):
-    """A seeded random input as .npy (image N(0,1) floats, or token ids in [0, 8000))."""
+    """Seeded random inputs as .npy (image N(0,1) floats, token ids in [0, 8000), or a streaming step's
+    frame [batch, 512] and LSTM state h, c [2, batch, 64]); returns ["name=file", ...]."""
     name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
-    array = (rng.standard_normal((batch, 3, 224, 224), dtype=np.float32) if kind == "image"
-             else rng.integers(0, 8000, size=(batch, seq), dtype=np.int64))
-    path = os.path.join(directory, f"{model}.b{batch}.npy")
-    np.save(path, array)
-    return name, path
+    if kind == "stream":
+        arrays = {"frame": rng.standard_normal((batch, 512), dtype=np.float32),
+                  "h": 0.5 * rng.standard_normal((2, batch, 64), dtype=np.float32),
+                  "c": 0.5 * rng.standard_normal((2, batch, 64), dtype=np.float32)}
+    else:
+        arrays = {name: rng.standard_normal((batch, 3, 224, 224), dtype=np.float32) if kind == "image"
+                  else rng.integers(0, 8000, size=(batch, seq), dtype=np.int64)}
+    specs = []
+    for input_name, array in arrays.items():
+        path = os.path.join(directory, f"{model}.{input_name}.b{batch}.npy")
+        np.save(path, array)
+        specs.append(f"{input_name}={path}")
+    return specs
 
 
 class Ondine:
@@ -106,7 +116,8 @@ class OnnxRuntime:
 
     def measure(self, model, path, batch, input_spec):
         a = self.args
-        j = run_json(["node", os.path.join(REPO, "bench", "ort_run.mjs"), path, "--input", input_spec, "--threads",
+        inputs = [arg for spec in input_spec for arg in ("--input", spec)]
+        j = run_json(["node", os.path.join(REPO, "bench", "ort_run.mjs"), path] + inputs + ["--threads",
                       str(a.threads), "--opt-level", "all", "--iterations", str(a.runs), "--warmup", str(a.warmup)])
         return j["median_ms"]
 
@@ -214,10 +225,9 @@ def main():
     for r in range(a.rounds):
         for label, m, path in cases:
             for b in batches:
-                name, file = inputs[(m, b)]
                 for e in engines:
                     print(f"round {r + 1}/{a.rounds}: {label} batch {b} {e.name}", file=sys.stderr)
-                    ms.setdefault((label, b, e.name), []).append(e.measure(label, path, b, f"{name}={file}"))
+                    ms.setdefault((label, b, e.name), []).append(e.measure(label, path, b, inputs[(m, b)]))
     load_after = load()
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -677,11 +677,11 @@ def torch_pad_shape_arith(rng):
                      "ReLU, nearest Resize x2, crop back to [:h, :w], Conv 1x1(8->3) + input")
 
 
-def torch_rnn_tagger(rng, cell):
+def torch_rnn_tagger(rng, cell, bench=False):
     import torch
     from torch import nn
 
-    vocab, embed, hidden, tags = 100, 32, 48, 10
+    vocab, embed, hidden, tags = (8000, 128, 256, 32) if bench else (100, 32, 48, 10)
 
     class Tagger(nn.Module):
         def __init__(self):
@@ -690,17 +690,18 @@ def torch_rnn_tagger(rng, cell):
             self.rnn = getattr(nn, cell)(embed, hidden, num_layers=2, bidirectional=True, batch_first=True)
             self.head = nn.Linear(2 * hidden, tags)
 
-        def forward(self, input_ids):
+        def forward(self, input_ids):  # noqa: D102
             y, _ = self.rnn(self.embed(input_ids))  # no initial state: exported as zeros from Shape -> Gather
             return self.head(y)
 
     return TorchSpec(Tagger(), 14, ["input_ids"], ["tags"],
                      {"input_ids": {0: "batch", 1: "seq"}, "tags": {0: "batch", 1: "seq"}},
-                     token_cases(rng, vocab, [(1, 9), (3, 16)]),
-                     f"Embedding(100, 32), nn.{cell} (2 layers, hidden 48, bidirectional, batch_first), Linear(96, 10)")
+                     token_cases(rng, vocab, [(1, 128), (16, 128)] if bench else [(1, 9), (3, 16)]),
+                     f"Embedding({vocab}, {embed}), nn.{cell} (2 layers, hidden {hidden}, bidirectional, batch_first), "
+                     f"Linear({2 * hidden}, {tags})")
 
 
-def torch_lstm_stream(rng):
+def torch_lstm_stream(rng, bench=False):
     import torch
     from torch import nn
 
@@ -738,14 +739,16 @@ TORCH_MODELS = {
     "seq2seq": torch_seq2seq,
     "paddle_reshape": torch_paddle_reshape,
     "pad_shape_arith": torch_pad_shape_arith,
-    "lstm_tagger": lambda rng: torch_rnn_tagger(rng, "LSTM"),
-    "gru_tagger": lambda rng: torch_rnn_tagger(rng, "GRU"),
+    "lstm_tagger": lambda rng, bench=False: torch_rnn_tagger(rng, "LSTM", bench),
+    "gru_tagger": lambda rng, bench=False: torch_rnn_tagger(rng, "GRU", bench),
     "lstm_stream": torch_lstm_stream,
 }
 
 
-# --torch-bench: the same builders at benchmark size (bench/peers.py rows bert_pt, gpt_pt, vit_pt).
-TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small"}
+# --torch-bench: the same builders at benchmark size (bench/peers.py rows); the streaming LSTM step is the
+# corpus model itself.
+TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
+               "gru_pt": "gru_tagger", "stream_pt": "lstm_stream"}
 
 
 def torch_seed(seed, name):

@@ -44,6 +44,7 @@
 #include "ondine/lower/detail/quantized.hpp"
 #include "ondine/lower/detail/reorder.hpp"
 #include "ondine/lower/detail/resample.hpp"
+#include "ondine/lower/detail/rnn.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
 #include "ondine/lower/int8_plan.hpp"
 #include "ondine/lower/isa.hpp"
@@ -84,6 +85,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = lower_view;
     t["Transpose"] = lower_transpose;
     t["Slice"] = lower_slice;
+    for (const char* op : {"LSTM", "GRU", "RNN"}) t[op] = lower_recurrent;
     t["Identity"] = lower_identity;
     t["Dropout"] = lower_identity;
     t["ondine.Reorder"] = lower_reorder;

@@ -85,15 +85,34 @@ inline bool lower_transpose(Lowering& L, const Node& n) {
     if (p < 0 || p >= static_cast<std::int64_t>(rank) || seen[static_cast<std::size_t>(p)]) return false;
     seen[static_cast<std::size_t>(p)] = true;
   }
+  // The source through its own strides when its producer wrote it strided and unblocked (a bidirectional
+  // RNN's Y is oneDNN's [T, N, 2H] read as [T, 2, N, H]); else its row-major bytes.
   Dims x_strides = row_major_strides(xd), strides(rank);
+  SlotId src;
+  const ValueState& st = L.state(x);
+  const dnnl_memory_desc_t& xm = st.md.data;
+  if (st.has_md && xm.format_kind == dnnl_blocked && xm.format_desc.blocking.inner_nblks == 0 && xm.offset0 == 0 &&
+      xm.ndims == static_cast<int>(rank) && !is_row_major(st.md)) {
+    for (std::size_t i = 0; i < rank; ++i) x_strides[i] = xm.format_desc.blocking.strides[i];
+    src = st.slot;
+  } else {
+    src = L.row_major_slot(x);
+  }
   for (std::size_t j = 0; j < rank; ++j) {
     if (yd[j] != xd[static_cast<std::size_t>(perm[j])]) return false;
     strides[j] = x_strides[static_cast<std::size_t>(perm[j])];
   }
   memory::desc src_md(yd, dt, strides), dst_md = plain_md(yd, dt);
+  if (is_row_major(src_md) && !y->is_graph_output()) {  // the permuted strides are row-major: a view, no copy
+    SlotId view = L.add_slot(Lowering::slot_for(y, SlotKind::Alias, L.root(src)));
+    L.add_step(std::make_unique<ViewStep>(
+        runtime::StepInfo{n.name(), "Transpose", "view", "perm " + dims_str(perm) + " of strided '" + x->name() + "'"},
+        src, view));
+    L.define(y, view, dst_md);
+    return true;
+  }
   dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr(), true);
   if (!pd) return false;
-  SlotId src = L.row_major_slot(x);
   SlotId dst = L.new_value_slot(y, dst_md);
   L.define(y, dst, dst_md);
   L.add_primitive({n.name(), "Transpose", pd.impl_info_str(), "perm " + dims_str(perm) + " " + dims_str(xd) + " -> " + dims_str(yd)},

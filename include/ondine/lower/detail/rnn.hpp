@@ -1,0 +1,227 @@
+// ondine/lower/detail/rnn.hpp - LSTM, GRU and RNN (layout 0) on oneDNN's recurrent primitives:
+// lstm_forward (with peepholes), gru_forward, lbr_gru_forward (linear_before_reset = 1, which is how
+// PyTorch exports every GRU) and vanilla_rnn_forward, one layer each, forward, reverse or bidirectional.
+//
+// Weights are reordered once, at compile time, from ONNX's [D, G*H, I] with its gate order (LSTM i o f c,
+// GRU z r h) into oneDNN's ldigo with its own (LSTM i f c o, GRU u r o: the same as ONNX's), and packed
+// into the layout oneDNN picks; biases become Wb + Rb per gate (lbr GRU: Wb + Rb for u and r, Wbh, Rbh).
+// Y [T, D, N, H] is oneDNN's dst_layer [T, N, D*H] read through strides (the same bytes when D = 1); the
+// Transpose(0, 2, 1, 3) PyTorch puts after a bidirectional layer then reads it as it is (shape_ops.hpp).
+// oneDNN 2.6 has no clip, no input_forget, no sequence_lens, no activations other than the defaults
+// (vanilla RNN: one of Tanh, Relu, Sigmoid for all directions) and no layout 1: such a node runs its
+// reference kernel, and the compile log says why. A sequence_lens that is a constant of full lengths is
+// no sequence_lens at all.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/eltwise.hpp"
+
+namespace ondine::lower::detail {
+
+// Why oneDNN cannot run node `n` as it is, or "" when it can.
+inline std::string rnn_unsupported(const Node& n, std::int64_t seq) {
+  const std::string& op = n.op_type();
+  if (n.attr_int("layout", 0) != 0) return "layout 1";
+  if (n.has_attr("clip")) return "a clip";
+  if (op == "LSTM" && n.attr_int("input_forget", 0) != 0) return "input_forget";
+  if (n.has_attr("activation_alpha") || n.has_attr("activation_beta")) return "activation parameters";
+  if (const Value* lens = n.input(4)) {
+    if (!lens->is_constant()) return "a run-time sequence_lens";
+    for (auto l : lens->constant().to_int64s())
+      if (l != seq) return "sequence_lens shorter than the sequence";
+  }
+  if (n.has_attr("activations")) {
+    std::vector<std::string> acts = n.attr_strings("activations");
+    std::vector<std::string> want = op == "LSTM" ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+                                    : op == "GRU" ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                                                  : std::vector<std::string>{acts.empty() ? "Tanh" : acts[0]};
+    for (std::size_t i = 0; i < acts.size(); ++i)
+      if (acts[i] != want[i % want.size()]) return "activations other than oneDNN's";
+    if (op == "RNN" && !acts.empty() && acts[0] != "Tanh" && acts[0] != "Relu" && acts[0] != "Sigmoid")
+      return "activation " + acts[0];
+  }
+  return "";
+}
+
+inline bool lower_recurrent(Lowering& L, const Node& n) {
+  const std::string& op = n.op_type();
+  const Value *x = n.input(0), *w = n.input(1), *r = n.input(2), *b = n.input(3);
+  const Value *h0 = n.input(5), *c0 = op == "LSTM" ? n.input(6) : nullptr, *peep = op == "LSTM" ? n.input(7) : nullptr;
+  const Value *y = n.output(0), *y_h = n.num_outputs() > 1 ? n.output(1) : nullptr;
+  const Value* y_c = op == "LSTM" && n.num_outputs() > 2 ? n.output(2) : nullptr;
+  auto wanted = [](const Value* v) { return v && (v->has_uses() || v->is_graph_output()); };
+  if (!is_f32(x) || !is_f32(w) || !is_f32(r) || !w->is_constant() || !r->is_constant() || (b && (!b->is_constant() || !is_f32(b))) ||
+      (peep && (!peep->is_constant() || !is_f32(peep))) || (h0 && !is_f32(h0)) || (c0 && !is_f32(c0)))
+    return false;
+  if (!x->shape().is_static() || x->shape().rank() != 3 || !w->shape().is_static() || w->shape().rank() != 3 ||
+      !r->shape().is_static() || r->shape().rank() != 3)
+    return false;
+  const Dims xd = x->shape().sizes();
+  const std::int64_t seq = xd[0], batch = xd[1], in_size = xd[2];
+  const std::int64_t dirs = w->shape().sizes()[0], gates = infer::detail_rnn::gate_count(op);
+  const std::int64_t hidden = r->shape().sizes()[2];
+  if (std::string why = rnn_unsupported(n, seq); !why.empty()) {
+    L.log(op + " '" + n.name() + "': oneDNN has no " + why + "; it runs on its reference kernel");
+    return false;
+  }
+  const bool lbr = op == "GRU" && n.attr_int("linear_before_reset", 0) != 0;
+  using dir_t = dnnl::rnn_direction;
+  const std::string direction = n.attr_string("direction", "forward");
+  const dir_t dir = direction == "reverse"         ? dir_t::unidirectional_right2left
+                    : direction == "bidirectional" ? dir_t::bidirectional_concat
+                                                   : dir_t::unidirectional_left2right;
+
+  // ONNX gate g of oneDNN gate k: LSTM oneDNN i f c o <- ONNX i o f c; GRU and RNN keep their order.
+  auto onnx_gate = [&](std::int64_t k) -> std::int64_t {
+    if (op != "LSTM") return k;
+    static const std::int64_t lstm[4] = {0, 2, 3, 1};
+    return lstm[k];
+  };
+  // ldigo [1, D, in, G, H] from ONNX [D, G*H, in].
+  auto ldigo = [&](const Tensor& t, std::int64_t inner) {
+    const float* src = t.data<float>();
+    std::vector<float> out(static_cast<std::size_t>(dirs * inner * gates * hidden));
+    for (std::int64_t d = 0; d < dirs; ++d)
+      for (std::int64_t i = 0; i < inner; ++i)
+        for (std::int64_t k = 0; k < gates; ++k)
+          for (std::int64_t h = 0; h < hidden; ++h)
+            out[static_cast<std::size_t>(((d * inner + i) * gates + k) * hidden + h)] =
+                src[(d * gates * hidden + onnx_gate(k) * hidden + h) * inner + i];
+    return Tensor::from_vector<float>({1, dirs, inner, gates, hidden}, out);
+  };
+  const Tensor w_packed = ldigo(w->constant(), in_size), r_packed = ldigo(r->constant(), hidden);
+  const std::int64_t bias_gates = lbr ? gates + 1 : gates;
+  std::vector<float> bias(static_cast<std::size_t>(dirs * bias_gates * hidden), 0.0f);
+  if (b) {
+    const float* src = b->constant().data<float>();
+    for (std::int64_t d = 0; d < dirs; ++d)
+      for (std::int64_t k = 0; k < bias_gates; ++k)
+        for (std::int64_t h = 0; h < hidden; ++h) {
+          const float* wb = src + d * 2 * gates * hidden;
+          const float* rb = wb + gates * hidden;
+          float v;
+          if (lbr && k == 2) v = wb[2 * hidden + h];        // o: Wbh (Rbh goes inside the reset)
+          else if (lbr && k == 3) v = rb[2 * hidden + h];   // u': Rbh
+          else v = wb[onnx_gate(k) * hidden + h] + rb[onnx_gate(k) * hidden + h];
+          bias[static_cast<std::size_t>((d * bias_gates + k) * hidden + h)] = v;
+        }
+  }
+  const Tensor bias_t = Tensor::from_vector<float>({1, dirs, bias_gates, hidden}, bias);
+
+  using tag = memory::format_tag;
+  const auto f32 = memory::data_type::f32;
+  const memory::desc src_layer = plain_md({seq, batch, in_size});
+  const memory::desc state_md = plain_md({1, dirs, batch, hidden});
+  const memory::desc src_iter = h0 ? state_md : memory::desc(), src_iter_c = c0 ? state_md : memory::desc();
+  const memory::desc w_layer({1, dirs, in_size, gates, hidden}, f32, tag::any);
+  const memory::desc w_iter({1, dirs, hidden, gates, hidden}, f32, tag::any);
+  const memory::desc bias_md = plain_md({1, dirs, bias_gates, hidden});
+  const memory::desc dst_layer = plain_md({seq, batch, dirs * hidden});
+  const memory::desc dst_iter = wanted(y_h) ? state_md : memory::desc();
+  const memory::desc dst_iter_c = wanted(y_c) ? state_md : memory::desc();
+  const auto prop = dnnl::prop_kind::forward_inference;
+  dnnl::primitive prim;
+  memory::desc pd_w_layer, pd_w_iter, pd_w_peephole, scratch;
+  std::string impl;
+  auto take = [&](const auto& pd, auto make) {
+    if (!pd) return false;
+    pd_w_layer = pd.weights_layer_desc();
+    pd_w_iter = pd.weights_iter_desc();
+    scratch = pd.scratchpad_desc();
+    impl = pd.impl_info_str();
+    prim = make(pd);
+    return true;
+  };
+  bool made = false;
+  const dnnl::primitive_attr attr = Lowering::base_attr();
+  if (op == "LSTM") {
+    const memory::desc peep_md = peep ? plain_md({1, dirs, 3, hidden}) : memory::desc();
+    dnnl::lstm_forward::primitive_desc pd(
+        dnnl::lstm_forward::desc(prop, dir, src_layer, src_iter, src_iter_c, w_layer, w_iter, peep_md, bias_md, dst_layer,
+                                 dst_iter, dst_iter_c),
+        attr, L.engine(), true);
+    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::lstm_forward(p); });
+    if (made && peep) pd_w_peephole = pd.weights_peephole_desc();
+  } else if (op == "GRU" && lbr) {
+    dnnl::lbr_gru_forward::primitive_desc pd(
+        dnnl::lbr_gru_forward::desc(prop, dir, src_layer, src_iter, w_layer, w_iter, bias_md, dst_layer, dst_iter), attr,
+        L.engine(), true);
+    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::lbr_gru_forward(p); });
+  } else if (op == "GRU") {
+    dnnl::gru_forward::primitive_desc pd(
+        dnnl::gru_forward::desc(prop, dir, src_layer, src_iter, w_layer, w_iter, bias_md, dst_layer, dst_iter), attr,
+        L.engine(), true);
+    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::gru_forward(p); });
+  } else {
+    std::string act = n.has_attr("activations") ? n.attr_strings("activations")[0] : "Tanh";
+    auto alg = act == "Relu" ? dnnl::algorithm::eltwise_relu
+               : act == "Sigmoid" ? dnnl::algorithm::eltwise_logistic : dnnl::algorithm::eltwise_tanh;
+    dnnl::vanilla_rnn_forward::primitive_desc pd(
+        dnnl::vanilla_rnn_forward::desc(prop, alg, dir, src_layer, src_iter, w_layer, w_iter, bias_md, dst_layer, dst_iter),
+        attr, L.engine(), true);
+    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::vanilla_rnn_forward(p); });
+  }
+  if (!made) {
+    L.log(op + " '" + n.name() + "': oneDNN has no primitive for it; it runs on its reference kernel");
+    return false;
+  }
+
+  std::vector<SlotArg> args{{DNNL_ARG_SRC_LAYER, L.row_major_slot(x), src_layer}};
+  std::vector<std::pair<int, memory>> consts{{DNNL_ARG_WEIGHTS_LAYER, L.constant_memory(w_packed, pd_w_layer)},
+                                             {DNNL_ARG_WEIGHTS_ITER, L.constant_memory(r_packed, pd_w_iter)},
+                                             {DNNL_ARG_BIAS, L.constant_memory(bias_t, bias_md)}};
+  if (peep) {
+    // oneDNN's peepholes i f o from ONNX's P = [Pi, Po, Pf].
+    const float* src = peep->constant().data<float>();
+    std::vector<float> p(static_cast<std::size_t>(dirs * 3 * hidden));
+    static const std::int64_t from[3] = {0, 2, 1};
+    for (std::int64_t d = 0; d < dirs; ++d)
+      for (std::int64_t k = 0; k < 3; ++k)
+        for (std::int64_t h = 0; h < hidden; ++h)
+          p[static_cast<std::size_t>((d * 3 + k) * hidden + h)] = src[(d * 3 + from[k]) * hidden + h];
+    consts.emplace_back(DNNL_ARG_WEIGHTS_PEEPHOLE,
+                        L.constant_memory(Tensor::from_vector<float>({1, dirs, 3, hidden}, p), pd_w_peephole));
+  }
+  if (h0) args.push_back({DNNL_ARG_SRC_ITER, L.row_major_slot(h0), state_md});
+  if (c0) args.push_back({DNNL_ARG_SRC_ITER_C, L.row_major_slot(c0), state_md});
+
+  // Y: oneDNN's [T, N, D*H] is Y [T, D, N, H] read through strides.
+  SlotId layer_slot;
+  if (dirs == 1 && wanted(y)) {
+    layer_slot = L.new_value_slot(y, plain_md(y->shape().sizes()));
+    L.define(y, layer_slot, plain_md(y->shape().sizes()));
+  } else {
+    runtime::Slot s = Lowering::slot_for(y ? y : x, SlotKind::Arena, 0);
+    s.name = n.name() + ".dst_layer";
+    s.dims = {seq, batch, dirs * hidden};
+    s.bytes = static_cast<std::size_t>(seq * batch * dirs * hidden) * sizeof(float);
+    s.layout = "abc";
+    s.dtype = DType::Float32;
+    layer_slot = L.add_slot(std::move(s));
+    if (wanted(y))
+      L.define(y, layer_slot,
+               memory::desc({seq, dirs, batch, hidden}, f32, Dims{batch * dirs * hidden, hidden, dirs * hidden, 1}));
+  }
+  args.push_back({DNNL_ARG_DST_LAYER, layer_slot, dst_layer});
+  if (wanted(y_h)) {
+    SlotId s = L.new_value_slot(y_h, state_md);
+    args.push_back({DNNL_ARG_DST_ITER, s, state_md});
+    L.define(y_h, s, plain_md(y_h->shape().sizes()));
+  }
+  if (wanted(y_c)) {
+    SlotId s = L.new_value_slot(y_c, state_md);
+    args.push_back({DNNL_ARG_DST_ITER_C, s, state_md});
+    L.define(y_c, s, plain_md(y_c->shape().sizes()));
+  }
+  L.add_primitive({n.name(), op, impl,
+                   direction + (lbr ? " lbr" : "") + " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" +
+                       std::to_string(in_size) + " H" + std::to_string(hidden) + (peep ? " +peepholes" : "") +
+                       " wei " + layout_name(pd_w_layer)},
+                  &n, prim, scratch, std::move(args), std::move(consts));
+  return true;
+}
+
+}  // namespace ondine::lower::detail
