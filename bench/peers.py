@@ -18,6 +18,8 @@ written here by `ondine compile --passes quantize-dynamic` when missing): Ondine
 same model; their % of peak is
 against oneDNN's u8 x s8 matmul GOP/s (ondine_peak --int8), and a line per batch gives int8 against ONNX
 Runtime's fp32 of the same model. PyTorch and the passes-off column skip those rows.
+The PyTorch exports bert_pt, gpt_pt, vit_pt, lstm_pt, gru_pt and stream_pt (no PyTorch column) come from
+/usr/bin/python3 scripts/make_models.py --torch-bench; token models run at their sequence length (INPUTS).
 Make the models with: /usr/bin/python3 scripts/make_models.py --out models (and bench/check_qdq_vs_ort.sh)
 """
 

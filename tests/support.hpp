@@ -1,9 +1,11 @@
-// tests/support.hpp - what several test files share: seeded random data for the quantization tests, and
+// tests/support.hpp - what several test files share: seeded random data, the relative error checks use, and
 // the example models scripts/make_models.py writes (models/, not in the repository).
 #pragma once
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <optional>
@@ -26,6 +28,28 @@ inline Tensor random_tensor(std::vector<std::int64_t> dims, std::mt19937& rng, f
   std::normal_distribution<float> n(0.0f, scale);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
   return t;
+}
+
+// float32 tensor of U(lo, hi) values from its own seed.
+inline Tensor uniform_tensor(const std::vector<std::int64_t>& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  Tensor t(DType::Float32, dims);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+  return t;
+}
+
+// Largest |a - b| over max |b|; `b` must be a real output (max |b| > 0.05), so no check passes vacuously.
+inline double rel_error(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.dims() == b.dims());
+  auto x = a.to_floats(), y = b.to_floats();
+  double err = 0, mag = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(x[i] - y[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(y[i])));
+  }
+  REQUIRE(mag > 0.05);
+  return err / mag;
 }
 
 // `count` input maps for `g`, every graph input N(0, 1) at its static shape.

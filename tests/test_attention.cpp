@@ -17,37 +17,18 @@
 
 #include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_attention {
 
 using namespace ondine;
+using test::rel_error;
+using test::uniform_tensor;
 using Dims = std::vector<std::int64_t>;
 namespace fs = std::filesystem;
 
 namespace {
-
-Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Tensor t(DType::Float32, dims);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
-  return t;
-}
-
-// Largest |a - b| over max |b|.
-double rel_error(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.dims() == b.dims());
-  auto x = a.to_floats(), y = b.to_floats();
-  double err = 0, mag = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(x[i] - y[i])));
-    mag = std::max(mag, static_cast<double>(std::fabs(y[i])));
-  }
-  REQUIRE(mag > 0.05);  // a real output, not a vacuous all-zero one
-  return err / mag;
-}
 
 std::size_t count_ops(const Graph& g, const std::string& key) {
   std::size_t n = 0;
@@ -87,9 +68,9 @@ struct Attention4d {
     return b.op("Div", {b.op("MatMul", {q, b.transpose(k, {0, 1, 3, 2})}), b.scalar(std::sqrt(float(dim)))});
   }
   std::map<std::string, Tensor> feeds(unsigned seed = 7) const {
-    return {{"q", random_tensor({batch, heads, seq, dim}, seed)},
-            {"k", random_tensor({batch, heads, seq, dim}, seed + 1)},
-            {"v", random_tensor({batch, heads, seq, dim}, seed + 2)}};
+    return {{"q", uniform_tensor({batch, heads, seq, dim}, seed)},
+            {"k", uniform_tensor({batch, heads, seq, dim}, seed + 1)},
+            {"v", uniform_tensor({batch, heads, seq, dim}, seed + 2)}};
   }
 };
 
@@ -174,10 +155,10 @@ TEST_CASE("fuse-attention: the scale on Q and on K, and baddbmm's Mul by 1s (1e-
   Value* scores = b.op("Mul", {b.op("MatMul", {qs, ks}), b.scalar(1.0f)});
   Value* added = b.op("Add", {scores, b.op("Mul", {mask, b.scalar(1.0f)})});
   b.output(b.op("MatMul", {b.softmax(added), v}));
-  Tensor m = random_tensor({6, 1, 7}, 3, -2, 0);
+  Tensor m = uniform_tensor({6, 1, 7}, 3, -2, 0);
   m.data<float>()[3] = -std::numeric_limits<float>::infinity();  // one key masked out
-  std::map<std::string, Tensor> feeds{{"q", random_tensor({6, 7, 8}, 1)}, {"k", random_tensor({6, 8, 7}, 2)},
-                                      {"v", random_tensor({6, 7, 5}, 4)}, {"mask", m}};
+  std::map<std::string, Tensor> feeds{{"q", uniform_tensor({6, 7, 8}, 1)}, {"k", uniform_tensor({6, 8, 7}, 2)},
+                                      {"v", uniform_tensor({6, 7, 5}, 4)}, {"mask", m}};
   Graph fused = fuse_and_check(b.g, feeds, 1);
   CHECK(count_ops(fused, "Mul") == 0);
   CHECK(count_ops(fused, "Div") == 0);
@@ -224,7 +205,7 @@ TEST_CASE("fuse-attention: each mask broadcast compiles, fast or expanded (compi
     INFO("mask " << dims_str(f.mask) << (f.constant ? " constant" : " run-time"));
     Attention4d a(2, 3, 5, 4);
     Builder& b = a.b;
-    Tensor m = random_tensor(f.mask, 11, -3, 0);
+    Tensor m = uniform_tensor(f.mask, 11, -3, 0);
     Value* mask = f.constant ? b.g.add_constant("mask", m) : b.input("mask", f.mask);
     b.output(b.op("MatMul", {b.softmax(b.op("Add", {a.scores(), mask})), a.v}));
     auto feeds = a.feeds();
@@ -245,7 +226,7 @@ TEST_CASE("fuse-attention: must not fire", "[attention][must-not-fire]") {
     Value* mask = b.input("mask", {3, 1, 2, 4, 4});  // broadcasts the scores up to rank 5
     b.output(b.op("MatMul", {b.softmax(b.op("Add", {a.scores(), mask})), a.v}));
     auto feeds = a.feeds();
-    feeds["mask"] = random_tensor({3, 1, 2, 4, 4}, 5);
+    feeds["mask"] = uniform_tensor({3, 1, 2, 4, 4}, 5);
     fuse_and_check(b.g, feeds, 0);
   }
   SECTION("a softmax on another axis") {
@@ -274,7 +255,7 @@ TEST_CASE("fuse-attention: must not fire", "[attention][must-not-fire]") {
   SECTION("a scale between the mask and the softmax") {
     Attention4d a(1, 2, 4, 4);
     Builder& b = a.b;
-    Value* mask = b.g.add_constant("mask", random_tensor({4, 4}, 9, -1, 0));
+    Value* mask = b.g.add_constant("mask", uniform_tensor({4, 4}, 9, -1, 0));
     Value* x = b.op("Mul", {b.op("Add", {a.scores(), mask}), b.scalar(0.5f)});
     b.output(b.op("MatMul", {b.softmax(x), a.v}));
     fuse_and_check(b.g, a.feeds(), 0);

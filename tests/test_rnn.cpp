@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ondine/ondine.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_rnn {
@@ -18,14 +19,6 @@ using namespace ondine;
 using Dims = std::vector<std::int64_t>;
 
 namespace {
-
-Tensor random_tensor(const Dims& dims, unsigned seed, float scale = 0.5f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  Tensor t(DType::Float32, dims);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
 
 // One recurrent node over X [T, N, I] (layout 0) with constant weights; inputs "x" and optionally "lens".
 struct Recurrent {
@@ -38,9 +31,9 @@ struct Recurrent {
     std::int64_t gates = op == "LSTM" ? 4 : op == "GRU" ? 3 : 1;
     Dims xd = layout ? Dims{batch, seq, input} : Dims{seq, batch, input};
     Value* x = g.add_input("x", DType::Float32, Shape::from(xd));
-    Value* w = g.add_constant("W", random_tensor({dirs, gates * hidden, input}, 1));
-    Value* r = g.add_constant("R", random_tensor({dirs, gates * hidden, hidden}, 2));
-    Value* b = g.add_constant("B", random_tensor({dirs, 2 * gates * hidden}, 3));
+    Value* w = g.add_constant("W", test::uniform_tensor({dirs, gates * hidden, input}, 1, -0.5f, 0.5f));
+    Value* r = g.add_constant("R", test::uniform_tensor({dirs, gates * hidden, hidden}, 2, -0.5f, 0.5f));
+    Value* b = g.add_constant("B", test::uniform_tensor({dirs, 2 * gates * hidden}, 3, -0.5f, 0.5f));
     Value* lens = with_lens ? g.add_input("lens", DType::Int32, Shape{batch}) : nullptr;
     std::vector<Value*> ins{x, w, r, b, lens};
     std::vector<std::string> outs{"y", "y_h"};
@@ -64,12 +57,18 @@ TEST_CASE("recurrent ops: inferred shapes in both layouts", "[rnn][infer]") {
   CHECK(gru.g.find_value("y_h")->shape().str() == "[3,1,6]");
 }
 
+TEST_CASE("recurrent ops: FLOPs count the gate products of every step and direction", "[rnn][stats]") {
+  Recurrent lstm("LSTM", "bidirectional", 5, 3, 4, 6, false);
+  // per step, sample and direction: 4 gates x 6 hidden x (4 input + 6 hidden) multiply-adds
+  CHECK(graph_stats(lstm.g).flops == Approx(2.0 * 4 * 6 * (4 + 6) * 5 * 3 * 2));
+}
+
 TEST_CASE("recurrent ops: unequal sequence_lens equal running each sequence alone", "[rnn][reference]") {
   for (const char* op : {"RNN", "GRU", "LSTM"}) {
     for (const char* direction : {"forward", "reverse", "bidirectional"}) {
       INFO(op << " " << direction);
       Recurrent full(op, direction, 6, 2, 3, 4, true);
-      Tensor x = random_tensor({6, 2, 3}, 9, 1.0f);
+      Tensor x = test::uniform_tensor({6, 2, 3}, 9, -1.0f, 1.0f);
       Tensor lens = Tensor::from_vector<std::int32_t>({2}, {6, 3});
       auto out = ReferenceExecutor(full.g).run({{"x", x}, {"lens", lens}});
       // Sample 1 alone, cut to its 3 steps.
@@ -102,7 +101,7 @@ TEST_CASE("recurrent ops: unequal sequence_lens equal running each sequence alon
 TEST_CASE("recurrent ops: layout 1 is layout 0 transposed", "[rnn][reference]") {
   Recurrent a("LSTM", "bidirectional", 4, 3, 2, 5, false, 0);
   Recurrent b("LSTM", "bidirectional", 4, 3, 2, 5, false, 1);
-  Tensor x0 = random_tensor({4, 3, 2}, 4, 1.0f), x1(DType::Float32, {3, 4, 2});
+  Tensor x0 = test::uniform_tensor({4, 3, 2}, 4, -1.0f, 1.0f), x1(DType::Float32, {3, 4, 2});
   for (std::int64_t t = 0; t < 4; ++t)
     for (std::int64_t n = 0; n < 3; ++n)
       for (std::int64_t i = 0; i < 2; ++i) x1.data<float>()[(n * 4 + t) * 2 + i] = x0.data<float>()[(t * 3 + n) * 2 + i];
@@ -120,7 +119,7 @@ TEST_CASE("recurrent ops: layout 1 is layout 0 transposed", "[rnn][reference]") 
 
 TEST_CASE("recurrent ops: bad input is an error naming the node", "[rnn][bad-input]") {
   Recurrent lstm("LSTM", "forward", 4, 2, 3, 5, true);
-  Tensor x = random_tensor({4, 2, 3}, 5);
+  Tensor x = test::uniform_tensor({4, 2, 3}, 5, -0.5f, 0.5f);
   ReferenceExecutor exec(lstm.g);
   CHECK_THROWS_WITH(exec.run({{"x", x}, {"lens", Tensor::from_vector<std::int32_t>({2}, {4, -1})}}),
                     Catch::Contains("rnn") && Catch::Contains("sequence_lens value -1"));
@@ -129,8 +128,8 @@ TEST_CASE("recurrent ops: bad input is an error naming the node", "[rnn][bad-inp
 
   Graph g;
   Value* xin = g.add_input("x", DType::Float32, Shape{4, 2, 3});
-  Value* w = g.add_constant("W", random_tensor({1, 20, 7}, 1));  // input size 7 for X's 3
-  Value* r = g.add_constant("R", random_tensor({1, 20, 5}, 2));
+  Value* w = g.add_constant("W", test::uniform_tensor({1, 20, 7}, 1, -0.5f, 0.5f));  // input size 7 for X's 3
+  Value* r = g.add_constant("R", test::uniform_tensor({1, 20, 5}, 2, -0.5f, 0.5f));
   g.add_output(g.add_node("LSTM", {xin, w, r}, {"y"}, {{"hidden_size", std::int64_t{5}}}, "lstm")->output(0));
   CHECK_THROWS_WITH(infer_shapes(g), Catch::Contains("lstm") && Catch::Contains("W 'W'"));
 }

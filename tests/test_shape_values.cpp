@@ -12,11 +12,13 @@
 
 #include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_shape_values {
 
 using namespace ondine;
+using test::rel_error;
 namespace fs = std::filesystem;
 
 namespace {
@@ -49,19 +51,6 @@ std::string elems_str(const Value* v) {
   std::string s;
   for (auto& e : *v->element_dims()) s += (s.empty() ? "" : ",") + e.str();
   return "[" + s + "]";
-}
-
-// Largest |a - b| over max |b|.
-double rel_error(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.dims() == b.dims());
-  auto x = a.to_floats(), y = b.to_floats();
-  double err = 0, mag = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(x[i] - y[i])));
-    mag = std::max(mag, static_cast<double>(std::fabs(y[i])));
-  }
-  REQUIRE(mag > 0.05);  // a real output, not a vacuous all-zero one
-  return err / mag;
 }
 
 const char* const kCorpus[] = {"bert_encoder",   "gpt_decoder",     "vit_small",   "audio_encoder",

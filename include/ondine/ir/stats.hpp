@@ -3,7 +3,8 @@
 // to those values (shape_inputs, bind_shape_inputs).
 //
 // FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm and their integer and fused forms
-// (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/Fused*) are
+// (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/Fused*), the
+// recurrent ops (LSTM, GRU, RNN: their gate products per step) and ondine.Attention (its two products) are
 // counted exactly from shapes; other ops as one FLOP per output element (they are bandwidth-bound and
 // small next to the matmuls).
 // Shapes must be static: bind symbolic dims first (bind_dims) and re-run shape inference.
@@ -170,6 +171,22 @@ inline std::optional<double> node_flops(const Node& n) {
     bool trans_a = op == "Gemm" && n.attr_int("transA", 0);
     double k = static_cast<double>(trans_a ? as.front() : as.back());
     return 2.0 * *out_elems * k;
+  }
+  if (op == "LSTM" || op == "GRU" || op == "RNN") {  // per step and direction: G*H x (I + H) multiply-adds
+    const Value* x = n.input(0);
+    const Value* r = n.input(2);
+    if (!x || !r || !x->shape().is_static() || !r->shape().is_static() || x->shape().rank() != 3 || r->shape().rank() != 3)
+      return std::nullopt;
+    double gates_hidden = static_cast<double>(r->shape().sizes()[1]);  // G*H
+    double inner = static_cast<double>(x->shape().sizes()[2] + r->shape().sizes()[2]);
+    return 2.0 * *out_elems / static_cast<double>(r->shape().sizes()[2]) * gates_hidden * inner;  // Y is [T,D,N,H]
+  }
+  if (key == "ondine.Attention") {  // Q K^T and P V: [..., Sq, D] x [..., D, Sk], [..., Sq, Sk] x [..., Sk, Dv]
+    const Value* k = n.input(1);
+    const Value* q = n.input(0);
+    if (!k || !q || !k->shape().is_static() || !q->shape().is_static() || k->shape().rank() < 2) return std::nullopt;
+    double sk = static_cast<double>(k->shape().sizes().back());
+    return 2.0 * *numel(q) * sk + 2.0 * *out_elems * sk;
   }
   return *out_elems;
 }
