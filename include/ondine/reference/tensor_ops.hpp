@@ -770,6 +770,94 @@ inline std::vector<Tensor> cum_sum(const Node& n, const std::vector<Tensor>& in)
   return {out};
 }
 
+
+
+// GatherND: for every index tuple of `indices` (its last dim m), the slice data[batch.., tuple..].
+inline std::vector<Tensor> gather_nd(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& data = required_arg(n, in, 0);
+  const Tensor& indices = required_arg(n, in, 1);
+  const std::size_t es = element_size(n, data.dtype());
+  const auto b = static_cast<std::size_t>(n.attr_int("batch_dims", 0));
+  const std::size_t r = data.rank(), q = indices.rank();
+  if (r < 1 || q < 1 || b >= std::min(r, q)) throw n.error("bad ranks for GatherND: " + dims_str(data.dims()) + ", " + dims_str(indices.dims()));
+  const auto m = static_cast<std::size_t>(indices.dims().back());
+  if (m < 1 || m > r - b) throw n.error("indices' last dim " + std::to_string(m) + " does not fit data " + dims_str(data.dims()));
+  for (std::size_t i = 0; i < b; ++i)
+    if (data.dims()[i] != indices.dims()[i])
+      throw n.error("batch dim " + std::to_string(i) + " differs: data " + dims_str(data.dims()) + ", indices " + dims_str(indices.dims()));
+  Ints out_dims(indices.dims().begin(), indices.dims().end() - 1);
+  out_dims.insert(out_dims.end(), data.dims().begin() + static_cast<std::ptrdiff_t>(b + m), data.dims().end());
+  shared::checked_numel(n, out_dims);
+  Tensor out(data.dtype(), out_dims);
+  const Ints idx = indices.to_int64s();
+  const std::int64_t batch = product(data.dims(), 0, b);
+  const std::int64_t tuples_per_batch = product(indices.dims(), b, q - 1);
+  const auto slice = static_cast<std::size_t>(product(data.dims(), b + m)) * es;
+  const std::int64_t data_batch = product(data.dims(), b);
+  Ints strides(m);
+  for (std::size_t j = 0; j < m; ++j) strides[j] = product(data.dims(), b + j + 1);
+  std::uint8_t* dst = bytes(out);
+  for (std::int64_t bb = 0; bb < batch; ++bb)
+    for (std::int64_t t = 0; t < tuples_per_batch; ++t) {
+      const std::int64_t* tuple = idx.data() + (bb * tuples_per_batch + t) * static_cast<std::int64_t>(m);
+      std::int64_t offset = bb * data_batch;
+      for (std::size_t j = 0; j < m; ++j) {
+        std::int64_t dim = data.dims()[b + j], i = tuple[j];
+        if (i < -dim || i >= dim)
+          throw n.error("index " + std::to_string(i) + " is out of range for axis " + std::to_string(b + j) + " of size " + std::to_string(dim));
+        offset += (i < 0 ? i + dim : i) * strides[j];
+      }
+      std::memcpy(dst, bytes(data) + static_cast<std::size_t>(offset) * es, slice);
+      dst += slice;
+    }
+  return {out};
+}
+
+// TopK: along `axis`, the k largest (or smallest) values and their indices; equal values keep the
+// lower index first (a stable order, as ONNX Runtime gives).
+inline std::vector<Tensor> top_k(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required_arg(n, in, 0);
+  std::int64_t k = n.opset() != 0 && n.opset() < 10 ? n.attr_int("k") : [&] {
+    const Tensor& kt = required_arg(n, in, 1);
+    if (kt.numel() != 1) throw n.error("K must hold one value, got " + dims_str(kt.dims()));
+    return kt.to_int64s()[0];
+  }();
+  if (x.rank() == 0) throw n.error("TopK needs a tensor of rank >= 1");
+  const auto axis = static_cast<std::size_t>(infer::normalize_axis(n, n.attr_int("axis", -1), static_cast<std::int64_t>(x.rank())));
+  const std::int64_t len = x.dims()[axis];
+  if (k < 0 || k > len) throw n.error("k " + std::to_string(k) + " is outside [0, " + std::to_string(len) + "] for axis " + std::to_string(axis));
+  const bool largest = n.attr_int("largest", 1) != 0;
+  const std::int64_t outer = product(x.dims(), 0, axis), inner = product(x.dims(), axis + 1);
+  Ints out_dims = x.dims();
+  out_dims[axis] = k;
+  std::vector<double> v(static_cast<std::size_t>(x.numel()));
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, bool>) {
+      const T* p = static_cast<const T*>(x.raw());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
+    }
+  });
+  Tensor values(x.dtype(), out_dims), indices(DType::Int64, out_dims);
+  const std::size_t es = element_size(n, x.dtype());
+  std::vector<std::int64_t> order(static_cast<std::size_t>(len));
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < inner; ++i) {
+      auto at = [&](std::int64_t j) { return (o * len + j) * inner + i; };
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t c) {
+        double va = v[static_cast<std::size_t>(at(a))], vc = v[static_cast<std::size_t>(at(c))];
+        return largest ? va > vc : va < vc;
+      });
+      for (std::int64_t j = 0; j < k; ++j) {
+        std::int64_t dst = (o * k + j) * inner + i;
+        std::memcpy(bytes(values) + static_cast<std::size_t>(dst) * es, bytes(x) + static_cast<std::size_t>(at(order[static_cast<std::size_t>(j)])) * es, es);
+        indices.data<std::int64_t>()[dst] = order[static_cast<std::size_t>(j)];
+      }
+    }
+  return {values, indices};
+}
+
 }  // namespace detail::tensor_ops
 
 inline void register_tensor_ops_kernels(KernelTable& table) {
@@ -778,6 +866,8 @@ inline void register_tensor_ops_kernels(KernelTable& table) {
   table["Split"] = k::split;
   table["Slice"] = k::slice;
   table["Gather"] = k::gather;
+  table["GatherND"] = k::gather_nd;
+  table["TopK"] = k::top_k;
   table["GatherElements"] = k::gather_elements;
   table["Reshape"] = k::reshape;
   table["Flatten"] = k::flatten;

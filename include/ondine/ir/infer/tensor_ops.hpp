@@ -1120,6 +1120,59 @@ inline void infer_cum_sum(Node& n) {
   set_output(n, 0, x.dtype(), x.shape());
 }
 
+// GatherND: out = indices.shape[:-1] + data.shape[batch_dims + m:], m = indices.shape[-1].
+inline void infer_gather_nd(Node& n) {
+  Value& data = required_input(n, 0);
+  Value& indices = required_input(n, 1);
+  check_data_dtype(n, data.dtype());
+  if (indices.dtype() != DType::Int64) throw n.error("indices must be int64, got " + std::string(dtype_name(indices.dtype())));
+  const std::int64_t b = n.attr_int("batch_dims", 0);
+  if (!data.shape().rank_known() || !indices.shape().rank_known()) return set_output(n, 0, data.dtype(), Shape::unknown());
+  const Shape &ds = data.shape(), &is = indices.shape();
+  auto r = static_cast<std::int64_t>(ds.rank()), q = static_cast<std::int64_t>(is.rank());
+  if (r < 1 || q < 1) throw n.error("data and indices must have rank >= 1, got " + ds.str() + " and " + is.str());
+  if (b < 0 || b >= std::min(r, q)) throw n.error("batch_dims " + std::to_string(b) + " must be less than both ranks");
+  const Dim& last = is[static_cast<std::size_t>(q - 1)];
+  if (!last.is_static()) return set_output(n, 0, data.dtype(), Shape::unknown());
+  const std::int64_t m = last.value;
+  if (m < 1 || m > r - b)
+    throw n.error("indices' last dim " + std::to_string(m) + " must be in [1, " + std::to_string(r - b) + "] for data " + ds.str());
+  std::vector<Dim> out(is.dims().begin(), is.dims().end() - 1);
+  out.insert(out.end(), ds.dims().begin() + static_cast<std::ptrdiff_t>(b + m), ds.dims().end());
+  set_output(n, 0, data.dtype(), Shape(out));
+}
+
+// TopK: Values and Indices (int64) of X's shape with axis dim k (attribute before opset 10, input after).
+inline void infer_top_k(Node& n) {
+  Value& x = required_input(n, 0);
+  check_data_dtype(n, x.dtype());
+  if (x.dtype() == DType::Bool || x.dtype() == DType::String) throw n.error("TopK does not support " + std::string(dtype_name(x.dtype())));
+  Dim k;
+  if (opset_of(n) < 10) {
+    k = Dim(n.attr_int("k"));
+  } else {
+    Value& kv = required_input(n, 1);
+    check_index_dtype(n, kv.dtype(), "K");
+    if (auto vals = input_values(n, 1); vals && vals->size() == 1) k = (*vals)[0].as_dim();
+  }
+  if (k.is_static() && k.value < 0) throw n.error("k must be >= 0, got " + std::to_string(k.value));
+  if (!x.shape().rank_known()) {
+    set_output(n, 0, x.dtype(), Shape::unknown());
+    if (n.num_outputs() > 1) set_output(n, 1, DType::Int64, Shape::unknown());
+    return;
+  }
+  auto rank = static_cast<std::int64_t>(x.shape().rank());
+  auto axis = static_cast<std::size_t>(normalize_axis(n, n.attr_int("axis", -1), rank));
+  const Dim& len = x.shape()[axis];
+  if (k.is_static() && len.is_static() && k.value > len.value)
+    throw n.error("k " + std::to_string(k.value) + " is larger than axis " + std::to_string(axis) + " of size " +
+                  std::to_string(len.value));
+  Shape out = x.shape();
+  out.dims()[axis] = k;
+  set_output(n, 0, x.dtype(), out);
+  if (n.num_outputs() > 1) set_output(n, 1, DType::Int64, out);
+}
+
 }  // namespace detail_tensor_ops
 
 inline void register_tensor_ops_infer(InferTable& table) {
@@ -1152,6 +1205,8 @@ inline void register_tensor_ops_infer(InferTable& table) {
   table["ScatterND"] = d::infer_scatter_nd;
   table["NonZero"] = d::infer_non_zero;
   table["CumSum"] = d::infer_cum_sum;
+  table["GatherND"] = d::infer_gather_nd;
+  table["TopK"] = d::infer_top_k;
 }
 
 }  // namespace ondine::infer
