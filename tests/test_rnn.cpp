@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "support.hpp"
 
@@ -115,6 +116,33 @@ TEST_CASE("recurrent ops: layout 1 is layout 0 transposed", "[rnn][reference]") 
           err = std::max(err, static_cast<double>(std::fabs(ya.data<float>()[((t * 2 + d) * 3 + n) * 5 + j] -
                                                             yb.data<float>()[((n * 4 + t) * 2 + d) * 5 + j])));
   CHECK(err == 0);
+}
+
+TEST_CASE("recurrent ops: compiled onto oneDNN, or the reference kernel with the reason logged", "[rnn][lower]") {
+  // A bidirectional GRU with linear_before_reset (PyTorch's) runs on oneDNN's lbr GRU and matches the reference.
+  Recurrent gru("GRU", "bidirectional", 6, 2, 3, 4, false);
+  Tensor x = test::uniform_tensor({6, 2, 3}, 21, -1.0f, 1.0f);
+  lower::CompileOptions options;
+  options.threads = 1;
+  auto model = lower::compile(gru.g, options);
+  bool on_onednn = false;
+  for (const auto& s : model.steps()) on_onednn = on_onednn || (s.op == "GRU" && s.implementation != "reference");
+  CHECK(on_onednn);
+  auto got = model.run({{"x", x}});
+  auto want = ReferenceExecutor(gru.g).run({{"x", x}});
+  for (const char* out : {"y", "y_h"}) CHECK(test::rel_error(got.at(out), want.at(out)) < 1e-5);
+
+  // A clip oneDNN does not have: the reference kernel, and the log says why.
+  Recurrent clipped("LSTM", "forward", 6, 2, 3, 4, false);
+  for (Node* node : clipped.g.nodes())
+    if (node->name() == "rnn") node->set_attr("clip", 0.5f);
+  std::vector<std::string> log;
+  options.log = [&log](const std::string& line) { log.push_back(line); };
+  auto fallback = lower::compile(clipped.g, options);
+  bool said = false;
+  for (const auto& line : log) said = said || (line.find("'rnn'") != std::string::npos && line.find("clip") != std::string::npos);
+  CHECK(said);
+  CHECK(test::rel_error(fallback.run({{"x", x}}).at("y"), ReferenceExecutor(clipped.g).run({{"x", x}}).at("y")) < 1e-6);
 }
 
 TEST_CASE("recurrent ops: bad input is an error naming the node", "[rnn][bad-input]") {
