@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -133,6 +134,17 @@ inline std::int64_t md_numel(const memory::desc& md) {
 inline bool same_layout(const memory::desc& a, const memory::desc& b) {
   if (a == b) return true;
   return a.data.data_type == b.data.data_type && is_row_major(a) && is_row_major(b) && md_numel(a) == md_numel(b);
+}
+
+// An unblocked layout as "[dims] strides [strides] +offset" (compile logs and step details).
+inline std::string strided_str(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  std::string dims = "[", strides = "[";
+  for (int i = 0; i < d.ndims; ++i) {
+    dims += (i ? "," : "") + std::to_string(d.dims[i]);
+    strides += (i ? "," : "") + std::to_string(d.format_desc.blocking.strides[i]);
+  }
+  return dims + "] strides " + strides + "]" + (d.offset0 ? " +" + std::to_string(d.offset0) : "");
 }
 
 // oneDNN-verbose style layout names: outer dims by decreasing stride ("acdb" is NHWC), blocked dims
@@ -377,7 +389,82 @@ struct ValueState {
   bool has_md = false;
   memory::desc md;  // its layout in `slot` (for dtypes oneDNN knows)
   std::vector<std::pair<memory::desc, SlotId>> copies;  // the same value reordered into other layouts
+  // Set for a strided view not copied yet (Lowering::define_strided_view): `md` reads another value's
+  // bytes through strides and an offset. The first reader that needs the value in a layout of its own
+  // gets it copied by one reorder, labelled with this node.
+  const Node* view_of = nullptr;
 };
+
+// An unblocked layout with its dims grouped: `ends` lists where each group ends (ascending, the last
+// is the rank; an empty group is a dim of size 1). A group merges into one dim when its dims nest in
+// memory (each dim's stride is the next one's times that one's size; dims of size 1 impose nothing).
+// Empty when the strides do not allow it. The offset and data type are kept.
+inline std::optional<memory::desc> regroup_md(const memory::desc& md, const std::vector<std::size_t>& ends) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.format_kind != dnnl_blocked || d.format_desc.blocking.inner_nblks != 0 || d.extra.flags != 0) return std::nullopt;
+  if (ends.empty() || ends.back() != static_cast<std::size_t>(d.ndims)) return std::nullopt;
+  memory::dims dims, strides;
+  std::size_t begin = 0;
+  for (std::size_t end : ends) {
+    if (end < begin) return std::nullopt;
+    std::int64_t size = 1, stride = 0;  // stride 0: no dim above 1 seen yet
+    for (std::size_t i = end; i-- > begin;) {
+      const std::int64_t n = d.dims[i], st = d.format_desc.blocking.strides[i];
+      if (n == 1) continue;
+      if (stride == 0) stride = st;  // the group's stride is its innermost dim's
+      else if (st != stride * size) return std::nullopt;
+      size *= n;
+    }
+    dims.push_back(size);
+    strides.push_back(stride);
+    begin = end;
+  }
+  for (std::size_t i = dims.size(); i-- > 0;)  // a dim of size 1: the stride a row-major layout would give it
+    if (dims[i] == 1) strides[i] = i + 1 < dims.size() ? strides[i + 1] * dims[i + 1] : 1;
+  memory::desc out(dims, md.data_type(), strides);
+  out.data.offset0 = d.offset0;
+  return out;
+}
+
+// `md` with the same elements in the dims `to`, without a copy (NumPy's no-copy reshape: each group of
+// dims that multiplies to the same count on both sides must nest in memory). Empty when it cannot.
+inline std::optional<memory::desc> reshape_md(const memory::desc& md, const Dims& to) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.format_kind != dnnl_blocked || d.format_desc.blocking.inner_nblks != 0 || d.extra.flags != 0) return std::nullopt;
+  Dims old_dims, old_strides;
+  for (int i = 0; i < d.ndims; ++i) {
+    if (d.dims[i] == 0) return std::nullopt;
+    if (d.dims[i] == 1) continue;
+    old_dims.push_back(d.dims[i]);
+    old_strides.push_back(d.format_desc.blocking.strides[i]);
+  }
+  std::int64_t count = 1;
+  for (auto x : to) count *= x;
+  std::int64_t old_count = 1;
+  for (auto x : old_dims) old_count *= x;
+  if (count != old_count || count == 0) return std::nullopt;
+  Dims strides(to.size(), 1);
+  std::size_t oi = 0, ni = 0;
+  while (oi < old_dims.size() && ni < to.size()) {
+    std::size_t oj = oi + 1, nj = ni + 1;
+    std::int64_t op = old_dims[oi], np = to[ni];
+    while (np != op) {
+      if (np < op) np *= to[nj++];
+      else op *= old_dims[oj++];
+    }
+    for (std::size_t k = oi; k + 1 < oj; ++k)
+      if (old_strides[k] != old_dims[k + 1] * old_strides[k + 1]) return std::nullopt;
+    strides[nj - 1] = old_strides[oj - 1];
+    for (std::size_t k = nj - 1; k > ni; --k) strides[k - 1] = strides[k] * to[k];
+    ni = nj;
+    oi = oj;
+  }
+  for (std::size_t k = to.size(); k-- > 0;)  // trailing dims of size 1 left by the loop
+    if (k >= ni) strides[k] = k + 1 < to.size() ? strides[k + 1] * to[k + 1] : 1;
+  memory::desc out(to, md.data_type(), strides);
+  out.data.offset0 = d.offset0;
+  return out;
+}
 
 class Lowering {
  public:
@@ -484,7 +571,10 @@ class Lowering {
   }
   ValueState& state(const Value* v) {
     auto it = values_.find(v);
-    if (it != values_.end()) return it->second;
+    if (it != values_.end()) {
+      if (it->second.view_of) materialize(v, it->second);
+      return it->second;
+    }
     if (v->is_constant()) {  // constants read through slots (by reference kernels, views, copies)
       std::size_t index = program.constants.size();
       program.constants.push_back(v->constant());
@@ -493,6 +583,35 @@ class Lowering {
     }
     throw Error("internal: value '" + v->name() + "' is used before it is computed");
   }
+  // A value's bytes as an unblocked, possibly strided layout over a slot, without a copy: a strided
+  // view not copied yet, or a value its producer wrote row-major or strided. Empty for a blocked
+  // layout or a dtype oneDNN does not know.
+  std::optional<std::pair<SlotId, memory::desc>> strided_source(const Value* v) {
+    auto it = values_.find(v);
+    const ValueState& st = it != values_.end() ? it->second : state(v);
+    const dnnl_memory_desc_t& d = st.md.data;
+    if (!st.has_md || d.format_kind != dnnl_blocked || d.format_desc.blocking.inner_nblks != 0 || d.extra.flags != 0)
+      return std::nullopt;
+    for (int i = 0; i < d.ndims; ++i)
+      if (d.padded_dims[i] != d.dims[i]) return std::nullopt;
+    return std::make_pair(st.slot, st.md);
+  }
+
+  // Defines `y` (not a graph output) as `md` over `src`'s bytes, copying nothing: a zero-copy alias when
+  // `md` is row-major, else a strided view that readers able to take strides read as it is (attention,
+  // Transpose, Slice, Reshape) and any other reader gets copied once (state()).
+  void define_strided_view(const Node& n, const Value* y, SlotId src, const memory::desc& md, const std::string& detail) {
+    if (output_slot_.count(y)) throw Error("internal: graph output '" + y->name() + "' defined as a strided view");
+    SlotId view = add_slot(slot_for(y, SlotKind::Alias, root(src)));
+    add_step(std::make_unique<ViewStep>(runtime::StepInfo{n.name(), n.op_type(), "view", detail}, src, view));
+    ValueState st;
+    st.slot = view;
+    st.has_md = true;
+    st.md = is_row_major(md) ? plain_md(y->shape().sizes(), md.data_type()) : md;
+    if (!is_row_major(md)) st.view_of = &n;
+    values_[y] = st;
+  }
+
   // The layout of a value (its producer's choice).
   memory::desc md_of(const Value* v) { return state(v).md; }
 
@@ -631,6 +750,19 @@ class Lowering {
   }
 
  private:
+  // Copies a strided view into row-major bytes of its own, for a reader that needs them.
+  void materialize(const Value* v, ValueState& st) {
+    const Node& n = *st.view_of;
+    const memory::desc from = st.md, plain = plain_md(v->shape().sizes(), st.md.data_type());
+    SlotId dst = new_value_slot(v, plain);
+    dnnl::reorder::primitive_desc pd(engine(), from, engine(), plain, base_attr());
+    add_primitive({n.name(), n.op_type(), pd.impl_info_str(), "copy of the strided view " + strided_str(from)}, &n,
+                  dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, st.slot, from}, {DNNL_ARG_DST, dst, plain}}, {});
+    st.slot = dst;
+    st.md = plain;
+    st.view_of = nullptr;
+  }
+
   std::unordered_map<const Value*, ValueState> values_;
   std::unordered_map<const Value*, SlotId> output_slot_;
   std::vector<const Value*> output_order_;

@@ -1,8 +1,8 @@
-// ondine/lower/detail/shape_ops.hpp - Concat (oneDNN concat on the producers' layouts), Transpose and
-// Slice (one reorder each, reading the source through strides) and the ops
-// that only re-label row-major bytes: Reshape, Flatten, Squeeze, Unsqueeze (zero-copy views of the
-// producer, reordered to row-major first when it is blocked), and Identity / inference Dropout
-// (aliases in whatever layout the producer chose).
+// ondine/lower/detail/shape_ops.hpp - Concat (oneDNN concat on the producers' layouts); Transpose and
+// Slice as strided views of their source (copied by one reorder only when a reader needs row-major
+// bytes: Lowering::define_strided_view); the ops that only re-label bytes: Reshape, Flatten, Squeeze,
+// Unsqueeze (zero-copy views of the producer, strided when its strides allow the new dims, else of its
+// row-major bytes); and Identity / inference Dropout (aliases in whatever layout the producer chose).
 //
 // The shape inputs of the view ops are not read at run time: the compiled shapes are static, so the
 // output dims are already known, and the nodes computing those shape inputs drop out as dead steps.
@@ -67,7 +67,37 @@ inline bool lower_concat(Lowering& L, const Node& n) {
   return true;
 }
 
-// Transpose as one reorder: the source is read through permuted strides of its row-major bytes.
+// The source of a view op: `x`'s bytes through its strides and offset when they are unblocked (a
+// strided view not copied yet, or a row-major or strided producer), else its row-major bytes.
+inline std::pair<SlotId, memory::desc> view_source(Lowering& L, const Value* x, memory::data_type dt) {
+  if (auto s = L.strided_source(x)) return *s;
+  return {L.row_major_slot(x), plain_md(x->shape().sizes(), dt)};
+}
+
+inline Dims md_strides(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  return Dims(d.format_desc.blocking.strides, d.format_desc.blocking.strides + d.ndims);
+}
+
+// Defines `y` as `src_md` over `src`: a view (define_strided_view) or, for a graph output (the
+// caller's tensor), one reorder into it.
+inline void define_view_or_copy(Lowering& L, const Node& n, const Value* y, SlotId src, const memory::desc& src_md,
+                                const std::string& detail) {
+  if (!y->is_graph_output()) {
+    L.define_strided_view(n, y, src, src_md, detail);
+    return;
+  }
+  memory::desc dst_md = plain_md(y->shape().sizes(), src_md.data_type());
+  dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr());
+  SlotId dst = L.new_value_slot(y, dst_md);
+  L.define(y, dst, dst_md);
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::reorder(pd), pd.scratchpad_desc(),
+                  {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
+}
+
+// Transpose as permuted strides of its source: no copy until a reader needs row-major bytes (then one
+// reorder, however many views were stacked), none at all when the permuted strides are row-major or
+// the reader takes strides (attention).
 inline bool lower_transpose(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
@@ -85,43 +115,19 @@ inline bool lower_transpose(Lowering& L, const Node& n) {
     if (p < 0 || p >= static_cast<std::int64_t>(rank) || seen[static_cast<std::size_t>(p)]) return false;
     seen[static_cast<std::size_t>(p)] = true;
   }
-  // The source through its own strides when its producer wrote it strided and unblocked (a bidirectional
-  // RNN's Y is oneDNN's [T, N, 2H] read as [T, 2, N, H]); else its row-major bytes.
-  Dims x_strides = row_major_strides(xd), strides(rank);
-  SlotId src;
-  const ValueState& st = L.state(x);
-  const dnnl_memory_desc_t& xm = st.md.data;
-  if (st.has_md && xm.format_kind == dnnl_blocked && xm.format_desc.blocking.inner_nblks == 0 && xm.offset0 == 0 &&
-      xm.ndims == static_cast<int>(rank) && !is_row_major(st.md)) {
-    for (std::size_t i = 0; i < rank; ++i) x_strides[i] = xm.format_desc.blocking.strides[i];
-    src = st.slot;
-  } else {
-    src = L.row_major_slot(x);
-  }
-  for (std::size_t j = 0; j < rank; ++j) {
+  for (std::size_t j = 0; j < rank; ++j)
     if (yd[j] != xd[static_cast<std::size_t>(perm[j])]) return false;
-    strides[j] = x_strides[static_cast<std::size_t>(perm[j])];
-  }
-  memory::desc src_md(yd, dt, strides), dst_md = plain_md(yd, dt);
-  if (is_row_major(src_md) && !y->is_graph_output()) {  // the permuted strides are row-major: a view, no copy
-    SlotId view = L.add_slot(Lowering::slot_for(y, SlotKind::Alias, L.root(src)));
-    L.add_step(std::make_unique<ViewStep>(
-        runtime::StepInfo{n.name(), "Transpose", "view", "perm " + dims_str(perm) + " of strided '" + x->name() + "'"},
-        src, view));
-    L.define(y, view, dst_md);
-    return true;
-  }
-  dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr(), true);
-  if (!pd) return false;
-  SlotId dst = L.new_value_slot(y, dst_md);
-  L.define(y, dst, dst_md);
-  L.add_primitive({n.name(), "Transpose", pd.impl_info_str(), "perm " + dims_str(perm) + " " + dims_str(xd) + " -> " + dims_str(yd)},
-                  &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
+  auto [src, x_md] = view_source(L, x, dt);
+  Dims x_strides = md_strides(x_md), strides(rank);
+  for (std::size_t j = 0; j < rank; ++j) strides[j] = x_strides[static_cast<std::size_t>(perm[j])];
+  memory::desc src_md(yd, dt, strides);
+  src_md.data.offset0 = x_md.data.offset0;
+  define_view_or_copy(L, n, y, src, src_md, "perm " + dims_str(perm) + " of '" + x->name() + "': " + strided_str(src_md));
   return true;
 }
 
-// Slice with constant parameters and positive steps as one reorder: the source is read through a
-// strided view of its row-major bytes starting at the first element taken (the view's offset).
+// Slice with constant parameters and positive steps as a strided view of its source starting at the
+// first element taken (the view's offset); copied like a Transpose's.
 inline bool lower_slice(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
@@ -139,34 +145,47 @@ inline bool lower_slice(Lowering& L, const Node& n) {
   namespace t = infer::detail_tensor_ops;
   t::SliceParams p = t::slice_params(n, rank, constant(1), constant(2), constant(3), constant(4));
   if (!p.starts || !p.ends || !p.axes) return false;
-  Dims strides = row_major_strides(xd);
-  memory::dim offset = 0;
+  struct Cut {
+    std::size_t axis;
+    std::int64_t start, step;
+  };
+  std::vector<Cut> cuts;
   for (std::size_t i = 0; i < p.axes->size(); ++i) {
     auto a = static_cast<std::size_t>((*p.axes)[i]);
     std::int64_t step = p.steps ? (*p.steps)[i] : 1;
     if (step <= 0) return false;
     t::SliceAxis s = t::resolve_slice_axis(xd[a], (*p.starts)[i], (*p.ends)[i], step);
     if (s.count != yd[a]) return false;
-    offset += s.start * strides[a];
-    strides[a] *= step;
+    cuts.push_back({a, s.start, step});
   }
-  memory::desc src_md(yd, dt, strides), dst_md = plain_md(yd, dt);
+  auto [src, x_md] = view_source(L, x, dt);
+  Dims strides = md_strides(x_md);
+  memory::dim offset = x_md.data.offset0;
+  for (const Cut& c : cuts) {
+    offset += c.start * strides[c.axis];
+    strides[c.axis] *= c.step;
+  }
+  memory::desc src_md(yd, dt, strides);
   src_md.data.offset0 = offset;
-  dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr(), true);
-  if (!pd) return false;
-  SlotId src = L.row_major_slot(x);
-  SlotId dst = L.new_value_slot(y, dst_md);
-  L.define(y, dst, dst_md);
-  L.add_primitive({n.name(), "Slice", pd.impl_info_str(), dims_str(xd) + " -> " + dims_str(yd) + " from offset " + std::to_string(offset)},
-                  &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
+  define_view_or_copy(L, n, y, src, src_md, dims_str(xd) + " of '" + x->name() + "' -> " + strided_str(src_md));
   return true;
 }
 
+// Reshape, Flatten, Squeeze, Unsqueeze: the same bytes under new dims. A strided source stays a
+// strided view when its strides allow the new dims (reshape_md), else it is copied row-major first.
 inline bool lower_view(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
   if (!x || !y || n.num_outputs() != 1 || !x->shape().is_static() || !y->shape().is_static()) return false;
   if (x->dtype() != y->dtype() || *x->shape().numel() != *y->shape().numel()) return false;
+  if (!y->is_graph_output() && !x->is_constant() && *y->shape().numel() > 0) {
+    if (auto s = L.strided_source(x); s && !is_row_major(s->second)) {
+      if (auto md = reshape_md(s->second, y->shape().sizes())) {
+        L.define_strided_view(n, y, s->first, *md, "of '" + x->name() + "': " + strided_str(*md));
+        return true;
+      }
+    }
+  }
   L.define_view(n, x, y, n.op_type().c_str());
   return true;
 }
