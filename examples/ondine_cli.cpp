@@ -391,6 +391,16 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   auto unsupported = unsupported_nodes(g);
   std::map<std::string, std::vector<std::string>> bad;
   for (auto* n : unsupported) bad[n->op_key()].push_back(n->name());
+  // Ops inside subgraphs (If branches, Loop and Scan bodies, nested ones too), counted apart.
+  std::map<std::string, std::size_t> inner;
+  std::function<void(const Graph&)> count_inner = [&](const Graph& sub) {
+    for (Node* n : sub.nodes()) {
+      ++inner[n->op_key()];
+      for (auto& [attr, body] : n->subgraphs()) count_inner(*body);
+    }
+  };
+  for (Node* n : g.nodes())
+    for (auto& [attr, body] : n->subgraphs()) count_inner(*body);
 
   if (!dot_file.empty()) {
     std::ofstream(dot_file) << g.to_dot();
@@ -412,6 +422,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     for (Value* v : g.inputs()) j["inputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
     for (Value* v : g.outputs()) j["outputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
     j["ops"] = op_key_histogram(g);
+    j["subgraph_ops"] = inner;
     j["passes"] = passes_label(passes);
     j["unsupported_ops"] = bad;
     std::cout << j.dump(2) << "\n";
@@ -450,6 +461,14 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     std::cout << "  " << std::left << std::setw(24) << op << std::right << std::setw(6) << n;
     if (stats.flops && *stats.flops > 0) std::cout << std::setw(8) << std::fixed << std::setprecision(1) << 100.0 * f / *stats.flops << "% FLOPs";
     std::cout << (bad.count(op) ? "   UNSUPPORTED" : "") << "\n";
+  }
+  if (!inner.empty()) {
+    std::cout << "ops in subgraphs:\n";
+    std::vector<std::pair<std::string, std::size_t>> in_hist(inner.begin(), inner.end());
+    std::stable_sort(in_hist.begin(), in_hist.end(), [](auto& a, auto& b) { return a.second > b.second; });
+    for (auto& [op, n] : in_hist)
+      std::cout << "  " << std::left << std::setw(24) << op << std::right << std::setw(6) << n << "   (in a subgraph)"
+                << (bad.count(op) ? "   UNSUPPORTED" : "") << "\n";
   }
   if (bad.empty()) {
     std::cout << "unsupported ops: none\n";
@@ -868,6 +887,10 @@ int main(int argc, char** argv) {
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
                   "parts: 10%, or 2 steps of an output's quantization)")
       ->check(CLI::NonNegativeNumber);
+  std::int64_t max_loop_iterations = ondine::reference::max_loop_iterations();
+  run->add_option("--max-loop-iterations", max_loop_iterations,
+                  "a Loop that runs more iterations than this fails (default 10000000)")
+      ->check(CLI::PositiveNumber);
   auto* run_passes_opt = run->add_option(
       "--passes", passes,
       "passes compile runs: 'default' (default), 'none', or pass names; with --reference, given explicitly, "
@@ -914,6 +937,7 @@ int main(int argc, char** argv) {
     if (*bench)
       return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
                        bench_passes_opt->count() > 0, bench_profile);
+    ondine::reference::set_max_loop_iterations(max_loop_iterations);
     if (*run)
       return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance, passes,
                      run_passes_opt->count() > 0);

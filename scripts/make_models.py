@@ -422,6 +422,7 @@ class TorchSpec:
         self.dynamic_axes = dynamic_axes
         self.cases = cases  # one {input name: numpy array} per case; case 0 is also the tracing example
         self.doc = doc
+        self.script = False  # export torch.jit.script(module): control flow becomes Loop/If, not unrolled
 
 
 def token_cases(rng, vocab, shapes, name="input_ids"):
@@ -731,6 +732,44 @@ def torch_lstm_stream(rng, bench=False):
                      "Linear(64, 1) + Sigmoid")
 
 
+def torch_scripted_loop(rng):
+    import torch
+    from torch import nn
+
+    class Refine(nn.Module):
+        """Iterative refinement as users script it: a data-dependent number of steps, then a branch on a
+        tensor value. torch.jit.script exports the loop as Loop (trip count from the `steps` input, a
+        condition from the residual) and the branch as If; tracing would unroll the loop for the example."""
+
+        def __init__(self):
+            super().__init__()
+            self.step = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x, steps):
+            h = x
+            i = 0
+            while i < int(steps) and float(h.abs().mean()) < 10.0:
+                h = torch.tanh(self.step(h)) + h
+                i += 1
+            if bool(h.sum() > 0):
+                out = self.head(h) * 2.0
+            else:
+                out = -self.head(h)
+            return out
+
+    cases = []
+    for batch, steps in ((2, 3), (5, 7)):
+        cases.append({"x": rng.standard_normal((batch, 16)).astype(np.float32), "steps": np.array(steps, np.int64)})
+    # The module is scripted by write_torch_model (TorchSpec.script), after the seeded weights exist.
+    spec = TorchSpec(Refine(), 14, ["x", "steps"], ["y"], {"x": {0: "batch"}, "y": {0: "batch"}}, cases,
+                     "torch.jit.script: a while loop (Loop, trip count from the int64 input `steps`, stops early on "
+                     "a residual test) of Linear(16, 16) + tanh + residual, then an If on the sign of the sum "
+                     "choosing between two Linear(16, 4) heads")
+    spec.script = True
+    return spec
+
+
 TORCH_MODELS = {
     "bert_encoder": torch_bert_encoder,
     "gpt_decoder": torch_gpt_decoder,
@@ -742,6 +781,7 @@ TORCH_MODELS = {
     "lstm_tagger": lambda rng, bench=False: torch_rnn_tagger(rng, "LSTM", bench),
     "gru_tagger": lambda rng, bench=False: torch_rnn_tagger(rng, "GRU", bench),
     "lstm_stream": torch_lstm_stream,
+    "scripted_loop": torch_scripted_loop,
 }
 
 
@@ -800,6 +840,8 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
     # or aten::logical_not (bert_encoder: the nested-tensor path taken for a padding mask). With parameters
     # requiring grad the fast path is skipped and the ordinary ops are traced; the saved outputs take the
     # same path (torch_outputs).
+    if spec.script:
+        module = torch.jit.script(module)
     example = tuple(torch.from_numpy(spec.cases[0][n]) for n in spec.input_names)
     start = time.perf_counter()
     torch.onnx.export(module, example, path, input_names=spec.input_names, output_names=spec.output_names,
@@ -811,19 +853,23 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
     # No runtime here to run the export on case 1 (onnx 1.12 has no onnx.reference), so check instead that
     # tracing with case 1's shapes writes the same graph: nothing that depends on the example's batch,
     # length or spatial size (a Python int the tracer did not see through) was baked in as a constant.
+    # A scripted module does not depend on the example (and its exports differ in generated names), so
+    # it skips the check.
     retraced = io.BytesIO()
-    torch.onnx.export(module, tuple(torch.from_numpy(spec.cases[1][n]) for n in spec.input_names), retraced,
-                      input_names=spec.input_names, output_names=spec.output_names,
-                      dynamic_axes=spec.dynamic_axes, opset_version=spec.opset)
-    retraced = onnx.load_from_string(retraced.getvalue())
-    for field in ("node", "initializer", "input", "output"):
+    if not spec.script:
+        torch.onnx.export(module, tuple(torch.from_numpy(spec.cases[1][n]) for n in spec.input_names), retraced,
+                          input_names=spec.input_names, output_names=spec.output_names,
+                          dynamic_axes=spec.dynamic_axes, opset_version=spec.opset)
+        retraced = onnx.load_from_string(retraced.getvalue())
+    for field in ("node", "initializer", "input", "output") if not spec.script else ():
         if [v.SerializeToString() for v in getattr(model.graph, field)] != \
                 [v.SerializeToString() for v in getattr(retraced.graph, field)]:
             print(f"{path}: graph.{field} changes when traced with case 1's shapes: the export is not dynamic")
             return False
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     print(f"{path}: opset {spec.opset}, {len(model.graph.node)} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "
-          f"exported in {exported:.1f} s, checker ok, same graph traced with case 1, "
+          f"exported in {exported:.1f} s, checker ok, "
+          f"{'scripted' if spec.script else 'same graph traced with case 1'}, "
           f"{len(inferred.graph.value_info)} inferred shapes; "
           f"{' '.join(value_signature(v) for v in model.graph.input)} -> "
           f"{' '.join(value_signature(v) for v in model.graph.output)}")

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -10,8 +11,18 @@
 
 namespace ondine {
 
+class Graph;
+
+// A subgraph attribute: If's branches, Loop's and Scan's bodies. Held by pointer so that Attribute
+// does not need the complete Graph; Graph::clone copies subgraphs deeply, so a pass that edits a
+// clone's subgraph never touches the original.
+using GraphAttr = std::shared_ptr<Graph>;
+
 using Attribute = std::variant<std::int64_t, float, std::string, Tensor, std::vector<std::int64_t>,
-                               std::vector<float>, std::vector<std::string>>;
+                               std::vector<float>, std::vector<std::string>, GraphAttr>;
+
+// "graph <name> (N nodes)"; defined in graph.hpp, where Graph is complete.
+inline std::string subgraph_summary(const Graph& g);
 
 inline std::string attribute_str(const Attribute& a) {
   struct Printer {
@@ -39,6 +50,7 @@ inline std::string attribute_str(const Attribute& a) {
       for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ",\"" : "\"") + v[i] + "\"";
       return s + "]";
     }
+    std::string operator()(const GraphAttr& g) const { return g ? subgraph_summary(*g) : "graph <none>"; }
   };
   return std::visit(Printer{}, a);
 }

@@ -4,6 +4,12 @@
 // list of uses (node, input index). Nodes reference values by pointer; omitted optional inputs are
 // nullptr. The Graph owns everything, keeps the use lists in sync through its editing methods, and
 // checks its own invariants in verify(). Nothing here knows protobuf or oneDNN.
+//
+// Subgraphs (If's branches, Loop's and Scan's bodies) are Graph attributes of their node. A subgraph
+// reads values of the scopes around it through captures: values of the subgraph that stand for an
+// outer value of the same name. The node lists the outer values it passes in as implicit inputs,
+// after its formal (ONNX) inputs, with the captured name of each, so the outer graph's use lists,
+// topological order and dead-code elimination see those reads like any other.
 #pragma once
 
 #include <algorithm>
@@ -95,6 +101,8 @@ class Value {
     constant_ = std::move(t);
   }
   bool is_graph_input() const { return is_input_; }
+  // A capture: this (sub)graph's stand-in for a value of an enclosing graph (see the file comment).
+  bool is_capture() const { return is_capture_; }
   bool is_graph_output() const { return is_output_; }
 
   // What shape inference knows of the elements of a small tensor computed from shapes that is not a
@@ -153,7 +161,7 @@ class Value {
   std::optional<Tensor> constant_;
   std::optional<std::vector<SymInt>> element_dims_;
   std::optional<Tensor> known_data_;
-  bool is_input_ = false, is_output_ = false;
+  bool is_input_ = false, is_output_ = false, is_capture_ = false;
 };
 
 class Node {
@@ -186,7 +194,31 @@ class Node {
     inputs_[i] = v;
     if (v) v->uses_.push_back(Use{this, i});
   }
-  void add_input(Value* v) { set_input(inputs_.size(), v); }
+  void add_input(Value* v) {
+    if (!captured_.empty()) throw error("internal: a formal input added after the implicit ones");
+    set_input(inputs_.size(), v);
+  }
+
+  // Implicit inputs: the outer values this node's subgraphs read, after the formal inputs, each with
+  // the name its subgraphs' captures have (the outer value may be renamed later; the capture keeps it).
+  std::size_t num_formal_inputs() const { return inputs_.size() - captured_.size(); }
+  const std::vector<std::string>& captured_names() const { return captured_; }
+  void add_implicit_input(Value* v, const std::string& captured_name) {
+    set_input(inputs_.size(), v);
+    captured_.push_back(captured_name);
+  }
+  // The subgraph attributes, by attribute name.
+  std::vector<std::pair<std::string, Graph*>> subgraphs() const {
+    std::vector<std::pair<std::string, Graph*>> out;
+    for (auto& [name, a] : attrs_)
+      if (auto* g = std::get_if<GraphAttr>(&a); g && *g) out.emplace_back(name, g->get());
+    return out;
+  }
+  Graph& attr_graph(const std::string& n) const {
+    const GraphAttr& g = get_ref<GraphAttr>(n);
+    if (!g) throw error("attribute '" + n + "' holds no graph");
+    return *g;
+  }
 
   // Attributes. The typed getters throw an Error naming this node when an attribute has the wrong kind,
   // and when a required one (no default given) is missing.
@@ -247,6 +279,7 @@ class Node {
   std::string op_type_, domain_, name_;
   int opset_ = 0;
   std::vector<Value*> inputs_, outputs_;
+  std::vector<std::string> captured_;  // names of the implicit inputs (the last captured_.size() inputs)
   std::map<std::string, Attribute> attrs_;
 };
 
@@ -275,6 +308,15 @@ class Graph {
     v->shape_ = std::move(shape);
     v->is_input_ = true;
     inputs_.push_back(v);
+    return v;
+  }
+  // A capture: this subgraph's stand-in for the enclosing scopes' value `name`.
+  Value* add_capture(const std::string& name, DType dtype, Shape shape) {
+    Value* v = new_value(name);
+    v->dtype_ = dtype;
+    v->shape_ = std::move(shape);
+    v->is_capture_ = true;
+    captures_.push_back(v);
     return v;
   }
   Value* add_constant(const std::string& name, Tensor t) {
@@ -325,6 +367,7 @@ class Graph {
   // --- queries ----------------------------------------------------------------------------------
   const std::vector<Value*>& inputs() const { return inputs_; }
   const std::vector<Value*>& outputs() const { return outputs_; }
+  const std::vector<Value*>& captures() const { return captures_; }
   Value* find_value(const std::string& name) const {
     auto it = by_name_.find(name);
     return it == by_name_.end() ? nullptr : it->second;
@@ -454,7 +497,7 @@ class Graph {
   void remove_dead_values() {
     std::vector<std::unique_ptr<Value>> keep;
     for (auto& v : values_) {
-      if (v->producer_ || v->has_uses() || v->is_input_ || v->is_output_) {
+      if (v->producer_ || v->has_uses() || v->is_input_ || v->is_output_ || v->is_capture_) {
         keep.push_back(std::move(v));
       } else {
         by_name_.erase(v->name_);
@@ -480,7 +523,7 @@ class Graph {
       for (std::size_t i = 0; i < n->inputs_.size(); ++i) {
         Value* v = n->inputs_[i];
         if (!v) continue;
-        if (!v->producer_ && !v->is_input_ && !v->constant_)
+        if (!v->producer_ && !v->is_input_ && !v->constant_ && !v->is_capture_)
           return where + "input '" + v->name_ + "' is not produced by any node, graph input or initializer";
         if (v->producer_ && !owned.count(v->producer_))
           return where + "input '" + v->name_ + "' is produced by a node not in the graph";
@@ -490,13 +533,19 @@ class Graph {
       for (std::size_t i = 0; i < n->outputs_.size(); ++i)
         if (n->outputs_[i]->producer_ != n.get() || n->outputs_[i]->producer_output_ != i)
           return where + "output '" + n->outputs_[i]->name_ + "' has another producer";
+      for (auto& [attr, sub] : n->subgraphs()) {
+        for (Value* c : sub->captures_)
+          if (std::find(n->captured_.begin(), n->captured_.end(), c->name_) == n->captured_.end())
+            return where + "subgraph '" + attr + "' reads '" + c->name_ + "', which the node does not pass in";
+        if (auto problem = sub->check()) return where + "subgraph '" + attr + "': " + *problem;
+      }
     }
     for (auto& v : values_)
       for (auto& u : v->uses_)
         if (!owned.count(u.node) || u.node->input(u.index) != v.get())
           return "value '" + v->name_ + "' lists a use that does not read it";
     for (Value* o : outputs_)
-      if (!o->producer_ && !o->is_input_ && !o->constant_)
+      if (!o->producer_ && !o->is_input_ && !o->constant_ && !o->is_capture_)
         return "graph output '" + o->name_ + "' is not produced by anything";
     try {
       topo_order();
@@ -510,7 +559,8 @@ class Graph {
   }
 
   // --- copying and printing ---------------------------------------------------------------------
-  // Deep copy of the structure; constant tensors are shared (they are immutable by convention).
+  // Deep copy of the structure, subgraphs included; constant tensors are shared (they are immutable by
+  // convention).
   Graph clone() const {
     Graph g;
     g.name = name;
@@ -535,6 +585,10 @@ class Graph {
       map[v]->is_input_ = true;
       g.inputs_.push_back(map[v]);
     }
+    for (Value* v : captures_) {
+      map[v]->is_capture_ = true;
+      g.captures_.push_back(map[v]);
+    }
     for (auto& n : nodes_) {
       auto node = std::make_unique<Node>();
       Node* c = node.get();
@@ -543,7 +597,10 @@ class Graph {
       c->name_ = n->name_;
       c->opset_ = n->opset_;
       c->attrs_ = n->attrs_;
-      for (Value* v : n->inputs_) c->add_input(v ? map[v] : nullptr);
+      for (auto& [k, a] : c->attrs_)
+        if (auto* sub = std::get_if<GraphAttr>(&a); sub && *sub) *sub = std::make_shared<Graph>((*sub)->clone());
+      for (Value* v : n->inputs_) c->set_input(c->inputs_.size(), v ? map[v] : nullptr);
+      c->captured_ = n->captured_;
       for (Value* v : n->outputs_) {
         Value* o = map[v];
         o->producer_ = c;
@@ -568,6 +625,7 @@ class Graph {
       return value_type_str(v) + (v->layout() == Layout::Unset ? "" : std::string(" @") + layout_name(v->layout()));
     };
     for (Value* v : inputs_) os << "  input  %" << v->name_ << ": " << typed(v) << "\n";
+    for (Value* v : captures_) os << "  capture %" << v->name_ << ": " << typed(v) << "\n";
     for (Value* v : constants()) os << "  const  %" << v->name_ << ": " << value_type_str(v) << "\n";
     std::vector<Node*> order;
     try {
@@ -595,6 +653,11 @@ class Graph {
       for (std::size_t i = 0; i < n->outputs_.size(); ++i) os << (i ? ", " : "") << typed(n->outputs_[i]);
       if (!n->name_.empty()) os << "  # " << n->name_;
       os << "\n";
+      for (auto& [attr, sub] : n->subgraphs()) {  // each subgraph indented under its node
+        std::istringstream lines(sub->to_text());
+        os << "    " << attr << ":\n";
+        for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
+      }
     }
     for (Value* v : outputs_) os << "  output %" << v->name_ << ": " << typed(v) << "\n";
     return os.str();
@@ -647,8 +710,12 @@ class Graph {
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<Value>> values_;
   std::unordered_map<std::string, Value*> by_name_;
-  std::vector<Value*> inputs_, outputs_;
+  std::vector<Value*> inputs_, outputs_, captures_;
   std::size_t counter_ = 0;
 };
+
+inline std::string subgraph_summary(const Graph& g) {
+  return "graph " + g.name + " (" + std::to_string(g.num_nodes()) + " nodes)";
+}
 
 }  // namespace ondine

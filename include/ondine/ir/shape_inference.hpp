@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/control_flow.hpp"
 #include "ondine/ir/infer/fused.hpp"
 #include "ondine/ir/infer/layout.hpp"
 #include "ondine/ir/infer/math.hpp"
@@ -30,6 +31,7 @@ inline const InferTable& infer_table() {
     infer::register_layout_infer(t);
     infer::register_qoperator_infer(t);
     infer::register_rnn_infer(t);
+    infer::register_control_flow_infer(t);
     return t;
   }();
   return table;

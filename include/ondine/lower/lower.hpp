@@ -260,6 +260,8 @@ inline void run_passes(Graph& g, const CompileOptions& options) {
   }
 }
 
+inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options);  // lower/staged.hpp
+
 }  // namespace detail
 
 // Compiles `graph` (moved into the model, which runs options.passes on it first; pass a clone to keep
@@ -274,7 +276,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   check_ops(*g);
   infer_shapes(*g);
   resolve_static_shapes(*g, options);
-  check_node_shapes(*g);
+  if (!all_shapes_static(*g)) return compile_staged(*g, options);  // shapes that depend on data
   run_passes(*g, options);
 
   ThreadCountScope threads(options.threads);
@@ -337,3 +339,7 @@ inline CompiledModel compile(const Graph& graph, const CompileOptions& options =
 }
 
 }  // namespace ondine::lower
+
+// compile() stages a model with data-dependent shapes (detail::compile_staged, lower/staged.hpp), whose
+// later stages run through a ShapeCache: both come after compile(), which they call.
+#include "ondine/lower/shape_cache.hpp"

@@ -160,3 +160,5 @@ class ShapeCache {
 };
 
 }  // namespace ondine::lower
+
+#include "ondine/lower/staged.hpp"  // compile()'s staged models run their later stages through a ShapeCache

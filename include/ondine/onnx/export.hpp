@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -110,6 +111,8 @@ class ExternalDataWriter {
   std::uint64_t offset_ = 0;
 };
 
+inline void build_graph(const Graph& g, ::onnx::GraphProto* gp, ExternalDataWriter* external, std::size_t threshold);
+
 inline void attribute_to_proto(const std::string& name, const Attribute& attr, ::onnx::AttributeProto* a) {
   using A = ::onnx::AttributeProto;
   a->set_name(name);
@@ -134,6 +137,10 @@ inline void attribute_to_proto(const std::string& name, const Attribute& attr, :
         } else if constexpr (std::is_same_v<T, std::vector<float>>) {
           a->set_type(A::FLOATS);
           for (auto x : v) a->add_floats(x);
+        } else if constexpr (std::is_same_v<T, GraphAttr>) {
+          if (!v) throw Error("attribute '" + name + "' holds no graph");
+          a->set_type(A::GRAPH);
+          build_graph(*v, a->mutable_g(), nullptr, 0);  // subgraph tensors inline
         } else {
           static_assert(std::is_same_v<T, std::vector<std::string>>);
           a->set_type(A::STRINGS);
@@ -154,20 +161,28 @@ inline std::int64_t ir_version_for(const Graph& g) {
 inline void build_model(const Graph& g, ::onnx::ModelProto& model, ExternalDataWriter* external = nullptr,
                         std::size_t threshold = 0) {
   g.verify();
-  std::vector<Node*> order = g.topo_order();
 
   model.set_ir_version(ir_version_for(g));
   model.set_producer_name("ondine");
   if (!g.doc_string.empty()) model.set_doc_string(g.doc_string);
 
-  // Every domain a node uses needs an opset import; Graph API users may not have declared one.
+  // Every domain a node uses (subgraphs' nodes too) needs an opset import; Graph API users may not
+  // have declared one.
+  std::vector<const Node*> all;
+  std::function<void(const Graph&)> collect = [&](const Graph& sub) {
+    for (const Node* n : sub.nodes()) {
+      all.push_back(n);
+      for (auto& [attr, body] : n->subgraphs()) collect(*body);
+    }
+  };
+  collect(g);
   std::map<std::string, int> opsets = g.opsets;
-  for (Node* n : order)
+  for (const Node* n : all)
     if (!opsets.count(n->domain())) opsets[n->domain()] = 0;
   for (auto& [domain, version] : opsets) {
     if (version > 0) continue;
     int used = 0;
-    for (Node* n : order)
+    for (const Node* n : all)
       if (n->domain() == domain) used = std::max(used, n->opset());
     version = used > 0 ? used : (domain.empty() ? 17 : 1);
   }
@@ -177,7 +192,13 @@ inline void build_model(const Graph& g, ::onnx::ModelProto& model, ExternalDataW
     op->set_version(version);
   }
 
-  ::onnx::GraphProto* gp = model.mutable_graph();
+  build_graph(g, model.mutable_graph(), external, threshold);
+}
+
+// One graph (the model's, or a subgraph: its captures are plain outer names in ONNX, and its nodes'
+// implicit inputs are not written).
+inline void build_graph(const Graph& g, ::onnx::GraphProto* gp, ExternalDataWriter* external, std::size_t threshold) {
+  std::vector<Node*> order = g.topo_order();
   gp->set_name(g.name);
   for (const Value* v : g.inputs()) set_value_type(gp->add_input(), v);
   for (const Value* v : g.constants()) {
@@ -193,7 +214,7 @@ inline void build_model(const Graph& g, ::onnx::ModelProto& model, ExternalDataW
     if (!n->name().empty()) np->set_name(n->name());
     if (!n->domain().empty()) np->set_domain(n->domain());
     // Omitted optional inputs are "", trailing ones are dropped.
-    std::size_t count = n->num_inputs();
+    std::size_t count = n->num_formal_inputs();
     while (count > 0 && !n->input(count - 1)) --count;
     for (std::size_t i = 0; i < count; ++i) np->add_input(n->input(i) ? n->input(i)->name() : std::string());
     for (const Value* out : n->outputs()) np->add_output(out->name());

@@ -349,38 +349,45 @@ inline Tensor constant_node_value(const ::onnx::NodeProto& np, const std::string
   return std::move(*value);
 }
 
-// Builds the Graph of a parsed model. Errors carry node context where there is one; the caller adds the file.
-inline Graph import_model(const ::onnx::ModelProto& model, const std::string& base_dir, const ImportOptions& opts) {
-  if (!model.has_graph()) throw Error("the model has no graph");
-  const ::onnx::GraphProto& gp = model.graph();
+// The names a graph proto defines (inputs, initializers, node outputs): what its nodes read locally;
+// any other name they read belongs to an enclosing graph.
+inline std::set<std::string> defined_names(const ::onnx::GraphProto& gp) {
+  std::set<std::string> names;
+  for (const auto& init : gp.initializer()) names.insert(init.name());
+  for (const auto& in : gp.input()) names.insert(in.name());
+  for (const auto& np : gp.node())
+    for (const auto& out : np.output())
+      if (!out.empty()) names.insert(out);
+  return names;
+}
 
-  Graph g;
-  g.name = gp.name().empty() ? "graph" : gp.name();
-  g.ir_version = model.ir_version();
-  g.producer_name = model.producer_name();
-  g.producer_version = model.producer_version();
-  g.doc_string = model.doc_string();
+// A graph being imported and the scopes around it (a subgraph reads their values through captures).
+struct ImportScope {
+  Graph* graph = nullptr;
+  const ImportScope* outer = nullptr;
+  std::set<std::string> names;  // defined_names() of its proto
 
-  // Opsets first: Graph::add_node stamps each node with its domain's version.
-  g.opsets.clear();
-  std::optional<std::int64_t> default_opset;
-  for (const auto& op : model.opset_import()) {
-    std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
-    if (domain.empty()) default_opset = op.version();
-    if (op.version() < 0 || op.version() > INT_MAX)
-      throw Error("invalid opset version " + std::to_string(op.version()) + " for domain '" + op.domain() + "'");
-    g.opsets[domain] = static_cast<int>(op.version());
+  bool defines_outside(const std::string& name) const {
+    for (const ImportScope* s = outer; s; s = s->outer)
+      if (s->names.count(name)) return true;
+    return false;
   }
-  if (default_opset) {
-    if (*default_opset < kMinOpset || *default_opset > kMaxOpset)
-      throw Error("unsupported opset " + std::to_string(*default_opset) + "; Ondine supports opsets " +
-                  std::to_string(kMinOpset) + " to " + std::to_string(kMaxOpset));
-  } else {
-    for (const auto& np : gp.node())
-      if (np.domain().empty() || np.domain() == "ai.onnx")
-        throw Error("the model imports no opset of the default ONNX domain");
+  // The value a node of this graph reads under `name`: its own, or a capture of an enclosing one's.
+  Value* resolve(const std::string& name) const {
+    if (names.count(name) || !defines_outside(name)) return graph->get_or_create_value(name);
+    if (Value* v = graph->find_value(name)) return v;
+    return graph->add_capture(name, DType::Undefined, Shape::unknown());
   }
+};
 
+inline std::optional<Attribute> attribute_from_proto(const ::onnx::AttributeProto& a, const std::string& base_dir);
+
+// Fills `g` from `gp`: initializers, inputs, nodes (subgraphs imported recursively, their outer reads
+// passed in as implicit inputs), outputs; `declared` collects the types the file states for node
+// outputs (applied after inference). Errors carry node context where there is one.
+inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::string& base_dir, const ImportScope* outer,
+                         std::vector<std::pair<Value*, DeclaredType>>& declared_types) {
+  ImportScope scope{&g, outer, defined_names(gp)};
   std::set<std::string> defined;  // every name with a definition so far: a second one is an error
   auto define = [&](const std::string& name, const char* what) {
     if (name.empty()) throw Error(std::string(what) + " with an empty name");
@@ -424,13 +431,23 @@ inline Graph import_model(const ::onnx::ModelProto& model, const std::string& ba
       std::vector<Value*> inputs;
       inputs.reserve(static_cast<std::size_t>(input_count));
       for (int k = 0; k < input_count; ++k)
-        inputs.push_back(np.input(k).empty() ? nullptr : g.get_or_create_value(np.input(k)));
+        inputs.push_back(np.input(k).empty() ? nullptr : scope.resolve(np.input(k)));
 
       std::map<std::string, Attribute> attrs;
       std::string skipped;
+      std::vector<std::string> captured;  // the outer names the node's subgraphs read, first use first
       for (const auto& a : np.attribute()) {
         if (a.name().empty()) throw Error("attribute with an empty name");
-        if (auto attr = attribute_from_proto(a, base_dir)) {
+        if (attribute_type(a) == ::onnx::AttributeProto::GRAPH) {
+          auto sub = std::make_shared<Graph>();
+          sub->name = a.g().name().empty() ? name + "." + a.name() : a.g().name();
+          sub->opsets = g.opsets;
+          sub->ir_version = g.ir_version;
+          import_graph(a.g(), *sub, base_dir, &scope, declared_types);
+          for (Value* c : sub->captures())
+            if (std::find(captured.begin(), captured.end(), c->name()) == captured.end()) captured.push_back(c->name());
+          attrs[a.name()] = GraphAttr(std::move(sub));
+        } else if (auto attr = attribute_from_proto(a, base_dir)) {
           attrs[a.name()] = std::move(*attr);
         } else {
           skipped += (skipped.empty() ? "" : ",") + a.name() + ":" + attribute_type_name(attribute_type(a));
@@ -441,7 +458,8 @@ inline Graph import_model(const ::onnx::ModelProto& model, const std::string& ba
       std::vector<std::string> outputs(np.output().begin(), np.output().end());
       for (const auto& out : outputs)
         if (!out.empty()) define(out, "node output");
-      g.add_node(op, inputs, outputs, std::move(attrs), name, domain);
+      Node* node = g.add_node(op, inputs, outputs, std::move(attrs), name, domain);
+      for (const std::string& c : captured) node->add_implicit_input(scope.resolve(c), c);
     } catch (Error& e) {
       if (e.node().empty() && e.op().empty()) e.at_node(name, op);
       throw;
@@ -463,15 +481,52 @@ inline Graph import_model(const ::onnx::ModelProto& model, const std::string& ba
 
   for (Node* n : g.nodes())
     for (Value* v : n->inputs())
-      if (v && !v->producer() && !v->is_graph_input() && !v->is_constant())
+      if (v && !v->producer() && !v->is_graph_input() && !v->is_constant() && !v->is_capture())
         throw n->error("input '" + v->name() + "' is not defined (no node, graph input or initializer produces it)");
   g.topo_order();  // throws an Error naming a node on a cycle
-  g.verify();
-
+  if (!outer) g.verify();  // a subgraph is checked with its node's implicit inputs, by the outer graph
   for (auto& [v, d] : declared) {
     v->set_dtype(d.dtype);
     v->set_shape(d.shape);
+    declared_types.emplace_back(v, d);
   }
+}
+
+// Builds the Graph of a parsed model. Errors carry node context where there is one; the caller adds the file.
+inline Graph import_model(const ::onnx::ModelProto& model, const std::string& base_dir, const ImportOptions& opts) {
+  if (!model.has_graph()) throw Error("the model has no graph");
+  const ::onnx::GraphProto& gp = model.graph();
+
+  Graph g;
+  g.name = gp.name().empty() ? "graph" : gp.name();
+  g.ir_version = model.ir_version();
+  g.producer_name = model.producer_name();
+  g.producer_version = model.producer_version();
+  g.doc_string = model.doc_string();
+
+  // Opsets first: Graph::add_node stamps each node with its domain's version.
+  g.opsets.clear();
+  std::optional<std::int64_t> default_opset;
+  for (const auto& op : model.opset_import()) {
+    std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
+    if (domain.empty()) default_opset = op.version();
+    if (op.version() < 0 || op.version() > INT_MAX)
+      throw Error("invalid opset version " + std::to_string(op.version()) + " for domain '" + op.domain() + "'");
+    g.opsets[domain] = static_cast<int>(op.version());
+  }
+  if (default_opset) {
+    if (*default_opset < kMinOpset || *default_opset > kMaxOpset)
+      throw Error("unsupported opset " + std::to_string(*default_opset) + "; Ondine supports opsets " +
+                  std::to_string(kMinOpset) + " to " + std::to_string(kMaxOpset));
+  } else {
+    for (const auto& np : gp.node())
+      if (np.domain().empty() || np.domain() == "ai.onnx")
+        throw Error("the model imports no opset of the default ONNX domain");
+  }
+
+  std::vector<std::pair<Value*, DeclaredType>> declared;
+  import_graph(gp, g, base_dir, nullptr, declared);
+
   if (opts.infer_shapes) {
     try {
       infer_shapes(g);

@@ -6,6 +6,9 @@
 //                                    reference kernel
 //   Shape(x)         -> constant     x has a static shape (x itself need not be constant)
 //   Size(x)          -> constant     likewise
+//   If(c) {then, else} -> the branch  c a constant (or known from shapes): the chosen branch's nodes
+//                                    are spliced into the graph, its captures reading the node's
+//                                    implicit inputs; they fold further in the next sweep
 // The Shape rule is what folds the Shape -> Gather -> Concat -> Reshape chains exporters write for
 // shapes they could have written as constants. After a fold, the readers of the new constant have
 // their shapes inferred again, so a Reshape whose target just became constant gets a static shape
@@ -33,6 +36,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -218,6 +222,54 @@ inline std::size_t max_bytes_option(const PassContext& ctx) {
   }
 }
 
+// Splices `branch` into `g` in place of the If node `n` (whose condition chose it): constants and nodes
+// copied under fresh names, captures mapped to n's implicit inputs; n's readers then read the branch's
+// outputs, and n is left without readers.
+inline void inline_branch(Graph& g, Node& n, const Graph& branch) {
+  std::unordered_map<const Value*, Value*> map;
+  for (Value* c : branch.captures()) {
+    const auto& names = n.captured_names();
+    auto it = std::find(names.begin(), names.end(), c->name());
+    if (it == names.end()) throw n.error("its branch reads '" + c->name() + "', which the node does not pass in");
+    map[c] = n.input(n.num_formal_inputs() + static_cast<std::size_t>(it - names.begin()));
+  }
+  for (Value* v : branch.values())
+    if (v->is_constant()) map[v] = g.add_constant(g.unique_name(v->name()), v->constant());
+  for (Node* b : branch.topo_order()) {
+    std::vector<Value*> inputs;
+    for (std::size_t i = 0; i < b->num_formal_inputs(); ++i) inputs.push_back(b->input(i) ? map.at(b->input(i)) : nullptr);
+    std::vector<std::string> outputs;
+    for (Value* out : b->outputs()) outputs.push_back(g.unique_name(out->name()));
+    std::map<std::string, Attribute> attrs = b->attrs();
+    for (auto& [k, a] : attrs)
+      if (auto* sub = std::get_if<GraphAttr>(&a); sub && *sub) *sub = std::make_shared<Graph>((*sub)->clone());
+    Node* c = g.add_node(b->op_type(), inputs, outputs, std::move(attrs), g.unique_name(b->name().empty() ? n.name() : b->name()),
+                         b->domain());
+    c->set_opset(b->opset());
+    for (std::size_t k = 0; k < b->captured_names().size(); ++k)
+      c->add_implicit_input(map.at(b->input(b->num_formal_inputs() + k)), b->captured_names()[k]);
+    for (std::size_t i = 0; i < b->num_outputs(); ++i) {
+      c->output(i)->set_dtype(b->output(i)->dtype());
+      c->output(i)->set_shape(b->output(i)->shape());
+      map[b->output(i)] = c->output(i);
+    }
+  }
+  for (std::size_t i = 0; i < n.num_outputs(); ++i) {
+    Value* y = n.output(i);
+    if (!read(y)) continue;
+    rewrite::replace_value(g, y, map.at(branch.outputs()[i]));
+  }
+}
+
+// The If node's condition when it is known at compile time.
+inline std::optional<bool> known_condition(const Node& n) {
+  if (n.op_type() != "If" || !n.domain().empty()) return std::nullopt;
+  const Value* c = n.input(0);
+  const Tensor* t = c ? (c->is_constant() ? &c->constant() : c->known_data()) : nullptr;
+  if (!t || t->numel() != 1) return std::nullopt;
+  return t->at_double(0) != 0;
+}
+
 inline bool needs_inference(const Graph& g) {
   for (Node* n : g.nodes())
     for (Value* out : n->outputs())
@@ -247,6 +299,13 @@ struct FoldConstants {
       for (Value* v : n->inputs()) input_improved |= v && improved.count(v);
       if (input_improved && d::reinfer(*n))
         for (Value* out : n->outputs()) improved.insert(out);
+      if (auto cond = d::known_condition(*n)) {
+        const Graph& branch = n->attr_graph(*cond ? "then_branch" : "else_branch");
+        ctx.rewrite("inlined the " + std::string(*cond ? "then" : "else") + " branch of '" + n->name() + "' (If)");
+        d::inline_branch(g, *n, branch);
+        folded.push_back(n);
+        continue;
+      }
       auto outs = d::evaluate(*n, max_bytes);
       if (!outs) continue;
       ctx.rewrite("folded '" + (n->name().empty() ? n->output(0)->name() : n->name()) + "' (" + n->op_type() + ")");

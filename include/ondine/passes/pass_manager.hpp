@@ -230,6 +230,7 @@ class PassManager {
     auto t0 = std::chrono::steady_clock::now();
     try {
       rec.changed = pass.run(g, ctx_);
+      rec.changed = run_in_subgraphs(pass, g) || rec.changed;
     } catch (const Error& e) {
       Error wrapped("pass '" + name + "' failed: " + e.message());
       if (!e.node().empty() || !e.op().empty()) wrapped.at_node(e.node(), e.op());
@@ -249,6 +250,19 @@ class PassManager {
       if (auto problem = g.check()) throw Error("pass '" + name + "' left an invalid graph: " + *problem);
     }
     return rec.changed;
+  }
+
+  // Passes see into subgraphs: each runs on every If branch and Loop/Scan body too (nested ones
+  // included), after the graph that holds them, so a BatchNormalization inside a branch folds like one
+  // outside. A subgraph is a graph like any other to a pass: its captures are inputs, its outputs stay.
+  bool run_in_subgraphs(detail::AnyPass& pass, Graph& g) {
+    bool changed = false;
+    for (Node* n : g.nodes())
+      for (auto& [attr, sub] : n->subgraphs()) {
+        changed = pass.run(*sub, ctx_) || changed;
+        changed = run_in_subgraphs(pass, *sub) || changed;
+      }
+    return changed;
   }
 
   Options options_;

@@ -4,6 +4,7 @@
 // independent of the passes and of oneDNN, and it checks its inputs strictly.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -25,6 +26,8 @@
 namespace ondine {
 
 namespace reference {
+inline void register_control_flow_kernels(KernelTable& t);  // reference/control_flow.hpp, below
+
 inline const KernelTable& kernel_table() {
   static const KernelTable table = [] {
     KernelTable t;
@@ -36,6 +39,7 @@ inline const KernelTable& kernel_table() {
     register_layout_kernels(t);
     register_qoperator_kernels(t);
     register_rnn_kernels(t);
+    register_control_flow_kernels(t);
     return t;
   }();
   return table;
@@ -55,11 +59,15 @@ inline std::set<std::string> supported_ops() {
   return ops;
 }
 
-// The nodes whose ops Ondine does not support, in graph order.
+// The nodes whose ops Ondine does not support, in graph order, those inside subgraphs (If branches, Loop
+// and Scan bodies) after their node.
 inline std::vector<const Node*> unsupported_nodes(const Graph& g) {
   std::vector<const Node*> out;
-  for (Node* n : g.nodes())
+  for (Node* n : g.nodes()) {
     if (!is_supported_op(n->domain(), n->op_type())) out.push_back(n);
+    for (auto& [attr, sub] : n->subgraphs())
+      for (const Node* inner : unsupported_nodes(*sub)) out.push_back(inner);
+  }
   return out;
 }
 
@@ -123,11 +131,43 @@ class ReferenceExecutor {
   // Runs the graph; returns the graph outputs by name. With `keep_all`, every intermediate value too.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, bool keep_all = false) const {
     check_inputs(graph_, inputs);
-    const auto& kernels = reference::kernel_table();
     std::unordered_map<const Value*, Tensor> env;
+    for (Value* in : graph_.inputs()) env[in] = inputs.at(in->name());
+    execute(env, keep_all);
+    std::map<std::string, Tensor> result;
+    if (keep_all)
+      for (auto& [v, t] : env) result[v->name()] = t;
+    for (Value* o : graph_.outputs()) result[o->name()] = output(env, o);
+    return result;
+  }
+
+  // Runs a subgraph (a branch or loop body): its inputs by position, its captures from `capture` by
+  // name; returns its outputs in order.
+  std::vector<Tensor> run_body(const std::vector<Tensor>& inputs,
+                               const std::function<Tensor(const std::string&)>& capture) const {
+    if (inputs.size() != graph_.inputs().size())
+      throw Error("subgraph '" + graph_.name + "' takes " + std::to_string(graph_.inputs().size()) + " inputs, given " +
+                  std::to_string(inputs.size()));
+    std::unordered_map<const Value*, Tensor> env;
+    for (std::size_t i = 0; i < inputs.size(); ++i) env[graph_.inputs()[i]] = inputs[i];
+    for (Value* c : graph_.captures()) env[c] = capture(c->name());
+    execute(env, false);
+    std::vector<Tensor> out;
+    for (Value* o : graph_.outputs()) out.push_back(output(env, o));
+    return out;
+  }
+
+ private:
+  static Tensor output(const std::unordered_map<const Value*, Tensor>& env, const Value* o) {
+    if (auto it = env.find(o); it != env.end() && !it->second.empty()) return it->second;
+    if (o->is_constant()) return o->constant();
+    throw Error("graph output '" + o->name() + "' was not computed");
+  }
+
+  void execute(std::unordered_map<const Value*, Tensor>& env, bool keep_all) const {
+    const auto& kernels = reference::kernel_table();
     std::unordered_map<const Value*, std::size_t> remaining;  // uses left, so memory is freed early
     for (Value* v : graph_.values()) remaining[v] = v->uses().size();
-    for (Value* in : graph_.inputs()) env[in] = inputs.at(in->name());
     auto lookup = [&](const Value* v) -> Tensor {
       if (!v) return Tensor();
       if (auto it = env.find(v); it != env.end()) return it->second;
@@ -159,23 +199,16 @@ class ReferenceExecutor {
       for (std::size_t i = 0; i < n->num_outputs(); ++i) env[n->output(i)] = std::move(outs[i]);
       if (!keep_all)
         for (Value* v : n->inputs())
-          if (v && remaining[v] > 0 && --remaining[v] == 0 && !v->is_graph_output() && !v->is_graph_input())
+          if (v && remaining[v] > 0 && --remaining[v] == 0 && !v->is_graph_output() && !v->is_graph_input() &&
+              !v->is_capture())
             env.erase(v);
     }
-    std::map<std::string, Tensor> result;
-    if (keep_all)
-      for (auto& [v, t] : env) result[v->name()] = t;
-    for (Value* o : graph_.outputs()) {
-      Tensor t = lookup(o);
-      if (t.empty()) throw Error("graph output '" + o->name() + "' was not computed");
-      result[o->name()] = t;
-    }
-    return result;
   }
 
- private:
   const Graph& graph_;
   std::vector<Node*> order_;
 };
 
 }  // namespace ondine
+
+#include "ondine/reference/control_flow.hpp"

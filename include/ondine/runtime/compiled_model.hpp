@@ -71,6 +71,15 @@ struct StepInfo {
 
 class ExecContext;
 
+// The rest of a model whose shapes depend on data (lower/staged.hpp): it runs after the steps, on the
+// graph inputs and the values the steps computed (all in `values`, by name), and adds what it computes.
+class Continuation {
+ public:
+  virtual ~Continuation() = default;
+  virtual void run(std::map<std::string, Tensor>& values) const = 0;
+  virtual std::string to_text() const = 0;
+};
+
 // Per-context mutable state of one step (e.g. library memory objects bound to the context's arena).
 class StepState {
  public:
@@ -239,6 +248,15 @@ class CompiledModel {
   CompiledModel() = default;
   explicit CompiledModel(std::shared_ptr<const Program> program) : p_(std::move(program)) {}
 
+  // Makes this the first stage of a staged model (lower/staged.hpp): after the steps, `next` computes the
+  // rest, and run() returns `outputs` (the model's outputs; the steps' own outputs are what `next` reads).
+  void set_continuation(std::shared_ptr<const Continuation> next, std::vector<std::string> outputs) {
+    next_ = std::move(next);
+    final_outputs_ = std::move(outputs);
+  }
+  // The later stages of a staged model, or nullptr when the steps compute everything.
+  const Continuation* continuation() const { return next_.get(); }
+
   bool empty() const { return !p_; }
   const Program& program() const { return *p_; }
   const std::string& isa() const { return p_->isa; }
@@ -301,16 +319,25 @@ class CompiledModel {
     if (!ctx.profile) {
       for (auto& step : p_->steps) step->execute(ctx);
       backend.wait();
-      return;
+    } else {
+      for (std::size_t i = 0; i < p_->steps.size(); ++i) {
+        auto t0 = Clock::now();
+        p_->steps[i]->execute(ctx);
+        backend.wait();
+        ctx.step_seconds_[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
     }
-    for (std::size_t i = 0; i < p_->steps.size(); ++i) {
-      auto t0 = Clock::now();
-      p_->steps[i]->execute(ctx);
-      backend.wait();
-      ctx.step_seconds_[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (next_) {  // a staged model: the steps computed the static part; the rest runs now
+      std::map<std::string, Tensor> values = inputs;
+      for (auto& [name, t] : outputs) values[name] = t;
+      next_->run(values);
+      outputs.clear();
+      for (const std::string& name : final_outputs_) outputs[name] = values.at(name);
     }
-    ctx.run_seconds_ += std::chrono::duration<double>(Clock::now() - run_start).count();
-    ++ctx.profiled_runs_;
+    if (ctx.profile) {
+      ctx.run_seconds_ += std::chrono::duration<double>(Clock::now() - run_start).count();
+      ++ctx.profiled_runs_;
+    }
   }
   void run(const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs) const {
     ExecContext ctx = make_context();
@@ -373,6 +400,7 @@ class CompiledModel {
       if (!s->info().detail.empty()) os << "  (" << s->info().detail << ")";
       os << "\n";
     }
+    if (next_) os << next_->to_text();
     return os.str();
   }
 
@@ -423,6 +451,8 @@ class CompiledModel {
   }
 
   std::shared_ptr<const Program> p_;
+  std::shared_ptr<const Continuation> next_;
+  std::vector<std::string> final_outputs_;
 };
 
 }  // namespace ondine::runtime

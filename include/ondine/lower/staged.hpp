@@ -1,0 +1,212 @@
+// ondine/lower/staged.hpp - models whose shapes depend on data, compiled in stages.
+//
+// compile() needs every shape static once the graph inputs are bound. Some are not: NonZero's output,
+// a Loop whose trip count comes from data, an If whose branches return different shapes, TopK with a
+// run-time K, and whatever reads those. Such a graph is split and compiled in stages:
+//   1. the static part: every node whose inputs and outputs have static shapes and that reads nothing
+//      data-dependent, compiled as usual; its outputs are the graph outputs it computes and the values
+//      the later stages read;
+//   2. the frontier: the nodes that read only static values but write data-dependent shapes; they run
+//      on their reference kernels once the static part has run;
+//   3. the rest: a graph of its own whose inputs are the values it reads from stages 1 and 2 (a dim not
+//      known at compile time gets a symbol of its own), run through a ShapeCache: compiled once per shape
+//      the data gives it, reused while the shapes repeat, and staged again if it has data-dependent
+//      shapes of its own. A run that gives it an empty tensor runs it on the reference kernels.
+// The compile log and CompiledModel::to_text() say where the model was split and which nodes run on
+// reference kernels at the frontier.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ondine/lower/lower.hpp"
+#include "ondine/lower/shape_cache.hpp"
+
+namespace ondine::lower {
+namespace detail {
+
+// A graph made of `nodes` of `g` (in topological order): `inputs` become its graph inputs (a dim that
+// is not static gets the symbol "<value>:<index>"), constants are shared, subgraphs copied.
+inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, const std::vector<Value*>& inputs,
+                           const std::vector<Value*>& outputs, const std::string& name) {
+  Graph out;
+  out.name = name;
+  out.opsets = g.opsets;
+  out.ir_version = g.ir_version;
+  std::unordered_map<const Value*, Value*> map;
+  for (Value* v : inputs) {
+    std::vector<Dim> dims = v->shape().dims();
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      if (!dims[i].is_static()) dims[i] = Dim::named(v->name() + ":" + std::to_string(i));
+    map[v] = out.add_input(v->name(), v->dtype(), Shape(dims));
+  }
+  auto mapped = [&](Value* v) -> Value* {
+    if (!v) return nullptr;
+    if (auto it = map.find(v); it != map.end()) return it->second;
+    if (v->is_constant()) return map[v] = out.add_constant(v->name(), v->constant());
+    throw Error("internal: staged compile: value '" + v->name() + "' is read but not passed in");
+  };
+  for (Node* n : nodes) {
+    std::vector<Value*> ins;
+    for (std::size_t i = 0; i < n->num_formal_inputs(); ++i) ins.push_back(mapped(n->input(i)));
+    std::vector<std::string> outs;
+    for (Value* o : n->outputs()) outs.push_back(o->name());
+    std::map<std::string, Attribute> attrs = n->attrs();
+    for (auto& [k, a] : attrs)
+      if (auto* sub = std::get_if<GraphAttr>(&a); sub && *sub) *sub = std::make_shared<Graph>((*sub)->clone());
+    Node* c = out.add_node(n->op_type(), ins, outs, std::move(attrs), n->name(), n->domain());
+    c->set_opset(n->opset());
+    for (std::size_t k = 0; k < n->captured_names().size(); ++k)
+      c->add_implicit_input(mapped(n->input(n->num_formal_inputs() + k)), n->captured_names()[k]);
+    for (std::size_t i = 0; i < n->num_outputs(); ++i) {
+      c->output(i)->set_dtype(n->output(i)->dtype());
+      c->output(i)->set_shape(n->output(i)->shape());
+      map[n->output(i)] = c->output(i);
+    }
+  }
+  for (Value* v : outputs) out.add_output(mapped(v));
+  return out;
+}
+
+// Stages 2 and 3 of a staged model: the frontier on its reference kernels, then the rest through a
+// ShapeCache.
+class StagedRest : public runtime::Continuation {
+ public:
+  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options)
+      : frontier_(std::make_shared<Graph>(std::move(frontier))) {
+    frontier_names_ = node_names(*frontier_);
+    if (rest) {
+      rest_names_ = node_names(*rest);
+      rest_inputs_ = input_names(*rest);
+      rest_graph_ = std::make_shared<Graph>(rest->clone());
+      rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
+    }
+  }
+
+  void run(std::map<std::string, Tensor>& values) const override {
+    std::map<std::string, Tensor> in;
+    for (Value* v : frontier_->inputs()) in[v->name()] = values.at(v->name());
+    for (auto& [name, t] : ReferenceExecutor(*frontier_).run(in)) values[name] = t;
+    if (!rest_) return;
+    std::map<std::string, Tensor> rest_in;
+    bool empty = false;
+    for (const std::string& name : rest_inputs_) {
+      rest_in[name] = values.at(name);
+      empty = empty || rest_in[name].numel() == 0;
+    }
+    // Nothing to compute on (no detection, no nonzero): the reference kernels, which take empty
+    // tensors everywhere, rather than compiling primitives for zero-sized shapes.
+    auto out = empty ? ReferenceExecutor(*rest_graph_).run(rest_in) : rest_->run(rest_in);
+    for (auto& [name, t] : out) values[name] = t;
+  }
+
+  std::string to_text() const override {
+    std::string s = "  then, on reference kernels (their output shapes depend on data): " + frontier_names_ + "\n";
+    if (rest_)
+      s += "  then, compiled per shape at run time (" + std::to_string(rest_->compilations()) +
+           " compiled so far): " + rest_names_ + "\n";
+    return s;
+  }
+
+ private:
+  static std::string node_names(const Graph& g) {
+    std::string s;
+    std::size_t k = 0;
+    for (Node* n : g.nodes()) {
+      if (k++ == 6) return s + ", ... (" + std::to_string(g.num_nodes()) + " nodes)";
+      s += (s.empty() ? "" : ", ") + n->op_type() + " '" + n->name() + "'";
+    }
+    return s;
+  }
+  static std::vector<std::string> input_names(const Graph& g) {
+    std::vector<std::string> names;
+    for (Value* v : g.inputs()) names.push_back(v->name());
+    return names;
+  }
+
+  std::shared_ptr<Graph> frontier_;
+  std::shared_ptr<ShapeCache> rest_;
+  std::shared_ptr<Graph> rest_graph_;  // for runs with an empty input
+  std::vector<std::string> rest_inputs_;
+  std::string frontier_names_, rest_names_;
+};
+
+inline bool has_static_type(const Value* v) { return v->dtype() != DType::Undefined && v->shape().is_static(); }
+
+// Splits `g` (inputs bound, shapes inferred and folded) into the three stages and compiles the first.
+inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options) {
+  std::set<const Value*> available;  // values the static part has (or that are graph inputs / constants)
+  for (Value* v : g.inputs()) available.insert(v);
+  auto is_available = [&](const Value* v) { return !v || v->is_constant() || available.count(v); };
+  std::vector<Node*> order = g.topo_order(), prefix, frontier, rest;
+  for (Node* n : order) {
+    bool inputs_ready = true;
+    for (Value* v : n->inputs()) inputs_ready = inputs_ready && is_available(v);
+    bool outputs_static = true;
+    for (Value* v : n->outputs()) outputs_static = outputs_static && (!v || has_static_type(v));
+    if (inputs_ready && outputs_static) {
+      prefix.push_back(n);
+      for (Value* v : n->outputs()) available.insert(v);
+    } else if (inputs_ready) {
+      frontier.push_back(n);
+    } else {
+      rest.push_back(n);
+    }
+  }
+  std::set<const Node*> in_frontier(frontier.begin(), frontier.end()), in_rest(rest.begin(), rest.end());
+  // What each later stage reads from before it (inputs in first-read order), and what it must give back.
+  auto reads_from_outside = [&](const std::vector<Node*>& nodes, const std::set<const Node*>& own) {
+    std::vector<Value*> reads;
+    std::set<const Value*> seen;
+    for (Node* n : nodes)
+      for (Value* v : n->inputs())
+        if (v && !v->is_constant() && !(v->producer() && own.count(v->producer())) && seen.insert(v).second)
+          reads.push_back(v);
+    return reads;
+  };
+  std::vector<Value*> frontier_in = reads_from_outside(frontier, in_frontier);
+  std::vector<Value*> rest_in = reads_from_outside(rest, in_rest);
+  auto produced_by = [&](const Value* v, const std::set<const Node*>& nodes) {
+    return v->producer() && nodes.count(v->producer()) != 0;
+  };
+  std::vector<Value*> frontier_out, prefix_out, rest_out;
+  std::set<const Value*> seen;
+  auto add_unique = [&](std::vector<Value*>& list, Value* v) {
+    if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+  };
+  for (Value* v : g.outputs()) {
+    if (produced_by(v, in_rest)) add_unique(rest_out, v);
+    else if (produced_by(v, in_frontier)) add_unique(frontier_out, v);
+    else add_unique(prefix_out, v);
+  }
+  for (Value* v : rest_in) {
+    if (produced_by(v, in_frontier)) add_unique(frontier_out, v);
+    else add_unique(prefix_out, v);
+  }
+  for (Value* v : frontier_in) add_unique(prefix_out, v);
+
+  std::vector<Value*> prefix_inputs(g.inputs().begin(), g.inputs().end());
+  Graph first = extract_graph(g, prefix, prefix_inputs, prefix_out, g.name);
+  Graph second = extract_graph(g, frontier, frontier_in, frontier_out, g.name + ".frontier");
+  std::optional<Graph> third;
+  if (!rest.empty()) third = extract_graph(g, rest, rest_in, rest_out, g.name + ".rest");
+  if (options.log) {
+    options.log("staged: " + std::to_string(prefix.size()) + " nodes compiled now; " + std::to_string(frontier.size()) +
+                " with data-dependent output shapes on reference kernels (first: " + frontier.front()->op_type() +
+                " '" + frontier.front()->name() + "'); " + std::to_string(rest.size()) +
+                " after them compiled per shape at run time");
+  }
+  CompileOptions first_options = options;
+  CompiledModel model = compile(std::move(first), first_options);
+  std::vector<std::string> outputs;
+  for (Value* v : g.outputs()) outputs.push_back(v->name());
+  model.set_continuation(std::make_shared<StagedRest>(std::move(second), std::move(third), options), outputs);
+  return model;
+}
+
+}  // namespace detail
+}  // namespace ondine::lower
