@@ -13,6 +13,7 @@
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
 #include "ondine/ir/infer/rnn.hpp"
+#include "ondine/ir/infer/selection.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/ir/infer/values.hpp"
 
@@ -32,6 +33,7 @@ inline const InferTable& infer_table() {
     infer::register_qoperator_infer(t);
     infer::register_rnn_infer(t);
     infer::register_control_flow_infer(t);
+    infer::register_selection_infer(t);
     return t;
   }();
   return table;

@@ -250,7 +250,7 @@ class Assigner {
   // A graph output in a non-row-major layout: a row-major Reorder takes over its name, and the
   // value's other readers keep reading it.
   void export_row_major(Value* v) {
-    if (!v->is_graph_output() || v->is_constant() || v->is_graph_input()) return;
+    if (!v->is_graph_output() || v->is_constant() || v->is_graph_input() || v->is_capture()) return;
     if (v->layout() == Layout::RowMajor || v->layout() == Layout::Unset) return;
     std::vector<Use> readers = v->uses();
     Value* r = reorder_of(v, Layout::RowMajor);
@@ -281,7 +281,7 @@ class Assigner {
       if (y->layout() != x->layout() && y->layout() != Layout::Unset) continue;
       if (is_unread(y)) continue;
       // A graph output handed to a graph input or another output would rename the interface.
-      if (y->is_graph_output() && (x->is_graph_input() || x->is_graph_output())) continue;
+      if (y->is_graph_output() && (x->is_graph_input() || x->is_graph_output() || x->is_capture())) continue;
       rewrite::replace_value(g_, y, x);
       ctx_.rewrite("removed Reorder '" + n->name() + "': '" + x->name() + "' is " + layout_name(x->layout()) + " already");
       changed_ = true;

@@ -59,7 +59,7 @@ inline Value* passed_through(const Node& n) {
 // Whether every reader of y (and y's role as a graph output) can move to x.
 inline bool can_replace(const Value* y, const Value* x) {
   if (!y->is_graph_output()) return true;
-  return !x->is_graph_input() && !x->is_graph_output();
+  return !x->is_graph_input() && !x->is_graph_output() && !x->is_capture();
 }
 
 }  // namespace detail::remove_identity

@@ -15,7 +15,8 @@ inline bool single_use(const Value* v) { return v && v->uses().size() == 1 && !v
 
 // Every reader of `from` reads `to` instead. When `from` was a graph output, the output keeps its
 // name: `to` is renamed to it, or, when `to`'s own name is part of the interface too (a graph input,
-// or already another graph output), the output becomes Identity(to) under the old name.
+// a subgraph's capture, or already another graph output), the output becomes Identity(to) under the
+// old name.
 inline void replace_value(Graph& g, Value* from, Value* to) {
   if (from == to) return;
   if (!from->is_graph_output()) {
@@ -23,7 +24,7 @@ inline void replace_value(Graph& g, Value* from, Value* to) {
     return;
   }
   const std::string name = from->name();
-  if (!to->is_graph_input() && !to->is_graph_output()) {
+  if (!to->is_graph_input() && !to->is_graph_output() && !to->is_capture()) {
     g.replace_all_uses(from, to);
     g.rename_value(from, g.unique_name(name + ".replaced"));
     g.rename_value(to, name);

@@ -21,6 +21,7 @@
 #include "ondine/reference/quantized.hpp"
 #include "ondine/reference/qoperator.hpp"
 #include "ondine/reference/rnn.hpp"
+#include "ondine/reference/selection.hpp"
 #include "ondine/reference/tensor_ops.hpp"
 
 namespace ondine {
@@ -40,6 +41,7 @@ inline const KernelTable& kernel_table() {
     register_qoperator_kernels(t);
     register_rnn_kernels(t);
     register_control_flow_kernels(t);
+    register_selection_kernels(t);
     return t;
   }();
   return table;

@@ -1,0 +1,119 @@
+// NonMaxSuppression and Unique, the ops whose output size is data: bad input names the node, and a
+// compiled model with them runs staged (lower/staged.hpp) and agrees with the reference executor.
+// Their semantics are checked against the ONNX backend suite (9 NonMaxSuppression and 5 Unique cases,
+// tests/conformance.cpp).
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "ondine/lower/lower.hpp"
+#include "ondine/ondine.hpp"
+#include "support.hpp"
+
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_selection {
+
+using namespace ondine;
+using Catch::Contains;
+
+namespace {
+
+// boxes [1, N, 4] and scores [1, 1, N] as inputs; NMS(max 3, iou 0.5, score 0.1) -> gathered box rows.
+Graph nms_graph(std::int64_t n) {
+  Graph g;
+  Value* boxes = g.add_input("boxes", DType::Float32, Shape{1, n, 4});
+  Value* scores = g.add_input("scores", DType::Float32, Shape{1, 1, n});
+  Value* selected = g.add_node("NonMaxSuppression",
+                               {boxes, scores, g.add_constant("max", Tensor::from_vector<std::int64_t>({1}, {3})),
+                                g.add_constant("iou", Tensor::from_vector<float>({1}, {0.5f})),
+                                g.add_constant("score", Tensor::from_vector<float>({1}, {0.1f}))},
+                               {"selected"}, {}, "nms")
+                      ->output(0);
+  // The box index column, then those boxes' rows: what a detector does after NMS.
+  Value* column = g.add_op("Gather", {selected, g.add_constant("two", Tensor::scalar<std::int64_t>(2))},
+                           {{"axis", std::int64_t{1}}}, "box_index");
+  Value* rows = g.add_op("Gather", {g.add_op("Squeeze", {boxes, g.add_constant("zero", Tensor::from_vector<std::int64_t>({1}, {0}))}), column},
+                         {{"axis", std::int64_t{0}}}, "kept_boxes");
+  g.add_output(selected);
+  g.add_output(rows);
+  infer_shapes(g);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("NonMaxSuppression: compiled staged, equal to the reference for any number of survivors",
+          "[selection][staged]") {
+  Graph g = nms_graph(6);
+  CHECK_FALSE(g.find_value("selected")->shape()[0].is_static());
+  CompiledModel m = lower::compile(g.clone(), {});
+  REQUIRE(m.continuation());
+  ReferenceExecutor reference(g);
+  // Three clusters of overlapping boxes; the score threshold decides how many survive (0 to 3).
+  std::vector<float> boxes{0, 0, 1, 1,  0, 0.05f, 1, 1.05f,  2, 2, 3, 3,  2.05f, 2, 3.05f, 3,  5, 5, 6, 6,  5, 5, 6.1f, 6};
+  std::vector<std::size_t> survivors;
+  for (std::vector<float> scores : {std::vector<float>{0.9f, 0.8f, 0.7f, 0.95f, 0.3f, 0.2f},   // 3 survive
+                                    std::vector<float>{0.01f, 0.02f, 0.03f, 0.04f, 0.05f, 0.06f},  // none
+                                    std::vector<float>{0.9f, 0.8f, 0.05f, 0.05f, 0.05f, 0.05f},    // 1
+                                    std::vector<float>{0.2f, 0.9f, 0.15f, 0.05f, 0.6f, 0.7f}}) {   // 3 others
+    std::map<std::string, Tensor> in{{"boxes", Tensor::from_vector<float>({1, 6, 4}, boxes)},
+                                     {"scores", Tensor::from_vector<float>({1, 1, 6}, scores)}};
+    auto want = reference.run(in);
+    auto got = m.run(in);
+    CHECK(got.at("selected").to_int64s() == want.at("selected").to_int64s());
+    REQUIRE(got.at("kept_boxes").dims() == want.at("kept_boxes").dims());
+    for (std::int64_t i = 0; i < want.at("kept_boxes").numel(); ++i)
+      CHECK(got.at("kept_boxes").data<float>()[i] == want.at("kept_boxes").data<float>()[i]);
+    survivors.push_back(static_cast<std::size_t>(want.at("selected").dims()[0]));
+  }
+  CHECK(survivors == std::vector<std::size_t>{3, 0, 1, 3});
+  auto first = reference.run({{"boxes", Tensor::from_vector<float>({1, 6, 4}, boxes)},
+                              {"scores", Tensor::from_vector<float>({1, 1, 6}, {0.9f, 0.8f, 0.7f, 0.95f, 0.3f, 0.2f})}});
+  // Highest first: box 3 (0.95) suppresses 2, box 0 (0.9) suppresses 1, then box 4 (0.3) of the last cluster.
+  CHECK(first.at("selected").to_int64s() == std::vector<std::int64_t>{0, 0, 3, 0, 0, 0, 0, 0, 4});
+}
+
+TEST_CASE("NonMaxSuppression and Unique: bad input names the node", "[selection][errors]") {
+  Graph g = nms_graph(2);
+  ReferenceExecutor reference(g);
+  SECTION("boxes with 5 coordinates") {
+    Graph bad;
+    Value* boxes = bad.add_input("boxes", DType::Float32, Shape{1, 2, 5});
+    Value* scores = bad.add_input("scores", DType::Float32, Shape{1, 1, 2});
+    bad.add_output(bad.add_node("NonMaxSuppression", {boxes, scores}, {"s"}, {}, "nms5")->output(0));
+    try {
+      infer_shapes(bad);
+      FAIL("inferred");
+    } catch (const Error& e) {
+      CHECK(e.node() == "nms5");
+      CHECK_THAT(std::string(e.what()), Contains("[batches, boxes, 4]"));
+    }
+  }
+  SECTION("an IoU threshold past 1") {
+    Graph bad = nms_graph(2);
+    Node* nms = bad.find_value("selected")->producer();
+    nms->set_input(3, bad.add_constant("iou2", Tensor::from_vector<float>({1}, {1.5f})));
+    try {
+      ReferenceExecutor(bad).run({{"boxes", test::uniform_tensor({1, 2, 4}, 1)}, {"scores", test::uniform_tensor({1, 1, 2}, 2)}});
+      FAIL("ran");
+    } catch (const Error& e) {
+      CHECK(e.node() == "nms");
+      CHECK_THAT(std::string(e.what()), Contains("iou_threshold"));
+    }
+  }
+  SECTION("Unique on an axis past the rank") {
+    Graph bad;
+    Value* x = bad.add_input("x", DType::Float32, Shape{2, 3});
+    Node* u = bad.add_node("Unique", {x}, {"y", "i", "inv", "c"}, {{"axis", std::int64_t{2}}}, "uniq");
+    bad.add_output(u->output(0));
+    try {
+      infer_shapes(bad);
+      FAIL("inferred");
+    } catch (const Error& e) {
+      CHECK(e.node() == "uniq");
+    }
+  }
+}
+
+}  // namespace test_selection
