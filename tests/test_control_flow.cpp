@@ -30,15 +30,17 @@ std::shared_ptr<Graph> body_graph(const std::string& name) {
   return g;
 }
 
-// y = If(c) { Relu(x) } else { Neg(x) }: both branches read the outer x.
-Node* add_if(Graph& g, Value* c, Value* x, const std::string& name) {
+// y = If(c) { Relu(x) } else { Neg(x) }: both branches read the outer x (passed in unless `pass_x` is
+// false; with `else_int64`, the else branch returns Cast(Neg(x), int64)).
+Node* add_if(Graph& g, Value* c, Value* x, const std::string& name, bool pass_x = true, bool else_int64 = false) {
   auto then_g = body_graph(name + ".then");
   then_g->add_output(then_g->add_op("Relu", {then_g->add_capture(x->name(), x->dtype(), x->shape())}));
   auto else_g = body_graph(name + ".else");
-  else_g->add_output(else_g->add_op("Neg", {else_g->add_capture(x->name(), x->dtype(), x->shape())}));
+  Value* neg = else_g->add_op("Neg", {else_g->add_capture(x->name(), x->dtype(), x->shape())});
+  else_g->add_output(else_int64 ? else_g->add_op("Cast", {neg}, {{"to", std::int64_t{7}}}) : neg);
   Node* n = g.add_node("If", {c}, {name + ".y"}, {{"then_branch", GraphAttr(then_g)}, {"else_branch", GraphAttr(else_g)}},
                        name);
-  n->add_implicit_input(x, x->name());
+  if (pass_x) n->add_implicit_input(x, x->name());
   return n;
 }
 
@@ -209,16 +211,8 @@ TEST_CASE("control flow: bad input names the node", "[control-flow][errors]") {
   }
   SECTION("branches that return different types") {
     Graph g;
-    Value* c = g.add_input("c", DType::Bool, Shape{});
-    Value* x = g.add_input("x", DType::Float32, Shape{2});
-    auto then_g = body_graph("then");
-    then_g->add_output(then_g->add_op("Relu", {then_g->add_capture("x", DType::Float32, Shape{2})}));
-    auto else_g = body_graph("else");
-    Value* neg = else_g->add_op("Neg", {else_g->add_capture("x", DType::Float32, Shape{2})});
-    else_g->add_output(else_g->add_op("Cast", {neg}, {{"to", std::int64_t{7}}}));  // int64
-    Node* n = g.add_node("If", {c}, {"y"}, {{"then_branch", GraphAttr(then_g)}, {"else_branch", GraphAttr(else_g)}},
-                         "mixed");
-    n->add_implicit_input(x, "x");
+    Node* n = add_if(g, g.add_input("c", DType::Bool, Shape{}), g.add_input("x", DType::Float32, Shape{2}), "mixed",
+                     true, /*else_int64=*/true);
     g.add_output(n->output(0));
     try {
       infer_shapes(g);
@@ -230,14 +224,8 @@ TEST_CASE("control flow: bad input names the node", "[control-flow][errors]") {
   }
   SECTION("a capture the node does not pass in") {
     Graph g;
-    Value* c = g.add_input("c", DType::Bool, Shape{});
-    Value* x = g.add_input("x", DType::Float32, Shape{2});
-    auto then_g = body_graph("then");
-    then_g->add_output(then_g->add_op("Relu", {then_g->add_capture("x", DType::Float32, Shape{2})}));
-    auto else_g = body_graph("else");
-    else_g->add_output(else_g->add_op("Neg", {else_g->add_capture("x", DType::Float32, Shape{2})}));
-    g.add_node("If", {c}, {"y"}, {{"then_branch", GraphAttr(then_g)}, {"else_branch", GraphAttr(else_g)}}, "unbound");
-    (void)x;
+    add_if(g, g.add_input("c", DType::Bool, Shape{}), g.add_input("x", DType::Float32, Shape{2}), "unbound",
+           /*pass_x=*/false);
     auto problem = g.check();
     REQUIRE(problem);
     CHECK_THAT(*problem, Contains("'unbound'"));

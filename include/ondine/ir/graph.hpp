@@ -303,18 +303,14 @@ class Graph {
 
   // --- building ---------------------------------------------------------------------------------
   Value* add_input(const std::string& name, DType dtype, Shape shape) {
-    Value* v = new_value(name);
-    v->dtype_ = dtype;
-    v->shape_ = std::move(shape);
+    Value* v = new_typed_value(name, dtype, std::move(shape));
     v->is_input_ = true;
     inputs_.push_back(v);
     return v;
   }
   // A capture: this subgraph's stand-in for the enclosing scopes' value `name`.
   Value* add_capture(const std::string& name, DType dtype, Shape shape) {
-    Value* v = new_value(name);
-    v->dtype_ = dtype;
-    v->shape_ = std::move(shape);
+    Value* v = new_typed_value(name, dtype, std::move(shape));
     v->is_capture_ = true;
     captures_.push_back(v);
     return v;
@@ -693,6 +689,12 @@ class Graph {
   }
 
  private:
+  Value* new_typed_value(const std::string& name, DType dtype, Shape shape) {
+    Value* v = new_value(name);
+    v->dtype_ = dtype;
+    v->shape_ = std::move(shape);
+    return v;
+  }
   Value* new_value(const std::string& name) {
     if (auto it = by_name_.find(name); it != by_name_.end()) {
       // Names are unique; a second definition of the same name reuses the entry so that callers
