@@ -41,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image", 128), "bert": ("input_ids", "tokens", 128),
           "bert_pt": ("input_ids", "tokens", 128), "gpt_pt": ("input_ids", "tokens", 256),
           "vit_pt": ("pixels", "image", 0), "lstm_pt": ("input_ids", "tokens", 128),
-          "gru_pt": ("input_ids", "tokens", 128), "stream_pt": ("frame", "stream", 0)}
+          "gru_pt": ("input_ids", "tokens", 128), "stream_pt": ("frame", "stream", 0),
+          "ssd_pt": ("image", "detector", 0)}
 
 
 def model_path(models_dir, model):
@@ -69,7 +70,9 @@ def write_input(model, batch, directory):
     frame [batch, 512] and LSTM state h, c [2, batch, 64]); returns ["name=file", ...]."""
     name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
-    if kind == "stream":
+    if kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
+        arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}
+    elif kind == "stream":
         arrays = {"frame": rng.standard_normal((batch, 512), dtype=np.float32),
                   "h": 0.5 * rng.standard_normal((2, batch, 64), dtype=np.float32),
                   "c": 0.5 * rng.standard_normal((2, batch, 64), dtype=np.float32)}
@@ -98,6 +101,15 @@ class Ondine:
         if self.passes is not None and model.endswith("-int8"):
             return None
         extra = ["--passes", self.passes] if self.passes is not None else []
+        if INPUTS[model.split("-")[0]][1] == "detector":
+            # The detections, and so the work after NMS, depend on the image: Ondine runs on the same
+            # .npy as ONNX Runtime (`ondine run`: the median of --runs runs; the first one, which also compiles
+            # the stages after NMS for their shapes, is among them).
+            inputs = [arg for spec in input_spec for arg in ("--input", spec)]
+            done = subprocess.run([self.exe, "run", path, "--threads", str(a.threads), "--runs", str(a.runs)] + inputs +
+                                  extra, capture_output=True, text=True, check=True)
+            self.flops[model], self.isa = None, done.stdout.split("isa=")[1].split()[0]
+            return float(done.stdout.split("median=")[1].split()[0])
         if model.split("-")[0].endswith("_pt") and INPUTS[model.split("-")[0]][1] == "tokens":
             extra += ["--dim", "batch", "--dim", f"seq={INPUTS[model.split('-')[0]][2]}"]
         subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",

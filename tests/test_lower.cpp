@@ -565,6 +565,36 @@ TEST_CASE("lower: eltwise activations and broadcasting binary ops (1e-4)", "[low
   CHECK(count_impl(m, "Transpose", "reference") == 0);
 }
 
+TEST_CASE("lower: broadcasting binary ops never run on oneDNN's ref kernels (1e-4)", "[lower]") {
+  // oneDNN 2.6 has no jit binary kernel for a blocked activation with a row-major per-channel operand
+  // (a squeeze-excitation gate: 13 ms instead of 0.2 ms for 1x120x40x40), nor for a broadcast along
+  // the first dim ([3,H,W] - [3,1,1], a detector's input normalisation: 25 ms): lower_binary tries
+  // other layouts until a jit kernel takes them. 24 channels: padded in 16-wide blocks.
+  Builder b;
+  b.g.opsets[""] = 14;
+  Value* x = b.input("x", {1, 24, 12, 12});
+  Value* gate_in = b.input("g", {24, 1, 1});  // lower rank than the activation
+  Value* image = b.input("image", {3, 16, 16});
+  Value* c = b.conv(x, 24, 24, 3, {{"pads", Dims{1, 1, 1, 1}}});
+  Value* pooled = b.op("GlobalAveragePool", {c});
+  Value* gate = b.op("HardSigmoid", {b.conv(pooled, 24, 24, 1)}, {{"alpha", 0.2f}, {"beta", 0.5f}});
+  std::vector<Value*> outs;
+  outs.push_back(b.op("Relu", {b.op("Mul", {c, gate})}));       // SE gate [1,24,1,1], then a post-op
+  outs.push_back(b.op("Mul", {gate_in, c}));                    // runtime [24,1,1], swapped
+  outs.push_back(b.op("Add", {c, b.weight({1, 24, 1, 1})}));     // constant per-channel
+  outs.push_back(b.op("Div", {b.op("Sub", {image, b.weight({3, 1, 1})}), b.positive({3, 1, 1}, 0.5f, 1.5f)}));
+  outs.push_back(b.op("Mul", {image, b.input("scale", {3, 1, 1})}));
+  outs.push_back(b.op("Add", {image, b.weight({16, 1})}));       // [3,16,16] + [16,1]: a middle dim
+  for (Value* o : outs) b.g.add_output(o);
+  CompiledModel m = check_graph(b.g, 1e-4);
+  for (const auto& s : m.steps()) {
+    INFO(s.name << " " << s.op << " " << s.implementation << " " << s.detail);
+    CHECK(s.implementation.rfind("ref", 0) != 0);
+  }
+  CHECK(count_op(m, "Mul") == 3);
+  CHECK(count_op(m, "Relu") == 0);  // still fused into the gate's Mul
+}
+
 TEST_CASE("lower: activation chains that repeat an eltwise algorithm stay exact (oneDNN 2.6 injector bug) (1e-4)",
           "[lower][fusion]") {
   // conv -> HardSigmoid (linear, clip) -> Neg (linear again, other parameters): as one post-op chain

@@ -4,6 +4,9 @@
 // tests/conformance.cpp).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -72,6 +75,67 @@ TEST_CASE("NonMaxSuppression: compiled staged, equal to the reference for any nu
                               {"scores", Tensor::from_vector<float>({1, 1, 6}, {0.9f, 0.8f, 0.7f, 0.95f, 0.3f, 0.2f})}});
   // Highest first: box 3 (0.95) suppresses 2, box 0 (0.9) suppresses 1, then box 4 (0.3) of the last cluster.
   CHECK(first.at("selected").to_int64s() == std::vector<std::int64_t>{0, 0, 3, 0, 0, 0, 0, 0, 4});
+}
+
+TEST_CASE("NonMaxSuppression: many classes shifted apart (torchvision's batched NMS) keep what plain greedy keeps",
+          "[selection]") {
+  // torchvision exports every class through one NMS call with each class's boxes shifted by an offset,
+  // so the kernel compares a candidate only with the kept boxes near it (reference/selection.hpp,
+  // XBuckets). The result must be plain greedy NMS's: checked against the O(n^2) loop written here,
+  // on clustered boxes of 40 classes, with tied scores, zero-area boxes and corners given in either order.
+  const std::int64_t classes = 40, per_class = 60, n = classes * per_class;
+  std::vector<float> boxes(static_cast<std::size_t>(n * 4)), scores(static_cast<std::size_t>(n));
+  std::uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1u << 24);
+  };
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float offset = static_cast<float>(i / per_class) * 321.0f;  // (max coordinate + 1) per class
+    const float cx = offset + 40 + 240 * next(), cy = offset + 40 + 240 * next();
+    const float w = 5 + 75 * next(), h = i % 17 == 0 ? 0.0f : 5 + 75 * next();
+    float* b = &boxes[static_cast<std::size_t>(i * 4)];
+    b[0] = cx - w / 2, b[1] = cy - h / 2, b[2] = cx + w / 2, b[3] = cy + h / 2;
+    if (i % 5 == 0) std::swap(b[0], b[2]);
+    scores[static_cast<std::size_t>(i)] = std::round(next() * 200) / 200;  // many ties
+  }
+  Graph g;
+  Value* bv = g.add_input("boxes", DType::Float32, Shape{1, n, 4});
+  Value* sv = g.add_input("scores", DType::Float32, Shape{1, 1, n});
+  g.add_output(g.add_node("NonMaxSuppression",
+                          {bv, sv, g.add_constant("max", Tensor::from_vector<std::int64_t>({1}, {1000000})),
+                           g.add_constant("iou", Tensor::from_vector<float>({1}, {0.45f}))},
+                          {"selected"}, {}, "nms")
+                   ->output(0));
+  infer_shapes(g);
+  auto got = ReferenceExecutor(g).run({{"boxes", Tensor::from_vector<float>({1, n, 4}, boxes)},
+                                       {"scores", Tensor::from_vector<float>({1, 1, n}, scores)}});
+
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n)), want;
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return scores[static_cast<std::size_t>(a)] > scores[static_cast<std::size_t>(b)];
+  });
+  auto corner = [&](std::int64_t i, int k) { return boxes[static_cast<std::size_t>(i * 4 + k)]; };
+  auto iou = [&](std::int64_t a, std::int64_t b) {
+    float ax1 = std::min(corner(a, 0), corner(a, 2)), ax2 = std::max(corner(a, 0), corner(a, 2));
+    float ay1 = std::min(corner(a, 1), corner(a, 3)), ay2 = std::max(corner(a, 1), corner(a, 3));
+    float bx1 = std::min(corner(b, 0), corner(b, 2)), bx2 = std::max(corner(b, 0), corner(b, 2));
+    float by1 = std::min(corner(b, 1), corner(b, 3)), by2 = std::max(corner(b, 1), corner(b, 3));
+    float iw = std::min(ax2, bx2) - std::max(ax1, bx1), ih = std::min(ay2, by2) - std::max(ay1, by1);
+    if (iw <= 0 || ih <= 0) return 0.0f;
+    float inter = iw * ih, area_a = (ax2 - ax1) * (ay2 - ay1), area_b = (bx2 - bx1) * (by2 - by1);
+    return area_a <= 0 || area_b <= 0 ? 0.0f : inter / (area_a + area_b - inter);
+  };
+  for (std::int64_t i : order) {
+    bool keep = true;
+    for (std::int64_t k : want) keep = keep && !(iou(k, i) > 0.45f);
+    if (keep) want.push_back(i);
+  }
+  std::vector<std::int64_t> selected = got.at("selected").to_int64s(), kept;
+  for (std::size_t r = 0; r < selected.size(); r += 3) kept.push_back(selected[r + 2]);
+  CHECK(kept.size() > static_cast<std::size_t>(classes) * 10);  // many kept boxes: the case the buckets serve
+  CHECK(kept == want);
 }
 
 TEST_CASE("NonMaxSuppression and Unique: bad input names the node", "[selection][errors]") {

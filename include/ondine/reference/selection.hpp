@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -38,6 +39,62 @@ inline bool suppresses(const Box& a, const Box& b, float iou_threshold) {
   if (area_a <= 0 || area_b <= 0 || uni <= 0) return false;
   return inter / uni > iou_threshold;
 }
+
+// The kept boxes of one NMS pass, bucketed by x1 so that a candidate is compared only with the kept
+// boxes it can overlap (a box suppresses another only when their intersection is positive). Models
+// exported from torchvision run every class through one NMS call, with each class's boxes shifted apart
+// by an offset (batched_nms' coordinate trick): thousands of kept boxes, of which a candidate can meet
+// a few. A bucket is at least as wide as the widest candidate, so the kept boxes that can overlap a
+// candidate lie in its bucket or the two beside it; the result is that of comparing with every kept box.
+// Non-finite coordinates fall back to one bucket.
+class XBuckets {
+ public:
+  XBuckets(const std::vector<Box>& boxes, const std::vector<std::int64_t>& candidates) : boxes_(boxes) {
+    float lo = 0, hi = 0, widest = 0;
+    bool first = true, finite = true;
+    for (std::int64_t i : candidates) {
+      const Box& b = boxes[static_cast<std::size_t>(i)];
+      finite = finite && std::isfinite(b.x1) && std::isfinite(b.x2);
+      if (!finite) break;
+      lo = first ? b.x1 : std::min(lo, b.x1);
+      hi = first ? b.x1 : std::max(hi, b.x1);
+      widest = std::max(widest, b.x2 - b.x1);
+      first = false;
+    }
+    const double range = static_cast<double>(hi) - lo;
+    if (!finite || candidates.size() < 64 || !(widest > 0) || range <= 2.0 * widest) {
+      buckets_.resize(1);  // one bucket: every kept box is compared
+      return;
+    }
+    lo_ = lo;
+    width_ = std::max(static_cast<double>(widest), range / (2.0 * static_cast<double>(candidates.size()))) * (1 + 1e-6);
+    buckets_.resize(static_cast<std::size_t>(range / width_) + 1);
+  }
+
+  void add(std::int64_t i) { buckets_[bucket(boxes_[static_cast<std::size_t>(i)].x1)].push_back(i); }
+
+  // True when `hit` holds for a kept box that may overlap `b`.
+  template <typename Hit>
+  bool any_near(const Box& b, Hit hit) const {
+    const std::size_t at = bucket(b.x1);
+    const std::size_t first = at == 0 ? 0 : at - 1, last = std::min(at + 1, buckets_.size() - 1);
+    for (std::size_t k = first; k <= last; ++k)
+      for (std::int64_t i : buckets_[k])
+        if (hit(i)) return true;
+    return false;
+  }
+
+ private:
+  std::size_t bucket(float x1) const {
+    if (buckets_.size() == 1) return 0;
+    const double q = std::floor((static_cast<double>(x1) - lo_) / width_);
+    return static_cast<std::size_t>(std::clamp(q, 0.0, static_cast<double>(buckets_.size() - 1)));
+  }
+
+  const std::vector<Box>& boxes_;
+  double lo_ = 0, width_ = 1;
+  std::vector<std::vector<std::int64_t>> buckets_;
+};
 
 // An optional int64 scalar input (0 when omitted).
 inline std::int64_t i64_at(const std::vector<Tensor>& in, std::size_t i) {
@@ -71,17 +128,17 @@ inline std::vector<Tensor> non_max_suppression(const Node& n, const std::vector<
       for (std::int64_t i = 0; i < count; ++i)
         if (!has_score_threshold || s[i] > score_threshold) order.push_back(i);
       std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t z) { return s[a] > s[z]; });
-      std::vector<std::int64_t> kept;
+      std::int64_t kept = 0;
+      XBuckets buckets(box, order);
       for (std::int64_t i : order) {
-        if (static_cast<std::int64_t>(kept.size()) >= max_out) break;
-        bool keep = true;
-        for (std::int64_t k : kept)
-          if (suppresses(box[static_cast<std::size_t>(k)], box[static_cast<std::size_t>(i)], iou_threshold)) {
-            keep = false;
-            break;
-          }
-        if (!keep) continue;
-        kept.push_back(i);
+        if (kept >= max_out) break;
+        const Box& candidate = box[static_cast<std::size_t>(i)];
+        if (buckets.any_near(candidate, [&](std::int64_t k) {
+              return suppresses(box[static_cast<std::size_t>(k)], candidate, iou_threshold);
+            }))
+          continue;
+        buckets.add(i);
+        ++kept;
         selected.insert(selected.end(), {b, c, i});
       }
     }

@@ -394,6 +394,54 @@ inline Dims left_pad(const Dims& d, std::size_t rank) {
   return out;
 }
 
+// The format tag among oneDNN's plain, channels-last and channel-blocked ones that gives `md` for its
+// dims (a broadcast operand can then be laid out the same way), or `undef`.
+inline memory::format_tag channel_layout_tag(const memory::desc& md) {
+  using tag = memory::format_tag;
+  static const std::vector<std::vector<tag>> by_rank = {
+      {}, {}, {tag::ab}, {tag::abc, tag::acb, tag::aBc8b, tag::aBc16b, tag::aBc4b},
+      {tag::abcd, tag::acdb, tag::aBcd8b, tag::aBcd16b, tag::aBcd4b},
+      {tag::abcde, tag::acdeb, tag::aBcde8b, tag::aBcde16b, tag::aBcde4b}};
+  const auto rank = static_cast<std::size_t>(md.data.ndims);
+  if (rank >= by_rank.size() || md.data.format_kind != dnnl_blocked) return tag::undef;
+  for (tag t : by_rank[rank])
+    if (memory::desc(md.dims(), md.data_type(), t) == md) return t;
+  return tag::undef;
+}
+
+// `yd` and the broadcast operand's `bd` (same rank) with neighbouring dims of the same kind (both full,
+// or broadcast in `bd`) merged and a leading 1 when the first group is full: [3,320,320] * [3,1,1]
+// becomes [1,3,102400] * [1,3,1], a per-channel broadcast that oneDNN's jit binary kernels take (they
+// have none for a broadcast along the first dim). Row-major bytes are the same either way.
+inline std::pair<Dims, Dims> merge_broadcast_dims(const Dims& yd, const Dims& bd) {
+  Dims y, b;
+  int last = -1;  // 0: broadcast group, 1: full group
+  for (std::size_t i = 0; i < yd.size(); ++i) {
+    if (yd[i] == 1) continue;
+    int kind = bd[i] == yd[i] ? 1 : 0;
+    if (kind == last) {
+      y.back() *= yd[i];
+      b.back() *= bd[i];
+    } else {
+      y.push_back(yd[i]);
+      b.push_back(bd[i]);
+      last = kind;
+    }
+  }
+  if (y.empty() || b.front() != 1) {
+    y.insert(y.begin(), 1);
+    b.insert(b.begin(), 1);
+  }
+  return {y, b};
+}
+
+// Add, Sub, Mul, Div, Max, Min as one binary primitive, with the activations after it as post-ops.
+// oneDNN 2.6 picks its reference kernel (~50x slower) for some operand layouts, so the layouts are
+// tried in order until a jit kernel takes them: (1) the first operand's layout, with a broadcast
+// operand laid out the same way (a [1,C,1,1] gate in aBcd8b for an aBcd8b activation); (2) the
+// broadcast operand row-major; (3) both row-major, reordering the first once; (4) row-major with the
+// broadcast dims merged (merge_broadcast_dims), without post-ops. The last one tried is kept when none
+// gets a jit kernel.
 inline bool lower_binary(Lowering& L, const Node& n) {
   using A = dnnl::algorithm;
   const std::string& op = n.op_type();
@@ -412,37 +460,79 @@ inline bool lower_binary(Lowering& L, const Node& n) {
     std::swap(a, b);
   }
   Dims bd = left_pad(b->shape().sizes(), yd.size());
-  bool full = bd == yd;
-  memory::desc src0_md = L.md_of(a);
-  // A full-size operand is read in src0's layout; a broadcast one row-major.
-  memory::desc src1_md = full ? src0_md : plain_md(bd);
-  dnnl::binary::desc desc(alg, src0_md, src1_md, any_md(yd));
+  const bool full = bd == yd;
+  const memory::desc a_md = L.md_of(a);
   PostOpChain chain = plan_post_ops(L, n, false);
+
+  struct Choice {
+    memory::desc src0, src1;
+    bool merged = false;  // (4): dims merged, no post-ops
+  };
+  std::vector<Choice> choices;
+  memory::format_tag a_tag = channel_layout_tag(a_md);
+  if (full) {
+    choices.push_back({a_md, a_md});
+  } else {
+    if (!is_row_major(a_md) && a_tag != memory::format_tag::undef)
+      choices.push_back({a_md, memory::desc(bd, memory::data_type::f32, a_tag)});
+    choices.push_back({a_md, plain_md(bd)});
+  }
+  if (!is_row_major(a_md)) choices.push_back({plain_md(yd), full ? plain_md(yd) : plain_md(bd)});
+  if (!full) {
+    auto [my, mb] = merge_broadcast_dims(yd, bd);
+    if (my.size() != yd.size() || my != yd) choices.push_back({plain_md(my), plain_md(mb), true});
+  }
+
+  dnnl::binary::primitive_desc pd;
   bool fused = false;
-  auto pd = choose_fusion<dnnl::binary::primitive_desc>(
-      [&](bool with_chain) {
-        dnnl::primitive_attr attr = Lowering::base_attr();
-        if (with_chain) attr.set_post_ops(chain.ops());
-        return dnnl::binary::primitive_desc(desc, attr, L.engine(), true);
-      },
-      !chain.nodes.empty(), fused);
-  if (!pd) return false;
+  const Choice* chosen = nullptr;
+  for (const Choice& c : choices) {
+    const bool with_chain = !chain.nodes.empty() && !c.merged;
+    dnnl::binary::desc desc(alg, c.src0, c.src1, any_md(Dims(c.src0.dims())));
+    bool c_fused = false;
+    auto c_pd = choose_fusion<dnnl::binary::primitive_desc>(
+        [&](bool use_chain) {
+          dnnl::primitive_attr attr = Lowering::base_attr();
+          if (use_chain) attr.set_post_ops(chain.ops());
+          return dnnl::binary::primitive_desc(desc, attr, L.engine(), true);
+        },
+        with_chain, c_fused);
+    if (!c_pd) continue;
+    pd = c_pd;
+    fused = c_fused;
+    chosen = &c;
+    if (!is_reference_impl(pd)) break;
+  }
+  if (!pd || !chosen) return false;
   if (!fused) chain = PostOpChain{y};
-  SlotId s0 = L.slot_in(a, pd.src_desc(0));
+
+  // src0: its own slot when the layouts agree (a merged row-major view reads the same bytes).
+  SlotId s0 = chosen->merged ? L.row_major_slot(a) : L.slot_in(a, pd.src_desc(0));
   std::vector<SlotArg> args{{DNNL_ARG_SRC_0, s0, pd.src_desc(0)}};
   std::vector<std::pair<int, memory>> consts;
+  const memory::desc src1_md = pd.src_desc(1);
   if (b->is_constant()) {
-    consts.emplace_back(DNNL_ARG_SRC_1, L.constant_memory(b->constant(), pd.src_desc(1)));
+    consts.emplace_back(DNNL_ARG_SRC_1, L.constant_memory(b->constant(), src1_md));
+  } else if (full && !chosen->merged) {
+    args.push_back({DNNL_ARG_SRC_1, L.slot_in(b, src1_md), src1_md});
+  } else if (is_row_major(src1_md)) {
+    args.push_back({DNNL_ARG_SRC_1, L.row_major_slot(b), src1_md});
   } else {
-    SlotId s1 = full ? L.slot_in(b, pd.src_desc(1)) : L.row_major_slot(b);
-    args.push_back({DNNL_ARG_SRC_1, s1, pd.src_desc(1)});
+    // A broadcast operand in a blocked layout: its row-major bytes (dims `bd`) reordered once per run.
+    SlotId raw = L.row_major_slot(b);
+    SlotId packed = L.add_slot(runtime::Slot{b->name() + "." + layout_name(src1_md), DType::Float32, bd,
+                                             src1_md.get_size(), layout_name(src1_md), SlotKind::Arena, 0});
+    L.add_reorder(b->name(), raw, plain_md(bd), packed, src1_md);
+    args.push_back({DNNL_ARG_SRC_1, packed, src1_md});
   }
-  SlotId dst = L.new_value_slot(chain.result, pd.dst_desc());
+  const memory::desc dst_md = chosen->merged ? plain_md(yd) : pd.dst_desc();
+  SlotId dst = L.new_value_slot(chain.result, dst_md);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
-  commit_post_ops(L, chain, dst, pd.dst_desc());
+  commit_post_ops(L, chain, dst, dst_md);
   L.add_primitive({n.name(), op, pd.impl_info_str(),
-                   std::string(alg_name(alg)) + chain.detail() + " " + layout_name(pd.src_desc(0)) + dims_str(yd) +
-                       " , " + layout_name(pd.src_desc(1)) + dims_str(bd)},
+                   std::string(alg_name(alg)) + chain.detail() + " " + layout_name(pd.src_desc(0)) +
+                       dims_str(chosen->merged ? Dims(pd.src_desc(0).dims()) : yd) + " , " + layout_name(src1_md) +
+                       dims_str(chosen->merged ? Dims(src1_md.dims()) : bd)},
                   &n, dnnl::binary(pd), pd.scratchpad_desc(), std::move(args), std::move(consts));
   return true;
 }
