@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ struct Recurrent {
   std::string op;
   std::int64_t seq, batch, input, hidden, dirs;
   Recurrent(const std::string& op_, const std::string& direction, std::int64_t seq_, std::int64_t batch_,
-            std::int64_t input_, std::int64_t hidden_, bool with_lens, std::int64_t layout = 0)
+            std::int64_t input_, std::int64_t hidden_, bool with_lens, std::int64_t layout = 0, bool with_states = false)
       : op(op_), seq(seq_), batch(batch_), input(input_), hidden(hidden_), dirs(direction == "bidirectional" ? 2 : 1) {
     std::int64_t gates = op == "LSTM" ? 4 : op == "GRU" ? 3 : 1;
     Dims xd = layout ? Dims{batch, seq, input} : Dims{seq, batch, input};
@@ -37,6 +38,13 @@ struct Recurrent {
     Value* b = g.add_constant("B", test::uniform_tensor({dirs, 2 * gates * hidden}, 3, -0.5f, 0.5f));
     Value* lens = with_lens ? g.add_input("lens", DType::Int32, Shape{batch}) : nullptr;
     std::vector<Value*> ins{x, w, r, b, lens};
+    if (with_states) {  // initial_h (and initial_c, peepholes) as graph inputs "h0", "c0" and a constant
+      ins.push_back(g.add_input("h0", DType::Float32, Shape{dirs, batch, hidden}));
+      if (op == "LSTM") {
+        ins.push_back(g.add_input("c0", DType::Float32, Shape{dirs, batch, hidden}));
+        ins.push_back(g.add_constant("P", test::uniform_tensor({dirs, 3 * hidden}, 4, -0.5f, 0.5f)));
+      }
+    }
     std::vector<std::string> outs{"y", "y_h"};
     if (op == "LSTM") outs.push_back("y_c");
     std::map<std::string, Attribute> attrs{{"direction", direction}, {"hidden_size", hidden}, {"layout", layout}};
@@ -143,6 +151,40 @@ TEST_CASE("recurrent ops: compiled onto oneDNN, or the reference kernel with the
   for (const auto& line : log) said = said || (line.find("'rnn'") != std::string::npos && line.find("clip") != std::string::npos);
   CHECK(said);
   CHECK(test::rel_error(fallback.run({{"x", x}}).at("y"), ReferenceExecutor(clipped.g).run({{"x", x}}).at("y")) < 1e-6);
+}
+
+TEST_CASE("recurrent ops: a bidirectional layer runs its two directions side by side, equal to one primitive",
+          "[rnn][lower][threads]") {
+  // With two threads the directions are two primitives on one thread each (ConcurrentStep), writing their
+  // halves of Y, Y_h and Y_c; with one thread, oneDNN's bidirectional primitive. Initial states, peepholes.
+  for (const char* op : {"LSTM", "GRU", "RNN"}) {
+    INFO(op);
+    Recurrent rnn(op, "bidirectional", 7, 3, 5, 6, false, 0, true);
+    std::map<std::string, Tensor> in{{"x", test::uniform_tensor({7, 3, 5}, 31, -1.0f, 1.0f)},
+                                     {"h0", test::uniform_tensor({2, 3, 6}, 32, -1.0f, 1.0f)}};
+    if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({2, 3, 6}, 33, -1.0f, 1.0f);
+    auto want = ReferenceExecutor(rnn.g).run(in);
+    for (int threads : {1, 2}) {
+      INFO("threads " << threads);
+      lower::CompileOptions options;
+      options.threads = threads;
+      auto model = lower::compile(rnn.g, options);
+      std::size_t side_by_side = 0, on_onednn = 0;
+      for (const auto& s : model.steps()) {
+        on_onednn += s.op == op && s.implementation != "reference";
+        side_by_side += s.detail.find("side by side") != std::string::npos;
+      }
+      CHECK(on_onednn == 1);
+      CHECK(side_by_side == (threads == 2 ? 1u : 0u));
+      auto got = model.run(in);
+      for (auto& [name, t] : want) {
+        INFO(name);
+        CHECK(test::rel_error(got.at(name), t) < 1e-5);
+      }
+      // Twice more: the parts' states and streams are reused.
+      for (int k = 0; k < 2; ++k) CHECK(test::rel_error(model.run(in).at("y"), want.at("y")) < 1e-5);
+    }
+  }
 }
 
 TEST_CASE("recurrent ops: bad input is an error naming the node", "[rnn][bad-input]") {

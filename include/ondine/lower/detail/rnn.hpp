@@ -7,12 +7,17 @@
 // into the layout oneDNN picks; biases become Wb + Rb per gate (lbr GRU: Wb + Rb for u and r, Wbh, Rbh).
 // Y [T, D, N, H] is oneDNN's dst_layer [T, N, D*H] read through strides (the same bytes when D = 1); the
 // Transpose(0, 2, 1, 3) PyTorch puts after a bidirectional layer then reads it as it is (shape_ops.hpp).
+// With two threads or more, a bidirectional layer is two one-direction primitives run side by side
+// (ConcurrentStep, context.hpp), each writing its half of the same Y, Y_h and Y_c.
 // oneDNN 2.6 has no clip, no input_forget, no sequence_lens, no activations other than the defaults
 // (vanilla RNN: one of Tanh, Relu, Sigmoid for all directions) and no layout 1: such a node runs its
 // reference kernel, and the compile log says why. A sequence_lens that is a constant of full lengths is
 // no sequence_lens at all.
 #pragma once
 
+#include <algorithm>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,147 +85,206 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     static const std::int64_t lstm[4] = {0, 2, 3, 1};
     return lstm[k];
   };
-  // ldigo [1, D, in, G, H] from ONNX [D, G*H, in].
-  auto ldigo = [&](const Tensor& t, std::int64_t inner) {
+  // ldigo [1, count, in, G, H] of directions [first, first + count) from ONNX [D, G*H, in].
+  auto ldigo = [&](const Tensor& t, std::int64_t inner, std::int64_t first, std::int64_t count) {
     const float* src = t.data<float>();
-    std::vector<float> out(static_cast<std::size_t>(dirs * inner * gates * hidden));
-    for (std::int64_t d = 0; d < dirs; ++d)
+    std::vector<float> out(static_cast<std::size_t>(count * inner * gates * hidden));
+    for (std::int64_t d = 0; d < count; ++d)
       for (std::int64_t i = 0; i < inner; ++i)
         for (std::int64_t k = 0; k < gates; ++k)
           for (std::int64_t h = 0; h < hidden; ++h)
             out[static_cast<std::size_t>(((d * inner + i) * gates + k) * hidden + h)] =
-                src[(d * gates * hidden + onnx_gate(k) * hidden + h) * inner + i];
-    return Tensor::from_vector<float>({1, dirs, inner, gates, hidden}, out);
+                src[((first + d) * gates * hidden + onnx_gate(k) * hidden + h) * inner + i];
+    return Tensor::from_vector<float>({1, count, inner, gates, hidden}, out);
   };
-  const Tensor w_packed = ldigo(w->constant(), in_size), r_packed = ldigo(r->constant(), hidden);
   const std::int64_t bias_gates = lbr ? gates + 1 : gates;
-  std::vector<float> bias(static_cast<std::size_t>(dirs * bias_gates * hidden), 0.0f);
-  if (b) {
-    const float* src = b->constant().data<float>();
-    for (std::int64_t d = 0; d < dirs; ++d)
-      for (std::int64_t k = 0; k < bias_gates; ++k)
-        for (std::int64_t h = 0; h < hidden; ++h) {
-          const float* wb = src + d * 2 * gates * hidden;
-          const float* rb = wb + gates * hidden;
-          float v;
-          if (lbr && k == 2) v = wb[2 * hidden + h];        // o: Wbh (Rbh goes inside the reset)
-          else if (lbr && k == 3) v = rb[2 * hidden + h];   // u': Rbh
-          else v = wb[onnx_gate(k) * hidden + h] + rb[onnx_gate(k) * hidden + h];
-          bias[static_cast<std::size_t>((d * bias_gates + k) * hidden + h)] = v;
-        }
-  }
-  const Tensor bias_t = Tensor::from_vector<float>({1, dirs, bias_gates, hidden}, bias);
+  auto bias_of = [&](std::int64_t first, std::int64_t count) {
+    std::vector<float> bias(static_cast<std::size_t>(count * bias_gates * hidden), 0.0f);
+    if (b) {
+      for (std::int64_t d = 0; d < count; ++d)
+        for (std::int64_t k = 0; k < bias_gates; ++k)
+          for (std::int64_t h = 0; h < hidden; ++h) {
+            const float* wb = b->constant().data<float>() + (first + d) * 2 * gates * hidden;
+            const float* rb = wb + gates * hidden;
+            float v;
+            if (lbr && k == 2) v = wb[2 * hidden + h];        // o: Wbh (Rbh goes inside the reset)
+            else if (lbr && k == 3) v = rb[2 * hidden + h];   // u': Rbh
+            else v = wb[onnx_gate(k) * hidden + h] + rb[onnx_gate(k) * hidden + h];
+            bias[static_cast<std::size_t>((d * bias_gates + k) * hidden + h)] = v;
+          }
+    }
+    return Tensor::from_vector<float>({1, count, bias_gates, hidden}, bias);
+  };
+  // oneDNN's peepholes i f o from ONNX's P = [Pi, Po, Pf].
+  auto peepholes_of = [&](std::int64_t first, std::int64_t count) {
+    const float* src = peep->constant().data<float>();
+    std::vector<float> p(static_cast<std::size_t>(count * 3 * hidden));
+    static const std::int64_t from[3] = {0, 2, 1};
+    for (std::int64_t d = 0; d < count; ++d)
+      for (std::int64_t k = 0; k < 3; ++k)
+        for (std::int64_t h = 0; h < hidden; ++h)
+          p[static_cast<std::size_t>((d * 3 + k) * hidden + h)] = src[((first + d) * 3 + from[k]) * hidden + h];
+    return Tensor::from_vector<float>({1, count, 3, hidden}, p);
+  };
 
   using tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
+  const auto prop = dnnl::prop_kind::forward_inference;
+  const dnnl::primitive_attr attr = Lowering::base_attr();
   const memory::desc src_layer = plain_md({seq, batch, in_size});
   const memory::desc state_md = plain_md({1, dirs, batch, hidden});
-  const memory::desc src_iter = h0 ? state_md : memory::desc(), src_iter_c = c0 ? state_md : memory::desc();
-  const memory::desc w_layer({1, dirs, in_size, gates, hidden}, f32, tag::any);
-  const memory::desc w_iter({1, dirs, hidden, gates, hidden}, f32, tag::any);
-  const memory::desc bias_md = plain_md({1, dirs, bias_gates, hidden});
   const memory::desc dst_layer = plain_md({seq, batch, dirs * hidden});
-  const memory::desc dst_iter = wanted(y_h) ? state_md : memory::desc();
-  const memory::desc dst_iter_c = wanted(y_c) ? state_md : memory::desc();
-  const auto prop = dnnl::prop_kind::forward_inference;
-  dnnl::primitive prim;
-  memory::desc pd_w_layer, pd_w_iter, pd_w_peephole, scratch;
-  std::string impl;
-  auto take = [&](const auto& pd, auto make) {
-    if (!pd) return false;
-    pd_w_layer = pd.weights_layer_desc();
-    pd_w_iter = pd.weights_iter_desc();
-    scratch = pd.scratchpad_desc();
-    impl = pd.impl_info_str();
-    prim = make(pd);
-    return true;
+
+  // One primitive over directions [first, first + count): all of them (count = dirs), or one direction of
+  // a bidirectional layer, whose states and output are that direction's part of the node's.
+  struct Part {
+    dnnl::primitive prim;
+    std::string impl;
+    memory::desc scratch, w_layer, w_iter, w_peephole, bias, src_iter, src_iter_c, dst_layer, dst_iter, dst_iter_c;
+    std::int64_t first = 0, count = 0;
   };
-  bool made = false;
-  const dnnl::primitive_attr attr = Lowering::base_attr();
-  if (op == "LSTM") {
-    const memory::desc peep_md = peep ? plain_md({1, dirs, 3, hidden}) : memory::desc();
-    dnnl::lstm_forward::primitive_desc pd(
-        dnnl::lstm_forward::desc(prop, dir, src_layer, src_iter, src_iter_c, w_layer, w_iter, peep_md, bias_md, dst_layer,
-                                 dst_iter, dst_iter_c),
-        attr, L.engine(), true);
-    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::lstm_forward(p); });
-    if (made && peep) pd_w_peephole = pd.weights_peephole_desc();
-  } else if (op == "GRU" && lbr) {
-    dnnl::lbr_gru_forward::primitive_desc pd(
-        dnnl::lbr_gru_forward::desc(prop, dir, src_layer, src_iter, w_layer, w_iter, bias_md, dst_layer, dst_iter), attr,
-        L.engine(), true);
-    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::lbr_gru_forward(p); });
-  } else if (op == "GRU") {
-    dnnl::gru_forward::primitive_desc pd(
-        dnnl::gru_forward::desc(prop, dir, src_layer, src_iter, w_layer, w_iter, bias_md, dst_layer, dst_iter), attr,
-        L.engine(), true);
-    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::gru_forward(p); });
-  } else {
-    std::string act = n.has_attr("activations") ? n.attr_strings("activations")[0] : "Tanh";
-    auto alg = act == "Relu" ? dnnl::algorithm::eltwise_relu
-               : act == "Sigmoid" ? dnnl::algorithm::eltwise_logistic : dnnl::algorithm::eltwise_tanh;
-    dnnl::vanilla_rnn_forward::primitive_desc pd(
-        dnnl::vanilla_rnn_forward::desc(prop, alg, dir, src_layer, src_iter, w_layer, w_iter, bias_md, dst_layer, dst_iter),
-        attr, L.engine(), true);
-    made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::vanilla_rnn_forward(p); });
+  auto make_part = [&](dir_t pdir, std::int64_t first, std::int64_t count) -> std::optional<Part> {
+    Part part;
+    part.first = first;
+    part.count = count;
+    auto states = [&](bool present) {
+      if (!present) return memory::desc();
+      return count == dirs ? state_md : state_md.submemory_desc({1, 1, batch, hidden}, {0, first, 0, 0});
+    };
+    part.src_iter = states(h0 != nullptr);
+    part.src_iter_c = states(c0 != nullptr);
+    part.dst_iter = states(wanted(y_h));
+    part.dst_iter_c = states(wanted(y_c));
+    part.dst_layer = count == dirs ? dst_layer : dst_layer.submemory_desc({seq, batch, hidden}, {0, 0, first * hidden});
+    part.bias = plain_md({1, count, bias_gates, hidden});
+    const memory::desc w_layer({1, count, in_size, gates, hidden}, f32, tag::any);
+    const memory::desc w_iter({1, count, hidden, gates, hidden}, f32, tag::any);
+    auto take = [&](const auto& pd, auto make) {
+      if (!pd) return false;
+      part.w_layer = pd.weights_layer_desc();
+      part.w_iter = pd.weights_iter_desc();
+      part.scratch = pd.scratchpad_desc();
+      part.impl = pd.impl_info_str();
+      part.prim = make(pd);
+      return true;
+    };
+    bool made = false;
+    if (op == "LSTM") {
+      const memory::desc peep_md = peep ? plain_md({1, count, 3, hidden}) : memory::desc();
+      dnnl::lstm_forward::primitive_desc pd(
+          dnnl::lstm_forward::desc(prop, pdir, src_layer, part.src_iter, part.src_iter_c, w_layer, w_iter, peep_md,
+                                   part.bias, part.dst_layer, part.dst_iter, part.dst_iter_c),
+          attr, L.engine(), true);
+      made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::lstm_forward(p); });
+      if (made && peep) part.w_peephole = pd.weights_peephole_desc();
+    } else if (op == "GRU" && lbr) {
+      dnnl::lbr_gru_forward::primitive_desc pd(
+          dnnl::lbr_gru_forward::desc(prop, pdir, src_layer, part.src_iter, w_layer, w_iter, part.bias, part.dst_layer,
+                                      part.dst_iter),
+          attr, L.engine(), true);
+      made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::lbr_gru_forward(p); });
+    } else if (op == "GRU") {
+      dnnl::gru_forward::primitive_desc pd(
+          dnnl::gru_forward::desc(prop, pdir, src_layer, part.src_iter, w_layer, w_iter, part.bias, part.dst_layer,
+                                  part.dst_iter),
+          attr, L.engine(), true);
+      made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::gru_forward(p); });
+    } else {
+      std::string act = n.has_attr("activations") ? n.attr_strings("activations")[0] : "Tanh";
+      auto alg = act == "Relu" ? dnnl::algorithm::eltwise_relu
+                 : act == "Sigmoid" ? dnnl::algorithm::eltwise_logistic : dnnl::algorithm::eltwise_tanh;
+      dnnl::vanilla_rnn_forward::primitive_desc pd(
+          dnnl::vanilla_rnn_forward::desc(prop, alg, pdir, src_layer, part.src_iter, w_layer, w_iter, part.bias,
+                                          part.dst_layer, part.dst_iter),
+          attr, L.engine(), true);
+      made = take(pd, [](const auto& p) -> dnnl::primitive { return dnnl::vanilla_rnn_forward(p); });
+    }
+    if (!made) return std::nullopt;
+    return part;
+  };
+
+  // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
+  // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
+  const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
+  std::vector<Part> parts;
+  if (dirs == 2 && threads >= 2) {
+    auto forward = make_part(dir_t::unidirectional_left2right, 0, 1);
+    auto backward = make_part(dir_t::unidirectional_right2left, 1, 1);
+    if (forward && backward) parts = {*forward, *backward};
   }
-  if (!made) {
-    L.log(op + " '" + n.name() + "': oneDNN has no primitive for it; it runs on its reference kernel");
-    return false;
+  if (parts.empty()) {
+    auto whole = make_part(dir, 0, dirs);
+    if (!whole) {
+      L.log(op + " '" + n.name() + "': oneDNN has no primitive for it; it runs on its reference kernel");
+      return false;
+    }
+    parts = {*whole};
   }
 
-  std::vector<SlotArg> args{{DNNL_ARG_SRC_LAYER, L.row_major_slot(x), src_layer}};
-  std::vector<std::pair<int, memory>> consts{{DNNL_ARG_WEIGHTS_LAYER, L.constant_memory(w_packed, pd_w_layer)},
-                                             {DNNL_ARG_WEIGHTS_ITER, L.constant_memory(r_packed, pd_w_iter)},
-                                             {DNNL_ARG_BIAS, L.constant_memory(bias_t, bias_md)}};
-  if (peep) {
-    // oneDNN's peepholes i f o from ONNX's P = [Pi, Po, Pf].
-    const float* src = peep->constant().data<float>();
-    std::vector<float> p(static_cast<std::size_t>(dirs * 3 * hidden));
-    static const std::int64_t from[3] = {0, 2, 1};
-    for (std::int64_t d = 0; d < dirs; ++d)
-      for (std::int64_t k = 0; k < 3; ++k)
-        for (std::int64_t h = 0; h < hidden; ++h)
-          p[static_cast<std::size_t>((d * 3 + k) * hidden + h)] = src[(d * 3 + from[k]) * hidden + h];
-    consts.emplace_back(DNNL_ARG_WEIGHTS_PEEPHOLE,
-                        L.constant_memory(Tensor::from_vector<float>({1, dirs, 3, hidden}, p), pd_w_peephole));
-  }
-  if (h0) args.push_back({DNNL_ARG_SRC_ITER, L.row_major_slot(h0), state_md});
-  if (c0) args.push_back({DNNL_ARG_SRC_ITER_C, L.row_major_slot(c0), state_md});
-
-  // Y: oneDNN's [T, N, D*H] is Y [T, D, N, H] read through strides.
+  // Slots: the inputs' row-major bytes; Y (oneDNN's [T, N, D*H] is Y [T, D, N, H] read through strides),
+  // Y_h and Y_c written by every part.
+  const SlotId x_slot = L.row_major_slot(x);
+  const SlotId h0_slot = h0 ? L.row_major_slot(h0) : SlotId{};
+  const SlotId c0_slot = c0 ? L.row_major_slot(c0) : SlotId{};
   SlotId layer_slot;
   if (dirs == 1 && wanted(y)) {
     layer_slot = L.new_value_slot(y, plain_md(y->shape().sizes()));
     L.define(y, layer_slot, plain_md(y->shape().sizes()));
   } else {
-    runtime::Slot s = Lowering::slot_for(y ? y : x, SlotKind::Arena, 0);
-    s.name = n.name() + ".dst_layer";
-    s.dims = {seq, batch, dirs * hidden};
-    s.bytes = static_cast<std::size_t>(seq * batch * dirs * hidden) * sizeof(float);
-    s.layout = "abc";
-    s.dtype = DType::Float32;
-    layer_slot = L.add_slot(std::move(s));
+    runtime::Slot slot = Lowering::slot_for(y ? y : x, SlotKind::Arena, 0);
+    slot.name = n.name() + ".dst_layer";
+    slot.dims = {seq, batch, dirs * hidden};
+    slot.bytes = static_cast<std::size_t>(seq * batch * dirs * hidden) * sizeof(float);
+    slot.layout = "abc";
+    slot.dtype = DType::Float32;
+    layer_slot = L.add_slot(std::move(slot));
     if (wanted(y))
       L.define(y, layer_slot,
                memory::desc({seq, dirs, batch, hidden}, f32, Dims{batch * dirs * hidden, hidden, dirs * hidden, 1}));
   }
-  args.push_back({DNNL_ARG_DST_LAYER, layer_slot, dst_layer});
+  SlotId y_h_slot{}, y_c_slot{};
   if (wanted(y_h)) {
-    SlotId s = L.new_value_slot(y_h, state_md);
-    args.push_back({DNNL_ARG_DST_ITER, s, state_md});
-    L.define(y_h, s, plain_md(y_h->shape().sizes()));
+    y_h_slot = L.new_value_slot(y_h, state_md);
+    L.define(y_h, y_h_slot, plain_md(y_h->shape().sizes()));
   }
   if (wanted(y_c)) {
-    SlotId s = L.new_value_slot(y_c, state_md);
-    args.push_back({DNNL_ARG_DST_ITER_C, s, state_md});
-    L.define(y_c, s, plain_md(y_c->shape().sizes()));
+    y_c_slot = L.new_value_slot(y_c, state_md);
+    L.define(y_c, y_c_slot, plain_md(y_c->shape().sizes()));
   }
-  L.add_primitive({n.name(), op, impl,
-                   direction + (lbr ? " lbr" : "") + " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" +
-                       std::to_string(in_size) + " H" + std::to_string(hidden) + (peep ? " +peepholes" : "") +
-                       " wei " + layout_name(pd_w_layer)},
-                  &n, prim, scratch, std::move(args), std::move(consts));
+
+  const std::string detail = " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" + std::to_string(in_size) +
+                             " H" + std::to_string(hidden) + (lbr ? " lbr" : "") + (peep ? " +peepholes" : "");
+  std::vector<std::unique_ptr<PrimitiveStep>> steps;
+  std::size_t scratch_offset = 0;
+  for (const Part& part : parts) {
+    std::vector<SlotArg> args{{DNNL_ARG_SRC_LAYER, x_slot, src_layer}};
+    std::vector<std::pair<int, memory>> consts{
+        {DNNL_ARG_WEIGHTS_LAYER, L.constant_memory(ldigo(w->constant(), in_size, part.first, part.count), part.w_layer)},
+        {DNNL_ARG_WEIGHTS_ITER, L.constant_memory(ldigo(r->constant(), hidden, part.first, part.count), part.w_iter)},
+        {DNNL_ARG_BIAS, L.constant_memory(bias_of(part.first, part.count), part.bias)}};
+    if (peep)
+      consts.emplace_back(DNNL_ARG_WEIGHTS_PEEPHOLE, L.constant_memory(peepholes_of(part.first, part.count), part.w_peephole));
+    if (h0) args.push_back({DNNL_ARG_SRC_ITER, h0_slot, part.src_iter});
+    if (c0) args.push_back({DNNL_ARG_SRC_ITER_C, c0_slot, part.src_iter_c});
+    args.push_back({DNNL_ARG_DST_LAYER, layer_slot, part.dst_layer});
+    if (wanted(y_h)) args.push_back({DNNL_ARG_DST_ITER, y_h_slot, part.dst_iter});
+    if (wanted(y_c)) args.push_back({DNNL_ARG_DST_ITER_C, y_c_slot, part.dst_iter_c});
+    const std::string which = parts.size() == 1 ? direction : part.first == 0 ? "forward half" : "reverse half";
+    steps.push_back(std::make_unique<PrimitiveStep>(
+        runtime::StepInfo{n.name(), op, part.impl, which + detail + " wei " + layout_name(part.w_layer)}, &n, L.engine(),
+        part.prim, std::move(args), std::move(consts), part.scratch, std::vector<SlotId>{}, scratch_offset));
+    scratch_offset += (part.scratch.get_size() + 63) / 64 * 64;
+  }
+  L.scratchpad_bytes = std::max(L.scratchpad_bytes, scratch_offset);
+  if (steps.size() == 1) {
+    L.add_step(std::move(steps.front()));
+  } else {
+    L.add_step(std::make_unique<ConcurrentStep>(
+        runtime::StepInfo{n.name(), op, parts.front().impl,
+                          direction + ", its two directions side by side" + detail + " wei " +
+                              layout_name(parts.front().w_layer)},
+        std::move(steps)));
+  }
   return true;
 }
 
