@@ -135,6 +135,50 @@ TEST_CASE("control flow: If runs the chosen branch, compiled or not; a known con
   }
 }
 
+TEST_CASE("control flow: If branches and Loop bodies are compiled once, with the parent", "[control-flow][lower]") {
+  // The If's branches and the Loop's body become compiled models of their own (lower/detail/
+  // control_flow.hpp): the step says so, the log lists their steps, and one context runs them again.
+  Graph g;
+  Value* c = g.add_input("c", DType::Bool, Shape{});
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 3});
+  g.add_output(add_if(g, c, x, "if")->output(0));
+  infer_shapes(g);
+  std::vector<std::string> log;
+  lower::CompileOptions options;
+  options.threads = 1;
+  options.log = [&log](const std::string& line) { log.push_back(line); };
+  CompiledModel m = lower::compile(g, options);
+  std::string detail;
+  for (auto& s : m.steps())
+    if (s.op == "If") {
+      CHECK(s.implementation == "compiled subgraphs");
+      detail = s.detail;
+    }
+  CHECK_THAT(detail, Contains("then_branch (1 steps)") && Contains("else_branch (1 steps)"));
+  bool logged = false;
+  for (auto& line : log) logged = logged || line.find("subgraph 'then_branch' of If 'if': compiled") != std::string::npos;
+  CHECK(logged);
+  auto ctx = m.make_context();
+  Tensor xt = test::uniform_tensor({2, 3}, 15);
+  for (bool cond : {true, false, true}) {
+    std::map<std::string, Tensor> in{{"c", Tensor::scalar<bool>(cond)}, {"x", xt}};
+    CHECK(test::rel_error(m.run(ctx, in).at("if.y"), ReferenceExecutor(g).run(in).at("if.y")) == 0);
+  }
+
+  Graph loop = loop_graph(5, false);
+  CompiledModel lm = lower::compile(loop, options);
+  for (auto& s : lm.steps())
+    if (s.op == "Loop") CHECK(s.implementation == "compiled subgraphs");
+  auto lctx = lm.make_context();
+  Tensor h0 = test::uniform_tensor({2, 3}, 16);
+  auto want = ReferenceExecutor(loop).run({{"x", xt}, {"h0", h0}});
+  for (int k = 0; k < 2; ++k) {
+    auto got = lm.run(lctx, {{"x", xt}, {"h0", h0}});
+    CHECK(test::rel_error(got.at("h_all"), want.at("h_all")) < 1e-6);
+    CHECK(test::rel_error(got.at("h_final"), want.at("h_final")) < 1e-6);
+  }
+}
+
 TEST_CASE("control flow: Loop carries values and stacks scan outputs", "[control-flow][reference]") {
   Graph g = loop_graph(4, false);
   CHECK(g.find_value("h_all")->shape() == Shape({4, 2, 3}));  // M constant, no condition: 4 steps
@@ -160,6 +204,13 @@ TEST_CASE("control flow: Loop carries values and stacks scan outputs", "[control
   auto none = ReferenceExecutor(dynamic).run({{"x", x}, {"h0", h0}, {"m", Tensor::scalar<std::int64_t>(0)}});
   CHECK(none.at("h_all").dims() == Dims{0, 2, 3});
   CHECK(test::rel_error(none.at("h_final"), h0) == 0);
+  // Compiled, it is a staged model's frontier (its scan output's size is data), its body still compiled.
+  CompiledModel staged = lower::compile(dynamic, options);
+  REQUIRE(staged.continuation());
+  CHECK_THAT(staged.continuation()->to_text(), Contains("Loop 'loop' runs 1 of its subgraphs compiled"));
+  auto got = staged.run({{"x", x}, {"h0", h0}, {"m", Tensor::scalar<std::int64_t>(3)}});
+  CHECK(test::rel_error(got.at("h_all"), three.at("h_all")) < 1e-6);
+  CHECK(test::rel_error(got.at("h_final"), three.at("h_final")) < 1e-6);
 }
 
 TEST_CASE("control flow: Scan walks its inputs in either direction", "[control-flow][reference]") {
@@ -262,9 +313,16 @@ TEST_CASE("control flow: passes see into subgraphs (BatchNormalization folds ins
   Graph& branch = optimised.find_value("y")->producer()->attr_graph("then_branch");
   CHECK(branch.count_ops("BatchNormalization") == 0);
   CHECK(then_g->count_ops("BatchNormalization") == 1);  // the original keeps its own
+  // --print-passes' table counts the subgraphs' nodes beside the graph's (4 -> fewer: BN, and Relu fused).
+  CHECK_THAT(pm.summary_text(), Contains("subgraphs: 4 -> "));
+  // Compiled: the branch's Conv (BN folded, Relu fused) runs on oneDNN inside the If's compiled branch.
+  lower::CompileOptions options;
+  options.threads = 1;
+  CompiledModel m = lower::compile(g, options);
   for (bool cond : {true, false}) {
     std::map<std::string, Tensor> in{{"c", Tensor::scalar<bool>(cond)}, {"x", test::uniform_tensor({1, 2, 5, 5}, 8)}};
     CHECK(test::rel_error(ReferenceExecutor(optimised).run(in).at("y"), ReferenceExecutor(g).run(in).at("y")) < 1e-5);
+    CHECK(test::rel_error(m.run(in).at("y"), ReferenceExecutor(g).run(in).at("y")) < 1e-5);
   }
 }
 
@@ -281,6 +339,22 @@ TEST_CASE("control flow: the scripted PyTorch model keeps its Loop and nested If
   CHECK(body.count_ops("If") == 1);  // the early-exit test, nested, reading the body's values
   CHECK(loop->captured_names().size() >= 3);  // the step's weight and bias, the `steps` input
   CHECK(g.find_value("y")->shape().str() == "[batch,4]");
+
+  // Compiled at batch 2: the trip count comes from the `steps` input, but the carried value keeps its
+  // shape, so the Loop is one step of the plan, its body (with the nested If) compiled.
+  Graph bound = g.clone();
+  bind_dims(bound, {{"batch", 2}});
+  lower::CompileOptions options;
+  options.threads = 1;
+  CompiledModel m = lower::compile(std::move(bound), options);
+  CHECK_FALSE(m.continuation());
+  std::size_t compiled_loops = 0;
+  for (auto& s : m.steps()) compiled_loops += s.op == "Loop" && s.implementation == "compiled subgraphs";
+  CHECK(compiled_loops == 1);
+  fs::path dir = fs::path(ONDINE_TEST_DATA_DIR) / "torch" / "scripted_loop";
+  std::map<std::string, Tensor> in{{"x", load_npy((dir / "case0.x.npy").string())},
+                                   {"steps", load_npy((dir / "case0.steps.npy").string())}};
+  CHECK(test::rel_error(m.run(in).at("y"), load_npy((dir / "case0.out.y.npy").string())) < 1e-5);
 }
 
 }  // namespace test_control_flow

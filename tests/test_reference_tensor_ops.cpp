@@ -496,6 +496,24 @@ TEST_CASE("NonZero and CumSum", "[tensor_ops]") {
   CHECK(ints(m) == Ints{1, 3, 3, 7});
 }
 
+TEST_CASE("data-dependent ops: indices and counts from data out of range are errors naming the node",
+          "[tensor_ops][errors]") {
+  // What a detector or a tagger computes at run time and then indexes with: never a crash, never a
+  // read outside the tensor.
+  expect_node_error("GatherND", "out of range",
+                    [] { run1("GatherND", {rt(iota_f32({2, 3})), rt(i64({1, 2}, {1, 3}))}); });
+  expect_node_error("GatherND", "out of range",
+                    [] { run1("GatherND", {rt(iota_f32({2, 3})), rt(i64({1, 2}, {-3, 0}))}); });
+  expect_node_error("TopK", "k", [] { run("TopK", {rt(iota_f32({4})), rt(i64s({5}))}, {}, 2); });
+  expect_node_error("TopK", "k", [] { run("TopK", {rt(iota_f32({4})), rt(i64s({-1}))}, {}, 2); });
+  expect_node_error("ScatterElements", "out of range", [] {
+    run1("ScatterElements", {rt(iota_f32({2, 2})), rt(i64({1, 1}, {2})), rt(f32({1, 1}, {9}))});
+  });
+  expect_node_error("Range", "", [] {
+    run1("Range", {rt(Tensor::scalar<float>(0)), rt(Tensor::scalar<float>(1e30f)), rt(Tensor::scalar<float>(1e-30f))});
+  });
+}
+
 TEST_CASE("hostile parameters give errors, not overflows", "[tensor_ops]") {
   constexpr std::int64_t big = std::int64_t(1) << 40;
   // negative step on an empty axis

@@ -315,6 +315,16 @@ class Graph {
     captures_.push_back(v);
     return v;
   }
+  // Makes this subgraph's captures graph inputs after its own, by the same names: the subgraph as a
+  // graph of its own (a compiled body is fed its captures' values like any input).
+  void captures_to_inputs() {
+    for (Value* c : captures_) {
+      c->is_capture_ = false;
+      c->is_input_ = true;
+      inputs_.push_back(c);
+    }
+    captures_.clear();
+  }
   Value* add_constant(const std::string& name, Tensor t) {
     Value* v = new_value(name.empty() ? unique_name("const") : name);
     v->set_constant(std::move(t));

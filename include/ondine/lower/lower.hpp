@@ -34,6 +34,7 @@
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/lower/detail/attention.hpp"
 #include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/control_flow.hpp"
 #include "ondine/lower/detail/conv.hpp"
 #include "ondine/lower/detail/deconv.hpp"
 #include "ondine/lower/detail/dynamic_quant.hpp"
@@ -126,6 +127,20 @@ inline void lower_reference(Lowering& L, const Node& n) {
     L.define_plain(v, slot);
     outs.push_back({true, slot, v->dtype(), v->shape().sizes()});
     detail += Graph::value_type_str(v) + " ";
+  }
+  if (is_control_flow(n)) {
+    // Control flow: its subgraphs compiled (detail/control_flow.hpp).
+    CompiledBodies bodies = compile_bodies(n, L.options);
+    std::string compiled;
+    for (const auto& [attr, sub] : n.subgraphs())
+      if (auto b = bodies.find(sub); b != bodies.end())
+        compiled += (compiled.empty() ? "" : ", ") + attr + " (" + std::to_string(b->second->steps().size()) + " steps)";
+    const bool all = bodies.size() == n.subgraphs().size();
+    L.add_step(std::make_unique<ControlFlowStep>(
+        runtime::StepInfo{n.name(), n.op_type(), all ? "compiled subgraphs" : "reference",
+                          detail + (compiled.empty() ? "" : "; compiled: " + compiled)},
+        &n, std::move(ins), std::move(outs), std::move(bodies)));
+    return;
   }
   L.add_step(std::make_unique<ReferenceStep>(runtime::StepInfo{n.name(), n.op_type(), "reference", detail}, &n,
                                              it->second, std::move(ins), std::move(outs)));

@@ -79,6 +79,12 @@ class StagedRest : public runtime::Continuation {
   StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options)
       : frontier_(std::make_shared<Graph>(std::move(frontier))) {
     frontier_names_ = node_names(*frontier_);
+    // A Loop or If at the frontier (its output shapes depend on data) still runs its bodies compiled.
+    for (Node* n : frontier_->nodes())
+      if (is_control_flow(*n)) {
+        CompiledBodies bodies = compile_bodies(*n, options);
+        if (!bodies.empty()) frontier_bodies_.emplace(n, std::move(bodies));
+      }
     if (rest) {
       rest_names_ = node_names(*rest);
       rest_inputs_ = input_names(*rest);
@@ -90,7 +96,13 @@ class StagedRest : public runtime::Continuation {
   void run(std::map<std::string, Tensor>& values) const override {
     std::map<std::string, Tensor> in;
     for (Value* v : frontier_->inputs()) in[v->name()] = values.at(v->name());
-    for (auto& [name, t] : ReferenceExecutor(*frontier_).run(in)) values[name] = t;
+    ReferenceExecutor frontier(*frontier_);
+    std::map<const Node*, BodyContexts> contexts;  // this call's: runs on several threads stay apart
+    for (auto& [node, bodies] : frontier_bodies_)
+      frontier.override_kernel(node, [&contexts, &bodies = bodies](const Node& n, const std::vector<Tensor>& args) {
+        return run_control_flow(n, args, bodies, contexts[&n]);
+      });
+    for (auto& [name, t] : frontier.run(in)) values[name] = t;
     if (!rest_) return;
     std::map<std::string, Tensor> rest_in;
     bool empty = false;
@@ -106,6 +118,9 @@ class StagedRest : public runtime::Continuation {
 
   std::string to_text() const override {
     std::string s = "  then, on reference kernels (their output shapes depend on data): " + frontier_names_ + "\n";
+    for (auto& [node, bodies] : frontier_bodies_)
+      s += "    " + node->op_type() + " '" + node->name() + "' runs " + std::to_string(bodies.size()) +
+           " of its subgraphs compiled\n";
     if (rest_)
       s += "  then, compiled per shape at run time (" + std::to_string(rest_->compilations()) +
            " compiled so far): " + rest_names_ + "\n";
@@ -129,6 +144,7 @@ class StagedRest : public runtime::Continuation {
   }
 
   std::shared_ptr<Graph> frontier_;
+  std::map<const Node*, CompiledBodies> frontier_bodies_;
   std::shared_ptr<ShapeCache> rest_;
   std::shared_ptr<Graph> rest_graph_;  // for runs with an empty input
   std::vector<std::string> rest_inputs_;

@@ -74,6 +74,7 @@ struct PassRecord {
   std::size_t iteration = 1;  // > 1 for repeats of a '*' entry
   double ms = 0;
   std::size_t nodes_before = 0, nodes_after = 0;
+  std::size_t subgraph_nodes_before = 0, subgraph_nodes_after = 0;  // in If branches and Loop/Scan bodies
   std::size_t rewrites = 0;
   bool changed = false;
 };
@@ -196,8 +197,11 @@ class PassManager {
     for (auto& r : records_) {
       std::string name = r.name + (r.iteration > 1 ? " #" + std::to_string(r.iteration) : "");
       std::string nodes = std::to_string(r.nodes_before) + " -> " + std::to_string(r.nodes_after);
-      std::snprintf(line, sizeof line, "%-22s %9.2f %15s %9zu\n", name.c_str(), r.ms, nodes.c_str(), r.rewrites);
+      std::snprintf(line, sizeof line, "%-22s %9.2f %15s %9zu", name.c_str(), r.ms, nodes.c_str(), r.rewrites);
       os << line;
+      if (r.subgraph_nodes_before || r.subgraph_nodes_after)
+        os << "   subgraphs: " << r.subgraph_nodes_before << " -> " << r.subgraph_nodes_after << " nodes";
+      os << "\n";
       total += r.ms;
     }
     std::snprintf(line, sizeof line, "%-22s %9.2f\n", "total", total);
@@ -226,6 +230,7 @@ class PassManager {
     rec.name = name;
     rec.iteration = iteration;
     rec.nodes_before = g.num_nodes();
+    rec.subgraph_nodes_before = subgraph_nodes(g);
     ctx_.begin_pass(name);
     auto t0 = std::chrono::steady_clock::now();
     try {
@@ -240,6 +245,7 @@ class PassManager {
     }
     rec.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rec.nodes_after = g.num_nodes();
+    rec.subgraph_nodes_after = subgraph_nodes(g);
     rec.rewrites = ctx_.rewrites();
     // A pass that rewrote something but says it changed nothing would stop a '*' entry early.
     rec.changed = rec.changed || rec.rewrites > 0;
@@ -255,6 +261,13 @@ class PassManager {
   // Passes see into subgraphs: each runs on every If branch and Loop/Scan body too (nested ones
   // included), after the graph that holds them, so a BatchNormalization inside a branch folds like one
   // outside. A subgraph is a graph like any other to a pass: its captures are inputs, its outputs stay.
+  static std::size_t subgraph_nodes(const Graph& g) {
+    std::size_t count = 0;
+    for (Node* n : g.nodes())
+      for (auto& [attr, sub] : n->subgraphs()) count += sub->num_nodes() + subgraph_nodes(*sub);
+    return count;
+  }
+
   bool run_in_subgraphs(detail::AnyPass& pass, Graph& g) {
     bool changed = false;
     for (Node* n : g.nodes())

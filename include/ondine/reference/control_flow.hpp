@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,29 @@ inline std::function<Tensor(const std::string&)> captures_of(const Node& n, cons
     throw n.error("its subgraph reads '" + name + "', which the node does not pass in");
   };
 }
+
+// How a subgraph runs, when not on the reference executor (a compiled engine passes its compiled
+// bodies): the body, its formal inputs and a lookup of its captures -> its outputs.
+using BodyRunner = std::function<std::vector<Tensor>(const Graph& body, const std::vector<Tensor>& inputs,
+                                                    const std::function<Tensor(const std::string&)>& capture)>;
+
+// Runs `body` through `runner`, or on one reference executor made at the first call.
+class Body {
+ public:
+  Body(const Graph& body, const BodyRunner* runner, std::function<Tensor(const std::string&)> capture)
+      : body_(body), runner_(runner), capture_(std::move(capture)) {}
+  std::vector<Tensor> operator()(const std::vector<Tensor>& inputs) {
+    if (runner_ && *runner_) return (*runner_)(body_, inputs, capture_);
+    if (!exec_) exec_.emplace(body_);
+    return exec_->run_body(inputs, capture_);
+  }
+
+ private:
+  const Graph& body_;
+  const BodyRunner* runner_;
+  std::function<Tensor(const std::string&)> capture_;
+  std::optional<ReferenceExecutor> exec_;
+};
 
 inline bool scalar_truth(const Node& n, const Tensor& t, const char* what) {
   if (t.numel() != 1)
@@ -94,13 +119,13 @@ inline std::vector<std::int64_t> inferred_part_dims(const Value* v) {
   return v->shape().sizes();
 }
 
-inline std::vector<Tensor> if_kernel(const Node& n, const std::vector<Tensor>& in) {
+inline std::vector<Tensor> if_kernel(const Node& n, const std::vector<Tensor>& in, const BodyRunner* runner = nullptr) {
   bool cond = scalar_truth(n, in.at(0), "its condition");
   const Graph& branch = n.attr_graph(cond ? "then_branch" : "else_branch");
-  return ReferenceExecutor(branch).run_body({}, captures_of(n, in));
+  return Body(branch, runner, captures_of(n, in))({});
 }
 
-inline std::vector<Tensor> loop_kernel(const Node& n, const std::vector<Tensor>& in) {
+inline std::vector<Tensor> loop_kernel(const Node& n, const std::vector<Tensor>& in, const BodyRunner* runner = nullptr) {
   const Graph& body = n.attr_graph("body");
   const std::size_t carried = n.num_formal_inputs() - 2;
   const std::size_t scans = body.outputs().size() - 1 - carried;
@@ -110,8 +135,7 @@ inline std::vector<Tensor> loop_kernel(const Node& n, const std::vector<Tensor>&
   bool keep_going = has_cond ? scalar_truth(n, in[1], "its condition") : true;
   std::vector<Tensor> state(in.begin() + 2, in.begin() + 2 + static_cast<std::ptrdiff_t>(carried));
   std::vector<std::vector<Tensor>> stacked(scans);
-  ReferenceExecutor exec(body);
-  auto captures = captures_of(n, in);
+  Body run_body(body, runner, captures_of(n, in));
   const std::int64_t limit = max_loop_iterations();
   for (std::int64_t i = 0; (!has_trip || i < trip) && keep_going; ++i) {
     if (i >= limit)
@@ -119,7 +143,7 @@ inline std::vector<Tensor> loop_kernel(const Node& n, const std::vector<Tensor>&
                     " iterations without ending (raise the limit with --max-loop-iterations if that is intended)");
     std::vector<Tensor> args{Tensor::scalar<std::int64_t>(i), Tensor::scalar<bool>(keep_going)};
     args.insert(args.end(), state.begin(), state.end());
-    std::vector<Tensor> out = exec.run_body(args, captures);
+    std::vector<Tensor> out = run_body(args);
     if (has_cond) keep_going = scalar_truth(n, out[0], "its body's condition output");
     for (std::size_t k = 0; k < carried; ++k) state[k] = std::move(out[1 + k]);
     for (std::size_t k = 0; k < scans; ++k) stacked[k].push_back(std::move(out[1 + carried + k]));
@@ -136,7 +160,7 @@ inline std::vector<Tensor> loop_kernel(const Node& n, const std::vector<Tensor>&
 
 // Opset 8: inputs sequence_lens?, N states [B, ...], M scan inputs [B, T, ...] (attribute `directions`);
 // each batch item is scanned over its first sequence_lens[b] steps, scan outputs padded with zeros to T.
-inline std::vector<Tensor> scan8_kernel(const Node& n, const std::vector<Tensor>& in) {
+inline std::vector<Tensor> scan8_kernel(const Node& n, const std::vector<Tensor>& in, const BodyRunner* runner) {
   const Graph& body = n.attr_graph("body");
   const auto m = static_cast<std::size_t>(n.attr_int("num_scan_inputs"));
   const std::size_t states = n.num_formal_inputs() - 1 - m, outs = body.outputs().size() - states;
@@ -152,8 +176,7 @@ inline std::vector<Tensor> scan8_kernel(const Node& n, const std::vector<Tensor>
     for (auto l : lens)
       if (l < 0 || l > steps) throw n.error("sequence_lens holds " + std::to_string(l) + ", outside [0, " + std::to_string(steps) + "]");
   }
-  ReferenceExecutor exec(body);
-  auto captures = captures_of(n, in);
+  Body run_body(body, runner, captures_of(n, in));
   std::vector<std::vector<Tensor>> final_states(states), outputs(outs);
   for (std::int64_t b = 0; b < batch; ++b) {
     std::vector<Tensor> state;
@@ -165,7 +188,7 @@ inline std::vector<Tensor> scan8_kernel(const Node& n, const std::vector<Tensor>
     for (std::int64_t t = 0; t < len; ++t) {
       std::vector<Tensor> args = state;
       for (std::size_t j = 0; j < m; ++j) args.push_back(take(rows_of_b[j], 0, dirs[j] ? len - 1 - t : t));
-      std::vector<Tensor> out = exec.run_body(args, captures);
+      std::vector<Tensor> out = run_body(args);
       for (std::size_t k = 0; k < states; ++k) state[k] = std::move(out[k]);
       for (std::size_t k = 0; k < outs; ++k) stacked[k].push_back(std::move(out[states + k]));
     }
@@ -187,8 +210,8 @@ inline std::vector<Tensor> scan8_kernel(const Node& n, const std::vector<Tensor>
   return result;
 }
 
-inline std::vector<Tensor> scan_kernel(const Node& n, const std::vector<Tensor>& in) {
-  if (n.opset() < 9) return scan8_kernel(n, in);
+inline std::vector<Tensor> scan_kernel(const Node& n, const std::vector<Tensor>& in, const BodyRunner* runner = nullptr) {
+  if (n.opset() < 9) return scan8_kernel(n, in, runner);
   const Graph& body = n.attr_graph("body");
   const std::size_t formal = n.num_formal_inputs();
   const auto m = static_cast<std::size_t>(n.attr_int("num_scan_inputs"));
@@ -210,13 +233,12 @@ inline std::vector<Tensor> scan_kernel(const Node& n, const std::vector<Tensor>&
   }
   std::vector<Tensor> state(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(states));
   std::vector<std::vector<Tensor>> stacked(outs);
-  ReferenceExecutor exec(body);
-  auto captures = captures_of(n, in);
+  Body run_body(body, runner, captures_of(n, in));
   for (std::int64_t t = 0; t < trip; ++t) {
     std::vector<Tensor> args = state;
     for (std::size_t j = 0; j < m; ++j)
       args.push_back(take(in[states + j], axes[j], in_dirs[j] ? trip - 1 - t : t));
-    std::vector<Tensor> out = exec.run_body(args, captures);
+    std::vector<Tensor> out = run_body(args);
     for (std::size_t k = 0; k < states; ++k) state[k] = std::move(out[k]);
     for (std::size_t k = 0; k < outs; ++k) stacked[k].push_back(std::move(out[states + k]));
   }
@@ -234,9 +256,9 @@ inline std::vector<Tensor> scan_kernel(const Node& n, const std::vector<Tensor>&
 }  // namespace detail_control_flow
 
 inline void register_control_flow_kernels(KernelTable& t) {
-  t["If"] = detail_control_flow::if_kernel;
-  t["Loop"] = detail_control_flow::loop_kernel;
-  t["Scan"] = detail_control_flow::scan_kernel;
+  t["If"] = [](const Node& n, const std::vector<Tensor>& in) { return detail_control_flow::if_kernel(n, in); };
+  t["Loop"] = [](const Node& n, const std::vector<Tensor>& in) { return detail_control_flow::loop_kernel(n, in); };
+  t["Scan"] = [](const Node& n, const std::vector<Tensor>& in) { return detail_control_flow::scan_kernel(n, in); };
 }
 
 }  // namespace ondine::reference

@@ -130,6 +130,10 @@ class ReferenceExecutor {
   // Checks that every op is supported (one error listing them all) before anything runs.
   explicit ReferenceExecutor(const Graph& g) : graph_(g), order_(g.topo_order()) { check_supported(g); }
 
+  // Runs node `n` of the graph with `kernel` instead of its reference kernel (a compiled engine runs a
+  // control-flow node's bodies on their compiled plans this way).
+  void override_kernel(const Node* n, reference::Kernel kernel) { overrides_[n] = std::move(kernel); }
+
   // Runs the graph; returns the graph outputs by name. With `keep_all`, every intermediate value too.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, bool keep_all = false) const {
     check_inputs(graph_, inputs);
@@ -188,7 +192,8 @@ class ReferenceExecutor {
       }
       std::vector<Tensor> outs;
       try {
-        outs = kernels.at(n->op_key())(*n, args);
+        auto overridden = overrides_.find(n);
+        outs = overridden != overrides_.end() ? overridden->second(*n, args) : kernels.at(n->op_key())(*n, args);
       } catch (Error& e) {
         if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
         throw;
@@ -209,6 +214,7 @@ class ReferenceExecutor {
 
   const Graph& graph_;
   std::vector<Node*> order_;
+  std::unordered_map<const Node*, reference::Kernel> overrides_;
 };
 
 }  // namespace ondine

@@ -411,7 +411,7 @@ class ReferenceStep : public runtime::Step {
       args.push_back(in.present ? Tensor(in.dtype, in.dims, ctx.ptr(in.slot), nullptr) : Tensor());
     std::vector<Tensor> results;
     try {
-      results = kernel_(*node_, args);
+      results = compute(ctx, args);
     } catch (Error& e) {
       if (e.node().empty() && e.op().empty()) e.at_node(node_->name(), node_->op_type());
       throw;
@@ -432,6 +432,14 @@ class ReferenceStep : public runtime::Step {
       if (r.nbytes() && dst != r.raw()) std::memmove(dst, r.raw(), r.nbytes());
     }
   }
+
+ protected:
+  // The node's outputs from its inputs: the reference kernel, or what a derived step does instead.
+  virtual std::vector<Tensor> compute(runtime::ExecContext& ctx, const std::vector<Tensor>& args) const {
+    (void)ctx;
+    return kernel_(*node_, args);
+  }
+  const Node* node() const { return node_; }
 
  private:
   static std::vector<SlotId> slots_of(const std::vector<Operand>& ops) {
