@@ -42,7 +42,7 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "bert_pt": ("input_ids", "tokens", 128), "gpt_pt": ("input_ids", "tokens", 256),
           "vit_pt": ("pixels", "image", 0), "lstm_pt": ("input_ids", "tokens", 128),
           "gru_pt": ("input_ids", "tokens", 128), "stream_pt": ("frame", "stream", 0),
-          "ssd_pt": ("image", "detector", 0)}
+          "ssd_pt": ("image", "detector", 0), "gated_pt": ("audio", "gated", 0)}
 
 
 def model_path(models_dir, model):
@@ -72,6 +72,9 @@ def write_input(model, batch, directory):
     rng = np.random.default_rng(batch)
     if kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
         arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}
+    elif kind == "gated":  # one second of 16 kHz audio per batch item, and the sample rate that picks the branch
+        arrays = {name: rng.standard_normal((batch, 1, 16000), dtype=np.float32),
+                  "sample_rate": np.array(16000, np.int64)}
     elif kind == "stream":
         arrays = {"frame": rng.standard_normal((batch, 512), dtype=np.float32),
                   "h": 0.5 * rng.standard_normal((2, batch, 64), dtype=np.float32),
@@ -101,10 +104,10 @@ class Ondine:
         if self.passes is not None and model.endswith("-int8"):
             return None
         extra = ["--passes", self.passes] if self.passes is not None else []
-        if INPUTS[model.split("-")[0]][1] == "detector":
-            # The detections, and so the work after NMS, depend on the image: Ondine runs on the same
-            # .npy as ONNX Runtime (`ondine run`: the median of --runs runs; the first one, which also compiles
-            # the stages after NMS for their shapes, is among them).
+        if INPUTS[model.split("-")[0]][1] in ("detector", "gated"):
+            # The detections (the work after NMS), or the branch taken, depend on the inputs: Ondine runs
+            # on the same .npy as ONNX Runtime (`ondine run`: the median of --runs runs; the first one, which
+            # also compiles the stages whose shapes depend on data, is among them).
             inputs = [arg for spec in input_spec for arg in ("--input", spec)]
             done = subprocess.run([self.exe, "run", path, "--threads", str(a.threads), "--runs", str(a.runs)] + inputs +
                                   extra, capture_output=True, text=True, check=True)
@@ -239,6 +242,8 @@ def main():
     for r in range(a.rounds):
         for label, m, path in cases:
             for b in batches:
+                if INPUTS.get(m, ("", ""))[1] == "detector" and b != 1:
+                    continue  # one image per run: no batch dim
                 for e in engines:
                     print(f"round {r + 1}/{a.rounds}: {label} batch {b} {e.name}", file=sys.stderr)
                     ms.setdefault((label, b, e.name), []).append(e.measure(label, path, b, inputs[(m, b)]))
@@ -260,6 +265,8 @@ def main():
     rates = {}
     for label, m, _ in cases:
         for b in batches:
+            if (label, b, "ondine") not in ms:
+                continue
             rate = {e.name: (b * 1000.0 / statistics.median(ms[(label, b, e.name)])
                              if ms[(label, b, e.name)][0] is not None else None) for e in engines}
             rates[(label, b)] = rate

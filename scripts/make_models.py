@@ -772,6 +772,46 @@ def torch_scripted_loop(rng):
     return spec
 
 
+def torch_gated_encoder(rng, bench=False):
+    import torch
+    from torch import nn
+
+    width = 128 if bench else 16
+
+    def encoder(stride):
+        return nn.Sequential(nn.Conv1d(1, width, 9, stride=stride, padding=4), nn.ReLU(),
+                             nn.Conv1d(width, width, 5, padding=2), nn.ReLU(),
+                             nn.Conv1d(width, width, 5, stride=2, padding=2), nn.ReLU())
+
+    class GatedEncoder(nn.Module):
+        """A speech front end as voice-activity models ship it: the sample rate is an input and chooses
+        the encoder (torch.jit.script exports the choice as an If whose branches hold the convolutions),
+        then a shared head scores each frame."""
+
+        def __init__(self):
+            super().__init__()
+            self.enc16 = encoder(4)
+            self.enc8 = encoder(2)
+            self.head = nn.Conv1d(width, 1, 1)
+
+        def forward(self, audio, sample_rate):
+            if int(sample_rate) == 16000:
+                features = self.enc16(audio)
+            else:
+                features = self.enc8(audio)
+            return torch.sigmoid(self.head(features))
+
+    samples = 16000 if bench else 512
+    cases = [{"audio": rng.standard_normal((2, 1, samples)).astype(np.float32), "sample_rate": np.array(16000, np.int64)},
+             {"audio": rng.standard_normal((3, 1, samples // 2)).astype(np.float32), "sample_rate": np.array(8000, np.int64)}]
+    spec = TorchSpec(GatedEncoder(), 14, ["audio", "sample_rate"], ["speech"],
+                     {"audio": {0: "batch", 2: "samples"}, "speech": {0: "batch", 2: "frames"}}, cases,
+                     "torch.jit.script: an If on the int64 input `sample_rate` choosing one of two Conv1d encoders "
+                     f"(3 convs, {width} channels), then a shared 1x1 conv head and a sigmoid per frame")
+    spec.script = True
+    return spec
+
+
 def torch_ssdlite_detector(rng, bench=False):
     import torch
     import torchvision
@@ -840,13 +880,15 @@ TORCH_MODELS = {
     "lstm_stream": torch_lstm_stream,
     "scripted_loop": torch_scripted_loop,
     "ssdlite_detector": torch_ssdlite_detector,
+    "gated_encoder": torch_gated_encoder,
 }
 
 
 # --torch-bench: the same builders at benchmark size (bench/peers.py rows); the streaming LSTM step is the
 # corpus model itself.
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
-               "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector"}
+               "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
+               "gated_pt": "gated_encoder"}
 
 
 def torch_seed(seed, name):

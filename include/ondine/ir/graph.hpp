@@ -315,6 +315,15 @@ class Graph {
     captures_.push_back(v);
     return v;
   }
+  // Makes capture `c` of this subgraph a constant holding `t` (the enclosing value's constant data,
+  // shared): what passes and the lowering then treat as weights rather than run-time values.
+  void capture_to_constant(Value* c, const Tensor& t) {
+    auto it = std::find(captures_.begin(), captures_.end(), c);
+    if (it == captures_.end()) throw Error("internal: '" + c->name() + "' is not a capture of this subgraph");
+    captures_.erase(it);
+    c->is_capture_ = false;
+    c->set_constant(t);
+  }
   // Makes this subgraph's captures graph inputs after its own, by the same names: the subgraph as a
   // graph of its own (a compiled body is fed its captures' values like any input).
   void captures_to_inputs() {

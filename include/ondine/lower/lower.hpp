@@ -291,6 +291,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   check_ops(*g);
   infer_shapes(*g);
   resolve_static_shapes(*g, options);
+  inline_constant_captures(*g);
   if (!all_shapes_static(*g)) return compile_staged(*g, options);  // shapes that depend on data
   run_passes(*g, options);
 

@@ -62,6 +62,27 @@ inline std::vector<Tensor> run_control_flow(const Node& n, const std::vector<Ten
   return scan_kernel(n, args, &runner);
 }
 
+// Subgraphs read weights as captures of the enclosing graph's initializers (torch.jit.script exports
+// every module parameter of a branch that way). In the graph being compiled, such a capture becomes a
+// constant of the subgraph, nested subgraphs included, so that passes fold into it and the lowering
+// packs it like any weight instead of reading it as a run-time input.
+inline void inline_constant_captures(Graph& g) {
+  for (Node* n : g.nodes()) {
+    const auto& names = n->captured_names();
+    for (const auto& [attr, sub] : n->subgraphs()) {
+      for (Value* c : std::vector<Value*>(sub->captures().begin(), sub->captures().end()))
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          const Value* outer = n->input(n->num_formal_inputs() + k);
+          if (names[k] == c->name() && outer && outer->is_constant()) {
+            sub->capture_to_constant(c, outer->constant());
+            break;
+          }
+        }
+      inline_constant_captures(*sub);
+    }
+  }
+}
+
 inline bool is_control_flow(const Node& n) {
   return !n.subgraphs().empty() && (n.op_type() == "If" || n.op_type() == "Loop" || n.op_type() == "Scan");
 }
