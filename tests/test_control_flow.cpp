@@ -155,6 +155,10 @@ TEST_CASE("control flow: If branches and Loop bodies are compiled once, with the
       detail = s.detail;
     }
   CHECK_THAT(detail, Contains("then_branch (1 steps)") && Contains("else_branch (1 steps)"));
+  lower::CompileOptions forced = options;
+  forced.reference_ops = {"If"};  // forced onto the reference kernel: bodies on the reference executor
+  for (auto& s : lower::compile(g, forced).steps())
+    if (s.op == "If") CHECK(s.implementation == "reference");
   bool logged = false;
   for (auto& line : log) logged = logged || line.find("subgraph 'then_branch' of If 'if': compiled") != std::string::npos;
   CHECK(logged);

@@ -128,8 +128,9 @@ inline void lower_reference(Lowering& L, const Node& n) {
     outs.push_back({true, slot, v->dtype(), v->shape().sizes()});
     detail += Graph::value_type_str(v) + " ";
   }
-  if (is_control_flow(n)) {
-    // Control flow: its subgraphs compiled (detail/control_flow.hpp).
+  if (is_control_flow(n) && !L.options.reference_ops.count(n.op_key())) {
+    // Control flow: its subgraphs compiled (detail/control_flow.hpp), unless the op is forced onto its
+    // reference kernel (CompileOptions::reference_ops), which runs them on the reference executor.
     CompiledBodies bodies = compile_bodies(n, L.options);
     std::string compiled;
     for (const auto& [attr, sub] : n.subgraphs())
