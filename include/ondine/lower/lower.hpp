@@ -93,6 +93,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["ondine.QConv"] = lower_qconv;
     t["ondine.QMatMul"] = lower_qmatmul;
     t["ondine.QPool"] = lower_qpool;
+    t["ondine.QLSTM"] = lower_recurrent;
     t["DynamicQuantizeLinear"] = lower_dynamic_quantize_linear;
     t["ondine.DynQMatMul"] = lower_dyn_qmatmul;
     t["QuantizeLinear"] = lower_qdq_reorder;

@@ -13,7 +13,8 @@
 //   quantize.keep-fp32-ends = 1      quantize.activations = u8 | s8
 //
 // Quantized ops: Conv, ConvTranspose, MatMul, Gemm, Add with two non-constant inputs (the residual add),
-// Concat, MaxPool, AveragePool, GlobalAveragePool. For each one:
+// Concat, MaxPool, AveragePool, GlobalAveragePool, and LSTM, which becomes ondine.QLSTM instead of
+// taking Q/DQ pairs (quant/qlstm.hpp says why and how). For each of the others:
 //   activation input x  -> DQ(Q(x, s, zp), s, zp), per tensor, u8 asymmetric (default) or s8. A value
 //                          read by several quantized ops gets one Q/DQ pair; readers kept fp32 still read
 //                          the float value, as do graph outputs.
@@ -68,6 +69,7 @@
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/observers.hpp"
+#include "ondine/quant/qlstm.hpp"
 
 namespace ondine::quant {
 
@@ -180,11 +182,12 @@ struct Roles {
   std::optional<std::size_t> weight, bias;
   std::int64_t weight_axis = 0;
   bool weight_layer = false;  // Conv, ConvTranspose, MatMul, Gemm (keep_fp32_ends counts these)
+  bool recurrent = false;     // LSTM: replaced by ondine.QLSTM (quant/qlstm.hpp), no Q/DQ pairs
 };
 
 inline bool quantizable_op(const Node& n) {
   static const std::set<std::string> ops{"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Concat",
-                                         "MaxPool", "AveragePool", "GlobalAveragePool"};
+                                         "MaxPool", "AveragePool", "GlobalAveragePool", "LSTM"};
   return n.domain().empty() && ops.count(n.op_type()) != 0;
 }
 
@@ -215,6 +218,10 @@ inline std::optional<std::string> roles_of(const Node& n, Roles& r) {
       if (op == "Gemm" && n.input(2)) r.bias = 2;
     }
     return std::nullopt;
+  }
+  if (op == "LSTM") {
+    r.recurrent = true;
+    return qlstm::blocker(n);
   }
   if (op == "Add") {
     if (constant(0) || constant(1)) return std::string("an input is a constant (not a residual add)");
@@ -345,9 +352,18 @@ class QuantizeQDQ {
       }
       if (n->op_type() == "MaxPool") original_input_[n] = n->input(0);
     }
+    bool replaced_recurrent = false;
     for (auto& c : cands) {
       if (!c.reason.empty()) continue;
       Node* n = c.node;
+      if (c.roles.recurrent) {
+        const std::string name = n->name();
+        detail::qlstm::replace(g, n, calib, options_.reduce_range_weights);
+        replaced_recurrent = true;
+        report_.weights += 2;
+        ctx.rewrite("quantized '" + name + "' (LSTM -> ondine.QLSTM)");
+        continue;
+      }
       auto& pending = schedule[n];
       std::optional<QuantParams> x_params;
       for (std::size_t i : c.roles.activations) {
@@ -392,6 +408,7 @@ class QuantizeQDQ {
       new_order.push_back(n);
     }
     g.set_node_order(new_order);
+    if (replaced_recurrent) g.set_node_order(g.topo_order());  // a QLSTM was added last
     return !quantized_nodes.empty();
   }
 
@@ -412,6 +429,7 @@ class QuantizeQDQ {
 
   // Why n's inputs cannot be quantized, or "".
   std::string check_inputs(const Node& n, const detail::qdq::Roles& r, const CalibrationResult& calib) const {
+    if (r.recurrent) return detail::qlstm::missing_calibration(n, calib);
     for (std::size_t i : r.activations) {
       const Value* x = n.input(i);
       if (!x) return "input " + std::to_string(i) + " is omitted";

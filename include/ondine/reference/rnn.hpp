@@ -17,6 +17,10 @@
 // (activation_beta), else its operator's default. sequence_lens: steps past a sequence's length are
 // not computed, Y there is 0, and Y_h/Y_c hold the state after its last step (its initial state for a
 // length of 0).
+//
+// ondine.QLSTM (definition: ir/infer/rnn.hpp) runs the LSTM recurrence here on its dequantized weights,
+// with X and the state entering each step replaced by their uint8 round trip (Y and Y_h hold the round
+// trip of each step's state, as oneDNN writes them).
 #pragma once
 
 #include <algorithm>
@@ -85,8 +89,19 @@ inline std::vector<std::vector<double>> split_by_direction(const std::vector<dou
   return out;
 }
 
-inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& inputs) {
-  const std::string& op = n.op_type();
+// The uint8 round trip of ondine.QLSTM: v -> dq(q(v)).
+struct DataQuantization {
+  double scale = 1, zero_point = 0;
+  double operator()(double v) const {
+    double q = std::nearbyint(v / scale) + zero_point;  // ties to even (the default rounding mode)
+    q = std::isnan(q) ? zero_point : std::min(255.0, std::max(0.0, q));
+    return (q - zero_point) * scale;
+  }
+};
+
+// `op` is RNN, GRU or LSTM; `quantize` (LSTM only) is QLSTM's round trip of X and of the state.
+inline std::vector<Tensor> recurrent_impl(const Node& n, const std::string& op, const std::vector<Tensor>& inputs,
+                                          const DataQuantization* quantize) {
   const Tensor& x_t = nn::required(n, inputs, 0);
   const Tensor& w_t = nn::required(n, inputs, 1);
   const Tensor& r_t = nn::required(n, inputs, 2);
@@ -127,6 +142,8 @@ inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& i
 
   auto opt = [&](std::size_t i) { return nn::input_or_empty(inputs, i); };
   std::vector<double> x = nn::to_doubles(x_t), w = nn::to_doubles(w_t), r = nn::to_doubles(r_t);
+  if (quantize)
+    for (double& v : x) v = (*quantize)(v);
   std::vector<double> b(static_cast<std::size_t>(dirs * 2 * gates * hidden), 0.0);
   if (Tensor t = opt(3); !t.empty()) {
     if (t.dims() != std::vector<int64_t>{dirs, 2 * gates * hidden})
@@ -170,6 +187,7 @@ inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& i
   };
   auto clipped = [&](double v) { return clip > 0 ? std::max(-clip, std::min(clip, v)) : v; };
   std::vector<double> pre(static_cast<std::size_t>(gates * hidden)), pre_h(static_cast<std::size_t>(hidden));
+  std::vector<double> h_in(static_cast<std::size_t>(hidden));  // the state the recurrent product reads
   for (int64_t d = 0; d < dirs; ++d) {
     const bool backward = reverse_only || d == 1;
     const double* wd = w.data() + d * gates * hidden * in_size;
@@ -220,9 +238,10 @@ inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& i
             hs[j] = (1 - zj) * pre_h[static_cast<std::size_t>(j)] + zj * hs[j];
           }
         } else {
+          for (int64_t i = 0; i < hidden; ++i) h_in[static_cast<std::size_t>(i)] = quantize ? (*quantize)(hs[i]) : hs[i];
           for (int64_t k = 0; k < gates * hidden; ++k) {
             double acc = pre[static_cast<std::size_t>(k)] + rb[k];
-            for (int64_t i = 0; i < hidden; ++i) acc += hs[i] * rd[k * hidden + i];
+            for (int64_t i = 0; i < hidden; ++i) acc += h_in[static_cast<std::size_t>(i)] * rd[k * hidden + i];
             pre[static_cast<std::size_t>(k)] = acc;
           }
           if (op == "RNN") {
@@ -240,7 +259,8 @@ inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& i
             }
           }
         }
-        std::copy(hs, hs + hidden, y.begin() + ((t * dirs + d) * batch + bb) * hidden);
+        double* yt = y.data() + ((t * dirs + d) * batch + bb) * hidden;
+        for (int64_t j = 0; j < hidden; ++j) yt[j] = quantize ? (*quantize)(hs[j]) : hs[j];
       }
     }
   }
@@ -267,15 +287,46 @@ inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& i
               s[static_cast<std::size_t>((d * batch + bb) * hidden + h)];
     return nn::from_doubles(dt, layout ? std::vector<int64_t>{batch, dirs, hidden} : std::vector<int64_t>{dirs, batch, hidden}, v);
   };
+  if (quantize)
+    for (double& v : h_state) v = (*quantize)(v);
   out.push_back(state_out(h_state));
   if (op == "LSTM") out.push_back(state_out(c_state));
   return out;
+}
+
+inline std::vector<Tensor> recurrent(const Node& n, const std::vector<Tensor>& inputs) {
+  return recurrent_impl(n, n.op_type(), inputs, nullptr);
+}
+
+// ondine.QLSTM: W and R dequantized with w_scale (per gate row), then the LSTM with the round trips.
+inline std::vector<Tensor> qlstm(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& r_q = nn::required(n, inputs, 2);
+  if (r_q.rank() != 3) throw n.error("R must have rank 3, got " + dims_str(r_q.dims()));
+  const int64_t hidden = n.has_attr("hidden_size") ? n.attr_int("hidden_size") : r_q.dims()[2];
+  const infer::detail_rnn::QLstmParams p = infer::detail_rnn::read_qlstm(n, hidden);
+  std::vector<Tensor> ins = inputs;
+  for (std::size_t i : {std::size_t{1}, std::size_t{2}}) {
+    const Tensor& q = nn::required(n, inputs, i);
+    if (q.dtype() != DType::Int8) throw n.error(std::string(i == 1 ? "W" : "R") + " must be int8");
+    if (q.rank() != 3 || q.dims()[1] != 4 * hidden) throw n.error("W or R has shape " + dims_str(q.dims()));
+    Tensor f(DType::Float32, q.dims());
+    const std::int8_t* src = q.data<std::int8_t>();
+    float* dst = f.data<float>();
+    const int64_t cols = q.dims()[2];
+    for (int64_t e = 0; e < q.numel(); ++e)
+      dst[e] = static_cast<float>(src[e]) * p.w_scale[static_cast<std::size_t>((e / cols) % (4 * hidden))];
+    ins[i] = std::move(f);
+  }
+  if (ins.size() > 7) ins.resize(7);
+  DataQuantization quantize{p.x_scale, static_cast<double>(p.x_zero_point)};
+  return recurrent_impl(n, "LSTM", ins, &quantize);
 }
 
 }  // namespace detail::rnn
 
 inline void register_rnn_kernels(KernelTable& table) {
   for (const char* op : {"RNN", "GRU", "LSTM"}) table[op] = detail::rnn::recurrent;
+  table["ondine.QLSTM"] = detail::rnn::qlstm;
 }
 
 }  // namespace ondine::reference

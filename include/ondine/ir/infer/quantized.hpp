@@ -23,6 +23,7 @@
 //   y = act(float(sum((a - A_zero_point) * w)) * (A_scale * w_scale[c]) + B[c])   Output float32 [..., N]
 //       (float32 products, as the MatMulInteger -> Cast -> Mul(A_scale * w_scale) -> Add it replaces
 //       computes them; act as the FusedMatMul's)
+//   ondine.QLSTM: the int8 LSTM, defined with LSTM in ir/infer/rnn.hpp.
 // The reference kernels (reference/quantized.hpp) compute exactly this; the
 // oneDNN lowering (lower/detail/quantized.hpp) computes it with float rescaling (within 1 step).
 #pragma once

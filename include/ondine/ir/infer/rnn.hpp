@@ -5,8 +5,21 @@
 // "bidirectional" else 1, G the gate count (RNN 1, GRU 3, LSTM 4). Outputs Y [T, D, N, H] or
 // [N, T, D, H], Y_h (and Y_c) [D, N, H] or [N, D, H]. hidden_size is the attribute, else R's last dim.
 // Every operand's dims are checked against these (the error names the operand and both sizes).
+//
+// ondine.QLSTM (X, W, R, B?, sequence_lens?, initial_h?, initial_c?): Ondine's int8 LSTM, written by the
+// quantize pass (quant/qdq.hpp) for oneDNN's int8 LSTM. LSTM's inputs without P, W and R int8, and LSTM's
+// attributes (default activations, no clip or input_forget), plus
+//   x_scale, x_zero_point   one uint8 quantization q(v) = saturate(round_half_even(v / x_scale) + x_zero_point)
+//                           shared by X and the hidden state (oneDNN's int8 LSTM has one for both)
+//   w_scale                 [4H] floats in ONNX's gate order (i o f c): row k of W and of R, in every
+//                           direction, is W[d, k, :] * w_scale[k] (weight zero points are 0)
+// Meaning: LSTM's recurrence with W, R dequantized as above, every X[t] replaced by dq(q(X[t])) and the
+// state H entering each step (initial_h too) by dq(q(H)), where dq(u) = (u - x_zero_point) * x_scale; C
+// stays float. Outputs: Y holds dq(q(H)) of each step (the state as the next step reads it; oneDNN writes
+// that), Y_h the same of the last step, Y_c the float C. All outputs float32.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -16,7 +29,29 @@
 namespace ondine::infer {
 namespace detail_rnn {
 
-inline std::int64_t gate_count(const std::string& op) { return op == "LSTM" ? 4 : op == "GRU" ? 3 : 1; }
+// ondine.QLSTM's quantization attributes, checked.
+struct QLstmParams {
+  float x_scale = 1.0f;
+  std::int32_t x_zero_point = 0;
+  std::vector<float> w_scale;  // 4H, ONNX gate order
+};
+inline QLstmParams read_qlstm(const Node& n, std::int64_t hidden) {
+  QLstmParams p;
+  p.x_scale = n.attr_float("x_scale", 0.0f);
+  if (!(p.x_scale > 0.0f) || !std::isfinite(p.x_scale)) throw n.error("x_scale must be positive and finite");
+  std::int64_t zp = n.attr_int("x_zero_point", 0);
+  if (zp < 0 || zp > 255) throw n.error("x_zero_point " + std::to_string(zp) + " is outside [0, 255]");
+  p.x_zero_point = static_cast<std::int32_t>(zp);
+  p.w_scale = n.attr_floats("w_scale", {});
+  if (hidden > 0 && static_cast<std::int64_t>(p.w_scale.size()) != 4 * hidden)
+    throw n.error("w_scale has " + std::to_string(p.w_scale.size()) + " entries, expected 4 * hidden_size = " +
+                  std::to_string(4 * hidden));
+  for (float s : p.w_scale)
+    if (!(s > 0.0f) || !std::isfinite(s)) throw n.error("w_scale entries must be positive and finite");
+  return p;
+}
+
+inline std::int64_t gate_count(const std::string& op) { return op == "LSTM" || op == "QLSTM" ? 4 : op == "GRU" ? 3 : 1; }
 
 inline std::int64_t direction_count(const Node& n) {
   std::string d = n.attr_string("direction", "forward");
@@ -26,13 +61,21 @@ inline std::int64_t direction_count(const Node& n) {
 }
 
 inline void infer_rnn(Node& n) {
-  const std::string& op = n.op_type();
+  const bool quantized = n.op_type() == "QLSTM";
+  const std::string op = quantized ? "LSTM" : n.op_type();
   Value& x = required_input(n, 0);
   Value& w = required_input(n, 1);
   Value& r = required_input(n, 2);
   detail_nn::require_floating(n, x);
-  detail_nn::require_same_dtype(n, x, w);
-  detail_nn::require_same_dtype(n, x, r);
+  if (quantized) {
+    for (const Value* v : {&w, &r})
+      if (v->dtype() != DType::Int8 && v->dtype() != DType::Undefined)
+        throw n.error("'" + v->name() + "' is " + std::string(dtype_name(v->dtype())) + ", expected int8");
+    if (n.num_inputs() > 7 && n.input(7)) throw n.error("QLSTM has no peepholes (input P)");
+  } else {
+    detail_nn::require_same_dtype(n, x, w);
+    detail_nn::require_same_dtype(n, x, r);
+  }
   const std::int64_t dirs = direction_count(n), gates = gate_count(op);
   const std::int64_t layout = n.attr_int("layout", 0);
   if (layout != 0 && layout != 1) throw n.error("layout must be 0 or 1, got " + std::to_string(layout));
@@ -90,6 +133,7 @@ inline void infer_rnn(Node& n) {
       expect(p, {Dim(dirs), times(3, hidden)}, "P");
     }
   }
+  if (quantized) read_qlstm(n, hidden.is_static() ? hidden.value : 0);
   std::vector<Dim> y = layout == 0 ? std::vector<Dim>{seq, Dim(dirs), batch, hidden}
                                    : std::vector<Dim>{batch, seq, Dim(dirs), hidden};
   if (n.num_outputs() > 0 && n.output(0)) set_output(n, 0, x.dtype(), Shape(y));
@@ -101,6 +145,7 @@ inline void infer_rnn(Node& n) {
 
 inline void register_rnn_infer(InferTable& table) {
   for (const char* op : {"RNN", "GRU", "LSTM"}) table[op] = detail_rnn::infer_rnn;
+  table["ondine.QLSTM"] = detail_rnn::infer_rnn;
 }
 
 }  // namespace ondine::infer

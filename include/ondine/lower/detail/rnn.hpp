@@ -13,6 +13,13 @@
 // (vanilla RNN: one of Tanh, Relu, Sigmoid for all directions) and no layout 1: such a node runs its
 // reference kernel, and the compile log says why. A sequence_lens that is a constant of full lengths is
 // no sequence_lens at all.
+//
+// ondine.QLSTM (ir/infer/rnn.hpp) is oneDNN's int8 LSTM: X (and initial_h) quantized to u8 by a reorder
+// before it, weights s8 packed once with their per-gate-row scales (the reorder computes oneDNN's
+// zero-point compensation, which is why the packing starts from float), Y and Y_c written as f32, the
+// last state as u8 and dequantized into Y_h. Without VNNI oneDNN adds u8 x s8 products in pairs in int16,
+// which saturates past 7-bit weights: there a QLSTM whose weights exceed +-64 runs as an fp32 LSTM on its
+// dequantized weights (without the state's rounding; the log says so).
 #pragma once
 
 #include <algorithm>
@@ -23,12 +30,14 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/quantized.hpp"
+#include "ondine/lower/isa.hpp"
 
 namespace ondine::lower::detail {
 
 // Why oneDNN cannot run node `n` as it is, or "" when it can.
 inline std::string rnn_unsupported(const Node& n, std::int64_t seq) {
-  const std::string& op = n.op_type();
+  const std::string op = n.op_type() == "QLSTM" ? "LSTM" : n.op_type();
   if (n.attr_int("layout", 0) != 0) return "layout 1";
   if (n.has_attr("clip")) return "a clip";
   if (op == "LSTM" && n.attr_int("input_forget", 0) != 0) return "input_forget";
@@ -51,14 +60,29 @@ inline std::string rnn_unsupported(const Node& n, std::int64_t seq) {
   return "";
 }
 
+// The float [D, G*H, I] of ondine.QLSTM's int8 W or R: row k times w_scale[k].
+inline Tensor dequantize_rows(const Tensor& q, const std::vector<float>& scale) {
+  Tensor f(DType::Float32, q.dims());
+  const std::int64_t cols = q.dims()[2], rows = static_cast<std::int64_t>(scale.size());
+  for (std::int64_t e = 0; e < q.numel(); ++e)
+    f.data<float>()[e] = static_cast<float>(q.data<std::int8_t>()[e]) * scale[static_cast<std::size_t>((e / cols) % rows)];
+  return f;
+}
+
 inline bool lower_recurrent(Lowering& L, const Node& n) {
-  const std::string& op = n.op_type();
+  const bool quantized = n.op_type() == "QLSTM";
+  const std::string op = quantized ? "LSTM" : n.op_type();
   const Value *x = n.input(0), *w = n.input(1), *r = n.input(2), *b = n.input(3);
-  const Value *h0 = n.input(5), *c0 = op == "LSTM" ? n.input(6) : nullptr, *peep = op == "LSTM" ? n.input(7) : nullptr;
+  const Value* h0 = n.num_inputs() > 5 ? n.input(5) : nullptr;
+  const Value* c0 = op == "LSTM" && n.num_inputs() > 6 ? n.input(6) : nullptr;
+  const Value* peep = op == "LSTM" && n.num_inputs() > 7 ? n.input(7) : nullptr;
   const Value *y = n.output(0), *y_h = n.num_outputs() > 1 ? n.output(1) : nullptr;
   const Value* y_c = op == "LSTM" && n.num_outputs() > 2 ? n.output(2) : nullptr;
   auto wanted = [](const Value* v) { return v && (v->has_uses() || v->is_graph_output()); };
-  if (!is_f32(x) || !is_f32(w) || !is_f32(r) || !w->is_constant() || !r->is_constant() || (b && (!b->is_constant() || !is_f32(b))) ||
+  auto is_weight = [&](const Value* v) {
+    return v && v->is_constant() && v->shape().is_static() && v->dtype() == (quantized ? DType::Int8 : DType::Float32);
+  };
+  if (!is_f32(x) || !is_weight(w) || !is_weight(r) || (b && (!b->is_constant() || !is_f32(b))) ||
       (peep && (!peep->is_constant() || !is_f32(peep))) || (h0 && !is_f32(h0)) || (c0 && !is_f32(c0)))
     return false;
   if (!x->shape().is_static() || x->shape().rank() != 3 || !w->shape().is_static() || w->shape().rank() != 3 ||
@@ -69,8 +93,25 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   const std::int64_t dirs = w->shape().sizes()[0], gates = infer::detail_rnn::gate_count(op);
   const std::int64_t hidden = r->shape().sizes()[2];
   if (std::string why = rnn_unsupported(n, seq); !why.empty()) {
-    L.log(op + " '" + n.name() + "': oneDNN has no " + why + "; it runs on its reference kernel");
+    L.log(n.op_type() + " '" + n.name() + "': oneDNN has no " + why + "; it runs on its reference kernel");
     return false;
+  }
+  // The float weights (QLSTM: dequantized) and, for QLSTM, whether oneDNN's int8 LSTM computes it exactly.
+  infer::detail_rnn::QLstmParams qp;
+  bool int8 = false;
+  Tensor w_f = w->constant(), r_f = r->constant();
+  if (quantized) {
+    qp = infer::detail_rnn::read_qlstm(n, hidden);
+    w_f = dequantize_rows(w->constant(), qp.w_scale);
+    r_f = dequantize_rows(r->constant(), qp.w_scale);
+    int max_abs = 0;
+    for (const Value* v : {w, r})
+      for (std::int64_t e = 0; e < v->constant().numel(); ++e)
+        max_abs = std::max(max_abs, std::abs(static_cast<int>(v->constant().data<std::int8_t>()[e])));
+    int8 = effective_isa().int8_vnni || max_abs <= 64;
+    if (!int8)
+      L.log("QLSTM '" + n.name() + "': int8 weights up to " + std::to_string(max_abs) + " saturate without VNNI (" +
+            effective_isa().name + "); it runs as an fp32 LSTM on its dequantized weights");
   }
   const bool lbr = op == "GRU" && n.attr_int("linear_before_reset", 0) != 0;
   using dir_t = dnnl::rnn_direction;
@@ -129,10 +170,39 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
 
   using tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
+  const auto data_dt = int8 ? memory::data_type::u8 : f32;  // X and the hidden state
+  const auto weight_dt = int8 ? memory::data_type::s8 : f32;
   const auto prop = dnnl::prop_kind::forward_inference;
-  const dnnl::primitive_attr attr = Lowering::base_attr();
-  const memory::desc src_layer = plain_md({seq, batch, in_size});
+  dnnl::primitive_attr attr = Lowering::base_attr();
+  // int8: u8 = round(v * data_scale + data_shift); s8 weight = round(w * weight_scale[g, o]), one scale per
+  // gate row (mask over ldigo's g and o) for every direction and for both weights.
+  const int weight_mask = (1 << 3) | (1 << 4);
+  std::vector<float> weight_scales;
+  if (int8) {
+    for (std::int64_t k = 0; k < gates; ++k)
+      for (std::int64_t h = 0; h < hidden; ++h)
+        weight_scales.push_back(1.0f / qp.w_scale[static_cast<std::size_t>(onnx_gate(k) * hidden + h)]);
+    attr.set_rnn_data_qparams(1.0f / qp.x_scale, static_cast<float>(qp.x_zero_point));
+    attr.set_rnn_weights_qparams(weight_mask, weight_scales);
+  }
+  // int8 weights packed from the float ldigo by a reorder with the same scales (it also writes oneDNN's
+  // compensation for the data zero point).
+  auto weight_memory = [&](const Tensor& ldigo_f32, const memory::desc& want) {
+    if (!int8) return L.constant_memory(ldigo_f32, want);
+    memory src(plain_md(want.dims(), f32), L.engine(), const_cast<void*>(ldigo_f32.raw()));
+    memory dst(want, L.engine());
+    dnnl::primitive_attr reorder_attr;
+    reorder_attr.set_rnn_weights_qparams(weight_mask, weight_scales);
+    dnnl::stream stream(L.engine());
+    dnnl::reorder(dnnl::reorder::primitive_desc(L.engine(), src.get_desc(), L.engine(), want, reorder_attr))
+        .execute(stream, src, dst);
+    stream.wait();
+    L.constant_bytes += want.get_size();
+    return dst;
+  };
+  const memory::desc src_layer = plain_md({seq, batch, in_size}, data_dt);
   const memory::desc state_md = plain_md({1, dirs, batch, hidden});
+  const memory::desc h_state_md = plain_md({1, dirs, batch, hidden}, data_dt);
   const memory::desc dst_layer = plain_md({seq, batch, dirs * hidden});
 
   // One primitive over directions [first, first + count): all of them (count = dirs), or one direction of
@@ -147,18 +217,18 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     Part part;
     part.first = first;
     part.count = count;
-    auto states = [&](bool present) {
+    auto states = [&](bool present, const memory::desc& md) {
       if (!present) return memory::desc();
-      return count == dirs ? state_md : state_md.submemory_desc({1, 1, batch, hidden}, {0, first, 0, 0});
+      return count == dirs ? md : md.submemory_desc({1, 1, batch, hidden}, {0, first, 0, 0});
     };
-    part.src_iter = states(h0 != nullptr);
-    part.src_iter_c = states(c0 != nullptr);
-    part.dst_iter = states(wanted(y_h));
-    part.dst_iter_c = states(wanted(y_c));
+    part.src_iter = states(h0 != nullptr, h_state_md);
+    part.src_iter_c = states(c0 != nullptr, state_md);
+    part.dst_iter = states(wanted(y_h), h_state_md);
+    part.dst_iter_c = states(wanted(y_c), state_md);
     part.dst_layer = count == dirs ? dst_layer : dst_layer.submemory_desc({seq, batch, hidden}, {0, 0, first * hidden});
     part.bias = plain_md({1, count, bias_gates, hidden});
-    const memory::desc w_layer({1, count, in_size, gates, hidden}, f32, tag::any);
-    const memory::desc w_iter({1, count, hidden, gates, hidden}, f32, tag::any);
+    const memory::desc w_layer({1, count, in_size, gates, hidden}, weight_dt, tag::any);
+    const memory::desc w_iter({1, count, hidden, gates, hidden}, weight_dt, tag::any);
     auto take = [&](const auto& pd, auto make) {
       if (!pd) return false;
       part.w_layer = pd.weights_layer_desc();
@@ -223,9 +293,45 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
 
   // Slots: the inputs' row-major bytes; Y (oneDNN's [T, N, D*H] is Y [T, D, N, H] read through strides),
   // Y_h and Y_c written by every part.
-  const SlotId x_slot = L.row_major_slot(x);
-  const SlotId h0_slot = h0 ? L.row_major_slot(h0) : SlotId{};
+  SlotId x_slot = L.row_major_slot(x);
+  SlotId h0_slot = h0 ? L.row_major_slot(h0) : SlotId{};
   const SlotId c0_slot = c0 ? L.row_major_slot(c0) : SlotId{};
+  // int8: a u8 arena slot for `what` ([dims]); X and initial_h are quantized into theirs by a reorder.
+  auto u8_slot = [&](const Value* like, const std::string& what, const Dims& dims) {
+    runtime::Slot slot = Lowering::slot_for(like, SlotKind::Arena, 0);
+    slot.name = n.name() + "." + what;
+    slot.dims = dims;
+    slot.bytes = static_cast<std::size_t>(md_numel(plain_md(dims)));
+    slot.layout = plain_layout_name(dims.size());
+    slot.dtype = DType::UInt8;
+    return L.add_slot(std::move(slot));
+  };
+  char qtext[64];
+  std::snprintf(qtext, sizeof qtext, "scale %g zp %d", qp.x_scale, qp.x_zero_point);
+  // f32 <-> u8 with x_scale and x_zero_point: one reorder.
+  auto convert = [&](bool quantize, SlotId from, SlotId to, const Dims& dims, const std::string& what) {
+    const memory::desc f_md = plain_md(dims), q_md = plain_md(dims, memory::data_type::u8);
+    dnnl::primitive_attr a = Lowering::base_attr();
+    a.set_output_scales(0, {quantize ? 1.0f / qp.x_scale : qp.x_scale});
+    const int zp_arg = quantize ? DNNL_ARG_DST : DNNL_ARG_SRC;
+    a.set_zero_points(zp_arg, 0, {DNNL_RUNTIME_S32_VAL});
+    const memory::desc& src_md = quantize ? f_md : q_md;
+    const memory::desc& dst_md = quantize ? q_md : f_md;
+    dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, a);
+    L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), what + " " + qtext}, &n, dnnl::reorder(pd),
+                    pd.scratchpad_desc(), {{DNNL_ARG_SRC, from, src_md}, {DNNL_ARG_DST, to, dst_md}},
+                    {{DNNL_ARG_ATTR_ZERO_POINTS | zp_arg, quant::zero_point_memory(L, qp.x_zero_point)}});
+  };
+  if (int8) {
+    const SlotId xq = u8_slot(x, "x_u8", {seq, batch, in_size});
+    convert(true, x_slot, xq, {seq, batch, in_size}, "X to u8");
+    x_slot = xq;
+    if (h0) {
+      const SlotId hq = u8_slot(h0, "h0_u8", {1, dirs, batch, hidden});
+      convert(true, h0_slot, hq, {1, dirs, batch, hidden}, "initial_h to u8");
+      h0_slot = hq;
+    }
+  }
   SlotId layer_slot;
   if (dirs == 1 && wanted(y)) {
     layer_slot = L.new_value_slot(y, plain_md(y->shape().sizes()));
@@ -242,25 +348,27 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
       L.define(y, layer_slot,
                memory::desc({seq, dirs, batch, hidden}, f32, Dims{batch * dirs * hidden, hidden, dirs * hidden, 1}));
   }
-  SlotId y_h_slot{}, y_c_slot{};
+  SlotId y_h_slot{}, y_c_slot{}, y_h_float_slot{};
   if (wanted(y_h)) {
-    y_h_slot = L.new_value_slot(y_h, state_md);
-    L.define(y_h, y_h_slot, plain_md(y_h->shape().sizes()));
+    y_h_float_slot = L.new_value_slot(y_h, state_md);
+    L.define(y_h, y_h_float_slot, plain_md(y_h->shape().sizes()));
+    y_h_slot = int8 ? u8_slot(y_h, "y_h_u8", {1, dirs, batch, hidden}) : y_h_float_slot;
   }
   if (wanted(y_c)) {
     y_c_slot = L.new_value_slot(y_c, state_md);
     L.define(y_c, y_c_slot, plain_md(y_c->shape().sizes()));
   }
 
-  const std::string detail = " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" + std::to_string(in_size) +
+  const std::string detail = std::string(int8 ? " int8 (u8 data, s8 weights)" : quantized ? " fp32 (dequantized weights)" : "") +
+                             " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" + std::to_string(in_size) +
                              " H" + std::to_string(hidden) + (lbr ? " lbr" : "") + (peep ? " +peepholes" : "");
   std::vector<std::unique_ptr<PrimitiveStep>> steps;
   std::size_t scratch_offset = 0;
   for (const Part& part : parts) {
     std::vector<SlotArg> args{{DNNL_ARG_SRC_LAYER, x_slot, src_layer}};
     std::vector<std::pair<int, memory>> consts{
-        {DNNL_ARG_WEIGHTS_LAYER, L.constant_memory(ldigo(w->constant(), in_size, part.first, part.count), part.w_layer)},
-        {DNNL_ARG_WEIGHTS_ITER, L.constant_memory(ldigo(r->constant(), hidden, part.first, part.count), part.w_iter)},
+        {DNNL_ARG_WEIGHTS_LAYER, weight_memory(ldigo(w_f, in_size, part.first, part.count), part.w_layer)},
+        {DNNL_ARG_WEIGHTS_ITER, weight_memory(ldigo(r_f, hidden, part.first, part.count), part.w_iter)},
         {DNNL_ARG_BIAS, L.constant_memory(bias_of(part.first, part.count), part.bias)}};
     if (peep)
       consts.emplace_back(DNNL_ARG_WEIGHTS_PEEPHOLE, L.constant_memory(peepholes_of(part.first, part.count), part.w_peephole));
@@ -271,7 +379,7 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     if (wanted(y_c)) args.push_back({DNNL_ARG_DST_ITER_C, y_c_slot, part.dst_iter_c});
     const std::string which = parts.size() == 1 ? direction : part.first == 0 ? "forward half" : "reverse half";
     steps.push_back(std::make_unique<PrimitiveStep>(
-        runtime::StepInfo{n.name(), op, part.impl, which + detail + " wei " + layout_name(part.w_layer)}, &n, L.engine(),
+        runtime::StepInfo{n.name(), n.op_type(), part.impl, which + detail + " wei " + layout_name(part.w_layer)}, &n, L.engine(),
         part.prim, std::move(args), std::move(consts), part.scratch, std::vector<SlotId>{}, scratch_offset));
     scratch_offset += (part.scratch.get_size() + 63) / 64 * 64;
   }
@@ -280,11 +388,12 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     L.add_step(std::move(steps.front()));
   } else {
     L.add_step(std::make_unique<ConcurrentStep>(
-        runtime::StepInfo{n.name(), op, parts.front().impl,
+        runtime::StepInfo{n.name(), n.op_type(), parts.front().impl,
                           direction + ", its two directions side by side" + detail + " wei " +
                               layout_name(parts.front().w_layer)},
         std::move(steps)));
   }
+  if (int8 && wanted(y_h)) convert(false, y_h_slot, y_h_float_slot, {1, dirs, batch, hidden}, "Y_h from u8");
   return true;
 }
 
