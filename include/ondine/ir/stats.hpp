@@ -4,9 +4,9 @@
 //
 // FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm and their integer and fused forms
 // (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/Fused*), the
-// recurrent ops (LSTM, GRU, RNN: their gate products per step) and ondine.Attention (its two products) are
-// counted exactly from shapes; other ops as one FLOP per output element (they are bandwidth-bound and
-// small next to the matmuls).
+// recurrent ops (LSTM, GRU, RNN, ondine.QLSTM: their gate products per step) and ondine.Attention (its two
+// products) are counted exactly from shapes; other ops as one FLOP per output element (they are
+// bandwidth-bound and small next to the matmuls).
 // Shapes must be static: bind symbolic dims first (bind_dims) and re-run shape inference.
 #pragma once
 
@@ -172,7 +172,7 @@ inline std::optional<double> node_flops(const Node& n) {
     double k = static_cast<double>(trans_a ? as.front() : as.back());
     return 2.0 * *out_elems * k;
   }
-  if (op == "LSTM" || op == "GRU" || op == "RNN") {  // per step and direction: G*H x (I + H) multiply-adds
+  if (op == "LSTM" || op == "GRU" || op == "RNN" || key == "ondine.QLSTM") {  // per step and direction: G*H x (I + H) MACs
     const Value* x = n.input(0);
     const Value* r = n.input(2);
     if (!x || !r || !x->shape().is_static() || !r->shape().is_static() || x->shape().rank() != 3 || r->shape().rank() != 3)

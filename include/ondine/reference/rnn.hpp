@@ -309,13 +309,7 @@ inline std::vector<Tensor> qlstm(const Node& n, const std::vector<Tensor>& input
     const Tensor& q = nn::required(n, inputs, i);
     if (q.dtype() != DType::Int8) throw n.error(std::string(i == 1 ? "W" : "R") + " must be int8");
     if (q.rank() != 3 || q.dims()[1] != 4 * hidden) throw n.error("W or R has shape " + dims_str(q.dims()));
-    Tensor f(DType::Float32, q.dims());
-    const std::int8_t* src = q.data<std::int8_t>();
-    float* dst = f.data<float>();
-    const int64_t cols = q.dims()[2];
-    for (int64_t e = 0; e < q.numel(); ++e)
-      dst[e] = static_cast<float>(src[e]) * p.w_scale[static_cast<std::size_t>((e / cols) % (4 * hidden))];
-    ins[i] = std::move(f);
+    ins[i] = infer::detail_rnn::dequantize_rows(q, p.w_scale);
   }
   if (ins.size() > 7) ins.resize(7);
   DataQuantization quantize{p.x_scale, static_cast<double>(p.x_zero_point)};

@@ -51,6 +51,15 @@ inline QLstmParams read_qlstm(const Node& n, std::int64_t hidden) {
   return p;
 }
 
+// The float [D, G*H, K] of ondine.QLSTM's int8 W or R: row k times w_scale[k].
+inline Tensor dequantize_rows(const Tensor& q, const std::vector<float>& w_scale) {
+  Tensor f(DType::Float32, q.dims());
+  const std::int64_t cols = q.dims()[2], rows = static_cast<std::int64_t>(w_scale.size());
+  for (std::int64_t e = 0; e < q.numel(); ++e)
+    f.data<float>()[e] = static_cast<float>(q.data<std::int8_t>()[e]) * w_scale[static_cast<std::size_t>((e / cols) % rows)];
+  return f;
+}
+
 inline std::int64_t gate_count(const std::string& op) { return op == "LSTM" || op == "QLSTM" ? 4 : op == "GRU" ? 3 : 1; }
 
 inline std::int64_t direction_count(const Node& n) {

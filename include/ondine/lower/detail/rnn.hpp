@@ -60,15 +60,6 @@ inline std::string rnn_unsupported(const Node& n, std::int64_t seq) {
   return "";
 }
 
-// The float [D, G*H, I] of ondine.QLSTM's int8 W or R: row k times w_scale[k].
-inline Tensor dequantize_rows(const Tensor& q, const std::vector<float>& scale) {
-  Tensor f(DType::Float32, q.dims());
-  const std::int64_t cols = q.dims()[2], rows = static_cast<std::int64_t>(scale.size());
-  for (std::int64_t e = 0; e < q.numel(); ++e)
-    f.data<float>()[e] = static_cast<float>(q.data<std::int8_t>()[e]) * scale[static_cast<std::size_t>((e / cols) % rows)];
-  return f;
-}
-
 inline bool lower_recurrent(Lowering& L, const Node& n) {
   const bool quantized = n.op_type() == "QLSTM";
   const std::string op = quantized ? "LSTM" : n.op_type();
@@ -102,8 +93,8 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   Tensor w_f = w->constant(), r_f = r->constant();
   if (quantized) {
     qp = infer::detail_rnn::read_qlstm(n, hidden);
-    w_f = dequantize_rows(w->constant(), qp.w_scale);
-    r_f = dequantize_rows(r->constant(), qp.w_scale);
+    w_f = infer::detail_rnn::dequantize_rows(w->constant(), qp.w_scale);
+    r_f = infer::detail_rnn::dequantize_rows(r->constant(), qp.w_scale);
     int max_abs = 0;
     for (const Value* v : {w, r})
       for (std::int64_t e = 0; e < v->constant().numel(); ++e)
