@@ -10,6 +10,8 @@ packages=(
   libprotobuf-dev protobuf-compiler libonnx-dev  # ONNX's generated protobuf classes
   catch2                         # unit tests (Catch2 2.13)
   libcli11-dev nlohmann-json3-dev  # the command-line tool and its JSON reports
+  libflatbuffers-dev libxxhash-dev  # compiled-model artifacts: FlatBuffers schema and verifier, XXH3 checksums
+  flatbuffers-compiler           # the test that the committed generated schema header is current
   libonnx-testdata               # the ONNX backend conformance cases
   python3-onnx python3-numpy     # scripts/make_models.py (example models, built locally)
 )

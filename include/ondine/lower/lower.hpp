@@ -254,18 +254,28 @@ inline void plan_arena(runtime::Program& p, const Lowering& L) {
   p.memory.total_bytes = p.plan.total_bytes;
 }
 
+}  // namespace detail
+
+// The pass options this CPU needs (true when it set some): without VNNI, int8 kernels saturate past 7-bit
+// weights (fuse_qdq.hpp), so fuse-qdq leaves such layers in float. Whoever runs the pipeline for a
+// compiled model (compile(), `ondine compile -o MODEL.ondine`) sets them.
+inline bool set_isa_pass_options(PassManager& pm) {
+  if (effective_isa().int8_vnni) return false;
+  pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
+  pm.context().options.emplace("fuse-qdq.u8-only", "1");
+  return true;
+}
+
+namespace detail {
+
 // Runs options.passes on compile's copy of the graph (shapes already inferred), logging the per-pass
 // summary; then infers again, so values the passes created have their static shapes.
 inline void run_passes(Graph& g, const CompileOptions& options) {
   PassManager pm = make_pass_manager(options.passes);
   if (pm.size() == 0) return;
-  if (!effective_isa().int8_vnni) {  // int8 kernels without VNNI saturate past 7-bit weights (fuse_qdq.hpp)
-    pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
-    pm.context().options.emplace("fuse-qdq.u8-only", "1");
-    if (options.log)
-      options.log("int8: no VNNI on this CPU (" + effective_isa().name +
-                  "): QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 activations stay float");
-  }
+  if (set_isa_pass_options(pm) && options.log)
+    options.log("int8: no VNNI on this CPU (" + effective_isa().name +
+                "): QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 activations stay float");
   pm.run(g);
   infer_shapes(g);
   check_ops(g);  // a user pass may have created an op nothing runs

@@ -1,0 +1,534 @@
+// ondine/artifact/artifact.hpp - the `.ondine` compiled-model file: written once by `ondine compile -o
+// MODEL.ondine`, loaded without ONNX, protobuf or the pass pipeline (lower/artifact.hpp compiles it).
+//
+//   artifact::Info info;  info.source = "model.onnx"; ...
+//   artifact::write(optimised_graph, info, "model.ondine");
+//   artifact::Artifact a = artifact::read("model.ondine");   // a.graph, a.info; weights mapped, not copied
+//
+// File layout (all integers little-endian):
+//   [0, 64)            header: magic "ONDINEAF", u32 format version, u32 header size (64), then u64 pairs
+//                      (offset, bytes) of the schema part and of the weight section, then the XXH3-64 of each
+//   [schema part]      a FlatBuffer of artifact/schema.fbs (the graph, its signature, the target), 64-aligned
+//   [weight section]   every constant tensor's bytes (weights, tensor attributes), each 64-byte aligned;
+//                      a tensor shared by several values is stored once
+// Reading maps the file (two processes running one artifact share its weight pages) and checks, before any
+// byte is used: the magic, the format version (a newer one is refused, naming both), every offset and
+// length against the file size, both checksums, the FlatBuffers verifier over the schema part (depth and
+// table limits), every enum value, and every tensor's offset, length and dims against the weight section
+// (the verifier does not know about it). Then the graph is rebuilt and verified like an imported one.
+// Every failure is an ondine::Error naming the file and what is wrong.
+//
+// What is stored: the graph after the pass pipeline (its layout decisions included), not oneDNN's
+// primitives: oneDNN 2.6 cannot save a CPU primitive, so loading re-runs the lowering (lower/artifact.hpp).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <flatbuffers/flatbuffers.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "ondine/artifact/detail/schema_generated.hpp"
+#include "ondine/error.hpp"
+#include "ondine/ir/graph.hpp"
+
+namespace ondine::artifact {
+
+inline constexpr char kMagic[8] = {'O', 'N', 'D', 'I', 'N', 'E', 'A', 'F'};
+inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::size_t kHeaderBytes = 64;
+inline constexpr std::size_t kAlignment = 64;
+
+// What the artifact says about itself (the header's version and the schema's Model and Target tables).
+struct Info {
+  std::uint32_t format_version = kFormatVersion;
+  std::string ondine_version, onednn_version, source;
+  std::string isa, precision = "fp32", passes;
+  int threads = 0;
+  bool requires_vnni = false;  // int8 layers with 8-bit weights: refused on CPUs without VNNI
+  std::uint64_t file_bytes = 0, weight_bytes = 0;  // filled by read()
+};
+
+struct Artifact {
+  Graph graph;
+  Info info;
+};
+
+namespace detail {
+
+namespace fb = ::ondine::artifact::fb;
+
+inline std::size_t align_up(std::size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+inline void put_u32(unsigned char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline void put_u64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint32_t get_u32(const unsigned char* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+inline std::uint64_t get_u64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// --- writing ---------------------------------------------------------------------------------------
+
+class Writer {
+ public:
+  flatbuffers::FlatBufferBuilder fbb{1 << 16};
+  std::vector<std::pair<const void*, std::size_t>> chunks;  // weight section pieces, each at an aligned offset
+  std::vector<std::size_t> chunk_offsets;
+  std::size_t weight_bytes = 0;
+
+  flatbuffers::Offset<fb::TensorData> tensor(const Tensor& t, const std::string& what) {
+    if (t.dtype() == DType::String || t.dtype() == DType::Undefined)
+      throw Error(what + " is a " + std::string(dtype_name(t.dtype())) + " tensor, which artifacts do not store");
+    const std::size_t bytes = t.nbytes();
+    std::size_t offset;
+    auto key = std::make_pair(t.raw(), bytes);
+    if (auto it = shared_.find(key); it != shared_.end() && bytes) {
+      offset = it->second;  // a tensor shared by several values (clone() shares them): stored once
+    } else {
+      offset = align_up(weight_bytes);
+      chunks.emplace_back(t.raw(), bytes);
+      chunk_offsets.push_back(offset);
+      weight_bytes = offset + bytes;
+      shared_[key] = offset;
+    }
+    auto dims = fbb.CreateVector(t.dims());
+    return fb::CreateTensorData(fbb, static_cast<fb::DType>(t.dtype()), dims, offset, bytes);
+  }
+
+  flatbuffers::Offset<fb::Shape> shape(const Shape& s) {
+    std::vector<flatbuffers::Offset<fb::Dim>> dims;
+    if (s.rank_known())
+      for (std::size_t i = 0; i < s.rank(); ++i) {
+        const Dim& d = s[i];
+        dims.push_back(fb::CreateDim(fbb, d.is_static() ? d.value : -1, d.symbol.empty() ? 0 : fbb.CreateString(d.symbol)));
+      }
+    return fb::CreateShape(fbb, s.rank_known(), fbb.CreateVector(dims));
+  }
+
+  flatbuffers::Offset<fb::Value> value(const Value& v) {
+    auto name = fbb.CreateString(v.name());
+    auto sh = shape(v.shape());
+    flatbuffers::Offset<fb::TensorData> data;
+    if (v.is_constant()) data = tensor(v.constant(), "constant '" + v.name() + "'");
+    return fb::CreateValue(fbb, name, fb::ValueKind::Tensor, static_cast<fb::DType>(v.dtype()), sh,
+                           static_cast<fb::Layout>(v.layout()), data);
+  }
+
+  flatbuffers::Offset<fb::Attribute> attribute(const std::string& name, const Attribute& a, const Node& n) {
+    auto key = fbb.CreateString(name);
+    if (auto* v = std::get_if<std::int64_t>(&a)) return fb::CreateAttribute(fbb, key, fb::AttrKind::Int, *v);
+    if (auto* v = std::get_if<float>(&a)) return fb::CreateAttribute(fbb, key, fb::AttrKind::Float, 0, *v);
+    if (auto* v = std::get_if<std::string>(&a))
+      return fb::CreateAttribute(fbb, key, fb::AttrKind::String, 0, 0, fbb.CreateString(*v));
+    if (auto* v = std::get_if<Tensor>(&a)) {
+      auto t = tensor(*v, "attribute '" + name + "' of node '" + n.name() + "'");
+      return fb::CreateAttribute(fbb, key, fb::AttrKind::Tensor, 0, 0, 0, t);
+    }
+    if (auto* v = std::get_if<std::vector<std::int64_t>>(&a))
+      return fb::CreateAttribute(fbb, key, fb::AttrKind::Ints, 0, 0, 0, 0, fbb.CreateVector(*v));
+    if (auto* v = std::get_if<std::vector<float>>(&a))
+      return fb::CreateAttribute(fbb, key, fb::AttrKind::Floats, 0, 0, 0, 0, 0, fbb.CreateVector(*v));
+    if (auto* v = std::get_if<std::vector<std::string>>(&a))
+      return fb::CreateAttribute(fbb, key, fb::AttrKind::Strings, 0, 0, 0, 0, 0, 0, fbb.CreateVectorOfStrings(*v));
+    const GraphAttr& g = std::get<GraphAttr>(a);
+    if (!g) throw Error("attribute '" + name + "' holds no graph").at_node(n.name(), n.op_type());
+    auto sub = graph(*g);
+    return fb::CreateAttribute(fbb, key, fb::AttrKind::Graph, 0, 0, 0, 0, 0, 0, 0, sub);
+  }
+
+  flatbuffers::Offset<fb::Graph> graph(const Graph& g) {
+    auto names = [&](const std::vector<Value*>& vs) {
+      std::vector<flatbuffers::Offset<flatbuffers::String>> out;
+      for (const Value* v : vs) out.push_back(fbb.CreateString(v ? v->name() : std::string()));
+      return fbb.CreateVector(out);
+    };
+    // Every value, in the graph's own order (so the rebuilt graph lists them alike).
+    std::vector<Node*> order = g.topo_order();
+    const std::vector<Value*> all = g.values();
+    std::vector<const Value*> listed(all.begin(), all.end());
+    std::vector<flatbuffers::Offset<fb::Value>> values;
+    for (const Value* v : listed) values.push_back(value(*v));
+    std::vector<flatbuffers::Offset<fb::Node>> nodes;
+    for (const Node* n : order) {
+      std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+      for (const auto& [k, a] : n->attrs()) attrs.push_back(attribute(k, a, *n));
+      std::vector<flatbuffers::Offset<flatbuffers::String>> captured;
+      for (const std::string& c : n->captured_names()) captured.push_back(fbb.CreateString(c));
+      auto node_name = fbb.CreateString(n->name());
+      auto op = fbb.CreateString(n->op_type());
+      auto domain = fbb.CreateString(n->domain());
+      auto ins = names(n->inputs());
+      auto cap = fbb.CreateVector(captured);
+      auto outs = names(n->outputs());
+      auto attr_vec = fbb.CreateVector(attrs);
+      nodes.push_back(fb::CreateNode(fbb, node_name, op, domain, n->opset(), ins, cap, outs, attr_vec));
+    }
+    std::vector<flatbuffers::Offset<fb::Opset>> opsets;
+    for (const auto& [domain, version] : g.opsets) opsets.push_back(fb::CreateOpset(fbb, fbb.CreateString(domain), version));
+    auto gname = fbb.CreateString(g.name);
+    auto vals = fbb.CreateVector(values);
+    auto ins = names(g.inputs());
+    auto caps = names(g.captures());
+    auto outs = names(g.outputs());
+    auto node_vec = fbb.CreateVector(nodes);
+    auto opset_vec = fbb.CreateVector(opsets);
+    return fb::CreateGraph(fbb, gname, vals, ins, caps, outs, node_vec, opset_vec);
+  }
+
+  flatbuffers::Offset<fb::Signature> signature(const Graph& g) {
+    auto specs = [&](const std::vector<Value*>& vs) {
+      std::vector<flatbuffers::Offset<fb::Tensorspec>> out;
+      for (const Value* v : vs) {
+        auto name = fbb.CreateString(v->name());
+        auto sh = shape(v->shape());
+        out.push_back(fb::CreateTensorspec(fbb, name, static_cast<fb::DType>(v->dtype()), sh));
+      }
+      return fbb.CreateVector(out);
+    };
+    auto ins = specs(g.inputs());
+    auto outs = specs(g.outputs());
+    return fb::CreateSignature(fbb, ins, outs);
+  }
+
+ private:
+  std::map<std::pair<const void*, std::size_t>, std::size_t> shared_;
+};
+
+// --- reading ---------------------------------------------------------------------------------------
+
+// The file, mapped read-only; unmapped when the last tensor using it goes.
+struct Mapping {
+  const unsigned char* data = nullptr;
+  std::size_t bytes = 0;
+  ~Mapping() {
+    if (data && bytes) munmap(const_cast<unsigned char*>(data), bytes);
+  }
+};
+
+inline std::shared_ptr<Mapping> map_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open: " + std::string(std::strerror(errno))).in_file(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("not a regular file").in_file(path);
+  }
+  auto m = std::make_shared<Mapping>();
+  m->bytes = static_cast<std::size_t>(st.st_size);
+  if (m->bytes > 0) {
+    void* p = ::mmap(nullptr, m->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      throw Error("cannot map the file: " + std::string(std::strerror(errno))).in_file(path);
+    }
+    m->data = static_cast<const unsigned char*>(p);
+  }
+  ::close(fd);
+  return m;
+}
+
+class Reader {
+ public:
+  Reader(std::shared_ptr<Mapping> map, const unsigned char* weights, std::size_t weight_bytes)
+      : map_(std::move(map)), weights_(weights), weight_bytes_(weight_bytes) {}
+
+  static DType dtype(fb::DType d, const std::string& what) {
+    if (static_cast<unsigned>(d) > static_cast<unsigned>(fb::DType::MAX)) throw Error(what + ": unknown dtype " + std::to_string(static_cast<unsigned>(d)));
+    return static_cast<DType>(d);
+  }
+
+  Tensor tensor(const fb::TensorData* t, const std::string& what) const {
+    if (!t) throw Error(what + ": no tensor data");
+    DType dt = dtype(t->dtype(), what);
+    if (dt == DType::String || dt == DType::Undefined) throw Error(what + ": a tensor of " + std::string(dtype_name(dt)));
+    std::vector<std::int64_t> dims;
+    std::uint64_t numel = 1;
+    constexpr std::uint64_t kMax = std::uint64_t{1} << 48;
+    if (t->dims())
+      for (std::int64_t d : *t->dims()) {
+        if (d < 0 || (d > 0 && numel > kMax / static_cast<std::uint64_t>(d)))
+          throw Error(what + ": bad dims");
+        numel *= static_cast<std::uint64_t>(d);
+        dims.push_back(d);
+      }
+    const std::uint64_t bytes = numel * dtype_size(dt);
+    if (bytes != t->bytes())
+      throw Error(what + ": " + std::to_string(t->bytes()) + " bytes stored for " + std::string(dtype_name(dt)) +
+                  dims_str(dims) + ", which takes " + std::to_string(bytes));
+    if (t->offset() % kAlignment != 0 || t->offset() > weight_bytes_ || bytes > weight_bytes_ - t->offset())
+      throw Error(what + ": its data [" + std::to_string(t->offset()) + ", +" + std::to_string(bytes) +
+                  ") is outside the weight section of " + std::to_string(weight_bytes_) + " bytes");
+    void* p = const_cast<unsigned char*>(weights_ + t->offset());
+    return Tensor(dt, std::move(dims), bytes ? p : nullptr, map_);
+  }
+
+  Shape shape(const fb::Shape* s) const {
+    if (!s) return Shape::unknown();
+    if (!s->rank_known()) return Shape::unknown();
+    std::vector<Dim> dims;
+    if (s->dims())
+      for (const fb::Dim* d : *s->dims()) {
+        if (d->value() >= 0) dims.emplace_back(d->value());
+        else if (d->symbol() && d->symbol()->size()) dims.push_back(Dim::named(d->symbol()->str()));
+        else dims.emplace_back();
+      }
+    return Shape(std::move(dims));
+  }
+
+  static std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+  Attribute attribute(const fb::Attribute* a, const std::string& where) const {
+    const std::string what = "attribute '" + str(a->name()) + "' of " + where;
+    switch (a->kind()) {
+      case fb::AttrKind::Int: return a->i();
+      case fb::AttrKind::Float: return a->f();
+      case fb::AttrKind::String: return str(a->s());
+      case fb::AttrKind::Tensor: return tensor(a->tensor(), what);
+      case fb::AttrKind::Ints: return a->ints() ? std::vector<std::int64_t>(a->ints()->begin(), a->ints()->end()) : std::vector<std::int64_t>{};
+      case fb::AttrKind::Floats: return a->floats() ? std::vector<float>(a->floats()->begin(), a->floats()->end()) : std::vector<float>{};
+      case fb::AttrKind::Strings: {
+        std::vector<std::string> out;
+        if (a->strings())
+          for (const flatbuffers::String* s : *a->strings()) out.push_back(s->str());
+        return out;
+      }
+      case fb::AttrKind::Graph: {
+        if (!a->graph()) throw Error(what + ": no graph");
+        auto g = std::make_shared<Graph>();
+        graph(*a->graph(), *g);
+        return g;
+      }
+    }
+    throw Error(what + ": unknown kind " + std::to_string(static_cast<unsigned>(a->kind())));
+  }
+
+  void graph(const fb::Graph& in, Graph& g) const {
+    g.name = str(in.name());
+    g.opsets.clear();
+    if (in.opsets())
+      for (const fb::Opset* o : *in.opsets()) g.opsets[str(o->domain())] = o->version();
+    std::unordered_map<std::string, const fb::Value*> table;
+    if (in.values())
+      for (const fb::Value* v : *in.values()) {
+        if (v->kind() != fb::ValueKind::Tensor)
+          throw Error("value '" + v->name()->str() + "' is of a kind this Ondine does not know");
+        if (!table.emplace(v->name()->str(), v).second) throw Error("value '" + v->name()->str() + "' is listed twice");
+      }
+    auto spec = [&](const std::string& name) -> const fb::Value* {
+      auto it = table.find(name);
+      if (it == table.end()) throw Error("value '" + name + "' is not in the value table");
+      return it->second;
+    };
+    auto type = [&](Value* v, const fb::Value* s) {
+      v->set_dtype(dtype(s->dtype(), "value '" + v->name() + "'"));
+      v->set_shape(shape(s->shape()));
+      if (static_cast<unsigned>(s->layout()) > static_cast<unsigned>(fb::Layout::MAX))
+        throw Error("value '" + v->name() + "': unknown layout");
+      v->set_layout(static_cast<Layout>(s->layout()));
+    };
+    if (in.inputs())
+      for (const flatbuffers::String* s : *in.inputs()) {
+        const fb::Value* v = spec(s->str());
+        type(g.add_input(s->str(), DType::Undefined, Shape::unknown()), v);
+      }
+    if (in.captures())
+      for (const flatbuffers::String* s : *in.captures()) {
+        const fb::Value* v = spec(s->str());
+        type(g.add_capture(s->str(), DType::Undefined, Shape::unknown()), v);
+      }
+    if (in.values())
+      for (const fb::Value* v : *in.values())
+        if (v->constant()) type(g.add_constant(v->name()->str(), tensor(v->constant(), "constant '" + v->name()->str() + "'")), v);
+    auto lookup = [&](const flatbuffers::String* s) -> Value* {
+      if (!s || s->size() == 0) return nullptr;
+      spec(s->str());  // every name must be in the table
+      return g.get_or_create_value(s->str());
+    };
+    if (in.nodes())
+      for (const fb::Node* n : *in.nodes()) {
+        const std::string where = "node '" + str(n->name()) + "' (" + str(n->op_type()) + ")";
+        std::vector<Value*> inputs;
+        const std::size_t count = n->inputs() ? n->inputs()->size() : 0;
+        const std::size_t implicit = n->captured() ? n->captured()->size() : 0;
+        if (implicit > count) throw Error(where + ": more captured names than inputs");
+        for (std::size_t i = 0; i < count - implicit; ++i) inputs.push_back(lookup(n->inputs()->Get(static_cast<flatbuffers::uoffset_t>(i))));
+        std::vector<std::string> outputs;
+        if (n->outputs())
+          for (const flatbuffers::String* s : *n->outputs()) {
+            if (s->size() == 0) throw Error(where + ": an output without a name");
+            spec(s->str());
+            outputs.push_back(s->str());
+          }
+        std::map<std::string, Attribute> attrs;
+        if (n->attributes())
+          for (const fb::Attribute* a : *n->attributes()) attrs[str(a->name())] = attribute(a, where);
+        Node* node = g.add_node(n->op_type()->str(), inputs, outputs, std::move(attrs), str(n->name()), str(n->domain()));
+        node->set_opset(n->opset());
+        for (std::size_t i = count - implicit; i < count; ++i) {
+          Value* v = lookup(n->inputs()->Get(static_cast<flatbuffers::uoffset_t>(i)));
+          if (!v) throw Error(where + ": an implicit input without a name");
+          node->add_implicit_input(v, n->captured()->Get(static_cast<flatbuffers::uoffset_t>(i - (count - implicit)))->str());
+        }
+        for (Value* v : node->outputs()) type(v, spec(v->name()));
+      }
+    if (in.outputs())
+      for (const flatbuffers::String* s : *in.outputs()) {
+        Value* v = g.find_value(s->str());
+        if (!v) throw Error("graph output '" + s->str() + "' is not defined");
+        g.add_output(v);
+      }
+    if (auto problem = g.check()) throw Error("the stored graph is inconsistent: " + *problem);
+  }
+
+ private:
+  std::shared_ptr<Mapping> map_;
+  const unsigned char* weights_;
+  std::size_t weight_bytes_;
+};
+
+}  // namespace detail
+
+// True when the file at `path` starts with the artifact magic (any version).
+inline bool is_artifact(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kMagic, sizeof magic) == 0;
+}
+
+// Writes `g` (static or symbolic shapes; every constant's data goes to the weight section) and `info` to
+// `path`, through a temporary file renamed at the end, so a reader never sees half a file.
+inline void write(const Graph& g, const Info& info, const std::string& path) {
+  namespace fb = detail::fb;
+  detail::Writer w;
+  flatbuffers::Offset<fb::Graph> graph;
+  try {
+    graph = w.graph(g);
+  } catch (Error& e) {
+    throw e.in_file(path);
+  }
+  auto signature = w.signature(g);
+  auto target = fb::CreateTarget(w.fbb, w.fbb.CreateString(info.isa), info.threads, w.fbb.CreateString(info.precision),
+                                 w.fbb.CreateString(info.passes), info.requires_vnni);
+  auto model = fb::CreateModel(w.fbb, w.fbb.CreateString(info.ondine_version), w.fbb.CreateString(info.onednn_version),
+                               w.fbb.CreateString(info.source), signature, target, graph);
+  fb::FinishModelBuffer(w.fbb, model);
+
+  const std::size_t schema_offset = kHeaderBytes, schema_bytes = w.fbb.GetSize();
+  const std::size_t weights_offset = detail::align_up(schema_offset + schema_bytes);
+  // The weight section as it will be on disk (chunks at their offsets, zero padding between), hashed once.
+  std::vector<unsigned char> weights(w.weight_bytes, 0);
+  for (std::size_t i = 0; i < w.chunks.size(); ++i)
+    if (w.chunks[i].second) std::memcpy(weights.data() + w.chunk_offsets[i], w.chunks[i].first, w.chunks[i].second);
+  unsigned char header[kHeaderBytes] = {};
+  std::memcpy(header, kMagic, sizeof kMagic);
+  detail::put_u32(header + 8, kFormatVersion);
+  detail::put_u32(header + 12, static_cast<std::uint32_t>(kHeaderBytes));
+  detail::put_u64(header + 16, schema_offset);
+  detail::put_u64(header + 24, schema_bytes);
+  detail::put_u64(header + 32, weights_offset);
+  detail::put_u64(header + 40, weights.size());
+  detail::put_u64(header + 48, XXH3_64bits(w.fbb.GetBufferPointer(), schema_bytes));
+  detail::put_u64(header + 56, XXH3_64bits(weights.data(), weights.size()));
+
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error("cannot write: " + std::string(std::strerror(errno))).in_file(path);
+    out.write(reinterpret_cast<const char*>(header), kHeaderBytes);
+    out.write(reinterpret_cast<const char*>(w.fbb.GetBufferPointer()), static_cast<std::streamsize>(schema_bytes));
+    std::vector<char> pad(weights_offset - schema_offset - schema_bytes, 0);
+    out.write(pad.data(), static_cast<std::streamsize>(pad.size()));
+    out.write(reinterpret_cast<const char*>(weights.data()), static_cast<std::streamsize>(weights.size()));
+    if (!out.flush()) throw Error("cannot write: " + std::string(std::strerror(errno))).in_file(path);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("cannot write: " + std::string(std::strerror(errno))).in_file(path);
+  }
+}
+
+// Maps and checks the artifact at `path` (see the header comment) and rebuilds its graph, whose constants
+// point into the mapping. Throws an Error naming the file.
+inline Artifact read(const std::string& path) {
+  namespace fb = detail::fb;
+  std::shared_ptr<detail::Mapping> map = detail::map_file(path);
+  auto fail = [&](const std::string& what) { return Error("not a valid Ondine artifact: " + what).in_file(path); };
+  const unsigned char* p = map->data;
+  const std::size_t size = map->bytes;
+  if (size < kHeaderBytes || std::memcmp(p, kMagic, sizeof kMagic) != 0)
+    throw Error(size < kHeaderBytes ? "not an Ondine artifact: the file has only " + std::to_string(size) + " bytes"
+                                    : "not an Ondine artifact (no \"ONDINEAF\" magic)")
+        .in_file(path);
+  const std::uint32_t version = detail::get_u32(p + 8);
+  if (version > kFormatVersion || version == 0)
+    throw Error("artifact format version " + std::to_string(version) + "; this Ondine reads version " +
+                std::to_string(kFormatVersion) + (version > kFormatVersion ? ": recompile the model with this Ondine, or update Ondine" : ""))
+        .in_file(path);
+  if (detail::get_u32(p + 12) != kHeaderBytes) throw fail("header size " + std::to_string(detail::get_u32(p + 12)));
+  const std::uint64_t schema_offset = detail::get_u64(p + 16), schema_bytes = detail::get_u64(p + 24);
+  const std::uint64_t weights_offset = detail::get_u64(p + 32), weight_bytes = detail::get_u64(p + 40);
+  auto inside = [&](std::uint64_t off, std::uint64_t len) { return off >= kHeaderBytes && off <= size && len <= size - off; };
+  if (!inside(schema_offset, schema_bytes) || schema_bytes < 8)
+    throw fail("the schema part [" + std::to_string(schema_offset) + ", +" + std::to_string(schema_bytes) +
+               ") is outside the file of " + std::to_string(size) + " bytes (truncated?)");
+  if (!inside(weights_offset, weight_bytes) || weights_offset % kAlignment != 0)
+    throw fail("the weight section [" + std::to_string(weights_offset) + ", +" + std::to_string(weight_bytes) +
+               ") is outside the file of " + std::to_string(size) + " bytes (truncated?)");
+  if (XXH3_64bits(p + schema_offset, schema_bytes) != detail::get_u64(p + 48))
+    throw fail("the schema part's checksum does not match (the file is damaged)");
+  if (XXH3_64bits(p + weights_offset, weight_bytes) != detail::get_u64(p + 56))
+    throw fail("the weight section's checksum does not match (the file is damaged)");
+  flatbuffers::Verifier verifier(p + schema_offset, schema_bytes, /*max_depth=*/128, /*max_tables=*/10000000);
+  if (!fb::VerifyModelBuffer(verifier)) throw fail("the FlatBuffers verifier rejects the schema part");
+  const fb::Model* model = fb::GetModel(p + schema_offset);
+
+  Artifact a;
+  a.info.format_version = version;
+  a.info.ondine_version = detail::Reader::str(model->ondine_version());
+  a.info.onednn_version = detail::Reader::str(model->onednn_version());
+  a.info.source = detail::Reader::str(model->source());
+  if (const fb::Target* t = model->target()) {
+    a.info.isa = detail::Reader::str(t->isa());
+    a.info.threads = t->threads();
+    a.info.precision = detail::Reader::str(t->precision());
+    a.info.passes = detail::Reader::str(t->passes());
+    a.info.requires_vnni = t->requires_vnni();
+  }
+  a.info.file_bytes = size;
+  a.info.weight_bytes = weight_bytes;
+  detail::Reader reader(map, p + weights_offset, static_cast<std::size_t>(weight_bytes));
+  try {
+    reader.graph(*model->graph(), a.graph);
+  } catch (Error& e) {
+    throw e.in_file(path);
+  }
+  return a;
+}
+
+}  // namespace ondine::artifact

@@ -1,0 +1,242 @@
+// `.ondine` artifacts: the graph round trip (structure, subgraphs, every attribute kind, shared weights
+// stored once, weights used in place from the mapping), outputs of the compiled artifact bit-identical to
+// the ONNX path on the same CPU, and bad files (truncated, bit flips, foreign, newer version, offsets out of
+// range with valid checksums, int8 needing VNNI), each an error naming the file.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ondine/artifact/artifact.hpp"
+#include "ondine/lower/artifact.hpp"
+#include "ondine/ondine.hpp"
+#include "ondine/passes/pipeline.hpp"
+#include "support.hpp"
+
+// Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
+namespace test_artifact {
+
+using namespace ondine;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tmp_path(const std::string& name) {
+  fs::create_directories(ONDINE_TEST_TMP_DIR);
+  return (fs::path(ONDINE_TEST_TMP_DIR) / name).string();
+}
+
+std::vector<unsigned char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
+
+// The message of the Error that reading `path` throws ("" when it reads).
+std::string read_error(const std::string& path) {
+  try {
+    artifact::read(path);
+  } catch (const Error& e) {
+    CHECK(e.file() == path);
+    return e.what();
+  }
+  return "";
+}
+
+// The PyTorch corpus model `name` (tests/data/torch) after the default pipeline, and its case-k inputs.
+Graph optimised(const std::string& name) {
+  Graph g = ondine::onnx::load_model((fs::path(ONDINE_TEST_DATA_DIR) / "torch" / name / "model.onnx").string());
+  lower::prepare_for_passes(g);
+  PassManager pm = make_pass_manager("default");
+  lower::set_isa_pass_options(pm);
+  pm.run(g);
+  return g;
+}
+std::map<std::string, Tensor> case_inputs(const std::string& name, int k) {
+  std::map<std::string, Tensor> in;
+  const std::string prefix = "case" + std::to_string(k) + ".";
+  for (auto& e : fs::directory_iterator(fs::path(ONDINE_TEST_DATA_DIR) / "torch" / name)) {
+    std::string f = e.path().filename().string();
+    if (f.rfind(prefix, 0) == 0 && f.find(".out.") == std::string::npos && e.path().extension() == ".npy")
+      in[f.substr(prefix.size(), f.size() - prefix.size() - 4)] = load_npy(e.path().string());
+  }
+  REQUIRE(!in.empty());
+  return in;
+}
+
+bool bit_identical(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("artifact: the graph round trip keeps structure, subgraphs and attributes; weights stay mapped",
+          "[artifact]") {
+  // gated_encoder: an If whose branches capture outer values; scripted_loop: a Loop with a nested If.
+  for (const char* name : {"gated_encoder", "scripted_loop", "bert_encoder", "lstm_tagger"}) {
+    INFO(name);
+    Graph g = optimised(name);
+    const std::string path = tmp_path(std::string(name) + ".ondine");
+    artifact::Info info = lower::artifact_info(g, name, "default", 2);
+    lower::save_artifact(g, path, info);
+    artifact::Artifact a = lower::load_artifact(path);
+    CHECK(a.graph.to_text() == g.to_text());
+    CHECK(a.info.isa == lower::effective_isa().name);
+    CHECK(a.info.threads == 2);
+    CHECK(a.info.precision == "fp32");
+    CHECK(a.info.source == name);
+    CHECK(a.info.onednn_version == lower::onednn_version());
+    // Constants point into the mapped file: 64-byte aligned, not owned.
+    for (const Value* v : a.graph.constants()) {
+      CHECK(reinterpret_cast<std::uintptr_t>(v->constant().raw()) % 64 == 0);
+      CHECK_FALSE(v->constant().is_sole_owner());
+    }
+  }
+}
+
+TEST_CASE("artifact: a tensor shared by several values is stored once", "[artifact]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{4});
+  Tensor w = test::uniform_tensor({4}, 1);
+  Value* a = g.add_constant("a", w);
+  Value* b = g.add_constant("b", w);  // the same storage
+  Value* s = g.add_node("Add", {x, a}, {"s"})->output(0);
+  Value* y = g.add_node("Mul", {s, b}, {"y"})->output(0);
+  g.add_output(y);
+  infer_shapes(g);
+  const std::string path = tmp_path("shared.ondine");
+  artifact::write(g, {}, path);
+  artifact::Artifact read = artifact::read(path);
+  CHECK(read.info.weight_bytes == 16u);
+  CHECK(read.graph.find_value("a")->constant().raw() == read.graph.find_value("b")->constant().raw());
+}
+
+TEST_CASE("artifact: compiled, its outputs equal the ONNX path's bit for bit on the same CPU", "[artifact][lower]") {
+  for (const char* name : {"gated_encoder", "gpt_decoder", "lstm_tagger"}) {
+    INFO(name);
+    lower::CompileOptions options;
+    options.threads = 2;
+    Graph imported = ondine::onnx::load_model((fs::path(ONDINE_TEST_DATA_DIR) / "torch" / name / "model.onnx").string());
+    lower::ShapeCache onnx_path(std::move(imported), options);
+    const std::string path = tmp_path(std::string(name) + ".compiled.ondine");
+    Graph g = optimised(name);
+    lower::save_artifact(g, path, lower::artifact_info(g, name, "default", 2));
+    artifact::Artifact a = lower::load_artifact(path);
+    lower::ShapeCache from_artifact(std::move(a.graph), lower::artifact_options(options));
+    for (int k = 0; k < 2; ++k) {
+      INFO("case " << k);
+      auto in = case_inputs(name, k);
+      auto want = onnx_path.run(in);
+      auto got = from_artifact.run(in);
+      for (auto& [out, t] : want) {
+        INFO(out);
+        CHECK(bit_identical(got.at(out), t));
+      }
+    }
+  }
+}
+
+TEST_CASE("artifact: bad files are errors naming the file", "[artifact][bad-input]") {
+  Graph g = optimised("gated_encoder");
+  const std::string good = tmp_path("good.ondine");
+  lower::save_artifact(g, good, lower::artifact_info(g, "gated_encoder", "default", 1));
+  const std::vector<unsigned char> bytes = read_bytes(good);
+  REQUIRE(read_error(good).empty());
+  const std::string bad = tmp_path("bad.ondine");
+
+  // Truncated anywhere: header, schema part, weight section.
+  for (std::size_t size : {std::size_t{0}, std::size_t{10}, std::size_t{63}, std::size_t{64}, std::size_t{200},
+                           bytes.size() / 2, bytes.size() - 1}) {
+    INFO("truncated to " << size);
+    write_bytes(bad, std::vector<unsigned char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(size)));
+    CHECK_THAT(read_error(bad), Catch::Contains("artifact"));
+  }
+  // One flipped bit, every 97 bytes over the whole file (but the zero padding between the schema part and
+  // the weight section, which nothing reads): never read as a valid model.
+  const std::size_t gap_begin = 64 + artifact::detail::get_u64(bytes.data() + 24);
+  const std::size_t gap_end = artifact::detail::get_u64(bytes.data() + 32);
+  for (std::size_t at = 8; at < bytes.size(); at += 97) {
+    if (at >= gap_begin && at < gap_end) continue;
+    INFO("bit flipped at " << at);
+    std::vector<unsigned char> flipped = bytes;
+    flipped[at] ^= 0x10;
+    write_bytes(bad, flipped);
+    CHECK_FALSE(read_error(bad).empty());
+  }
+  // A foreign file (the ONNX model itself), and a newer format version.
+  CHECK_THAT(read_error((fs::path(ONDINE_TEST_DATA_DIR) / "torch" / "gated_encoder" / "model.onnx").string()),
+             Catch::Contains("not an Ondine artifact"));
+  std::vector<unsigned char> newer = bytes;
+  newer[8] = 2;
+  write_bytes(bad, newer);
+  CHECK_THAT(read_error(bad), Catch::Contains("format version 2") && Catch::Contains("reads version 1"));
+  CHECK_THAT(read_error(tmp_path("missing.ondine")), Catch::Contains("cannot open"));
+}
+
+TEST_CASE("artifact: a tensor range outside the weight section is refused, checksums notwithstanding",
+          "[artifact][bad-input]") {
+  // A well-formed file (valid FlatBuffer, matching checksums) whose one constant claims bytes past the end
+  // of the weight section: only the loader's own bounds check can catch it.
+  namespace fb = artifact::fb;
+  for (std::uint64_t offset : {std::uint64_t{64}, std::uint64_t{1} << 62}) {
+    INFO("offset " << offset);
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<std::int64_t> dims{4};
+    auto data = fb::CreateTensorData(fbb, fb::DType::Float32, fbb.CreateVector(dims), offset, 16);
+    auto shape = fb::CreateShape(fbb, true, fbb.CreateVector(std::vector<flatbuffers::Offset<fb::Dim>>{fb::CreateDim(fbb, 4)}));
+    auto value = fb::CreateValue(fbb, fbb.CreateString("w"), fb::ValueKind::Tensor, fb::DType::Float32, shape,
+                                 fb::Layout::Unset, data);
+    auto graph = fb::CreateGraph(fbb, fbb.CreateString("g"), fbb.CreateVector(std::vector<decltype(value)>{value}), 0, 0,
+                                 fbb.CreateVectorOfStrings(std::vector<std::string>{"w"}));
+    fb::FinishModelBuffer(fbb, fb::CreateModel(fbb, 0, 0, 0, 0, 0, graph));
+    std::vector<unsigned char> weights(64, 0);
+    std::vector<unsigned char> file(64, 0);
+    std::memcpy(file.data(), artifact::kMagic, 8);
+    artifact::detail::put_u32(file.data() + 8, artifact::kFormatVersion);
+    artifact::detail::put_u32(file.data() + 12, 64);
+    const std::size_t weights_at = artifact::detail::align_up(64 + fbb.GetSize());
+    artifact::detail::put_u64(file.data() + 16, 64);
+    artifact::detail::put_u64(file.data() + 24, fbb.GetSize());
+    artifact::detail::put_u64(file.data() + 32, weights_at);
+    artifact::detail::put_u64(file.data() + 40, weights.size());
+    artifact::detail::put_u64(file.data() + 48, XXH3_64bits(fbb.GetBufferPointer(), fbb.GetSize()));
+    artifact::detail::put_u64(file.data() + 56, XXH3_64bits(weights.data(), weights.size()));
+    file.insert(file.end(), fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    file.resize(weights_at, 0);
+    file.insert(file.end(), weights.begin(), weights.end());
+    const std::string path = tmp_path("outside.ondine");
+    write_bytes(path, file);
+    CHECK_THAT(read_error(path), Catch::Contains("constant 'w'") && Catch::Contains("outside the weight section"));
+  }
+}
+
+TEST_CASE("artifact: an int8 artifact that needs VNNI is refused on a CPU without it, naming both ISAs",
+          "[artifact][int8][bad-input]") {
+  Graph g = optimised("lstm_tagger");
+  artifact::Info info = lower::artifact_info(g, "lstm_tagger", "default", 1);
+  info.precision = "int8";
+  info.requires_vnni = true;
+  info.isa = "avx512_core_vnni";
+  const std::string path = tmp_path("needs_vnni.ondine");
+  lower::save_artifact(g, path, info);
+  if (lower::effective_isa().int8_vnni) {
+    CHECK_NOTHROW(lower::load_artifact(path));
+  } else {
+    CHECK_THROWS_WITH(lower::load_artifact(path), Catch::Contains("need VNNI") && Catch::Contains("avx512_core_vnni") &&
+                                                      Catch::Contains(lower::effective_isa().name));
+  }
+  // Another oneDNN major.minor is refused too.
+  info.requires_vnni = false;
+  info.onednn_version = "3.1.0";
+  lower::save_artifact(g, path, info);
+  CHECK_THROWS_WITH(lower::load_artifact(path), Catch::Contains("oneDNN 3.1.0") && Catch::Contains(lower::onednn_version()));
+}
+
+}  // namespace test_artifact
