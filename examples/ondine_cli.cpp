@@ -36,6 +36,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ondine/lower/artifact.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "cli/compare.hpp"
@@ -46,6 +47,47 @@ namespace fs = std::filesystem;
 using namespace ondine;
 
 namespace {
+
+// A model file as the commands take it: ONNX, or a compiled artifact (`ondine compile -o MODEL.ondine`),
+// whose passes ran when it was compiled: for it the pipeline is off, and --passes other than none is a
+// usage error.
+struct ModelFile {
+  Graph graph;
+  std::optional<artifact::Info> artifact;
+  double load_ms = 0;
+};
+ModelFile load_model_file(const std::string& path) {
+  ModelFile m;
+  auto t0 = std::chrono::steady_clock::now();
+  if (artifact::is_artifact(path)) {
+    artifact::Artifact a = lower::load_artifact(path);
+    m.graph = std::move(a.graph);
+    m.artifact = a.info;
+  } else {
+    m.graph = ondine::onnx::load_model(path);
+  }
+  m.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return m;
+}
+// The pipeline to compile `m` with: an artifact's is "none".
+std::string pipeline_of(const ModelFile& m, const std::string& passes, bool passes_given) {
+  if (!m.artifact) return passes;
+  if (passes_given && passes != "none")
+    throw Error("--passes " + passes + ": an artifact's passes ran when it was compiled (" + m.artifact->passes +
+                "); compile the ONNX model with other passes instead");
+  return "none";
+}
+// What `inspect` and `run` say about an artifact.
+std::string artifact_summary(const artifact::Info& a) {
+  std::ostringstream os;
+  os << "artifact format " << a.format_version << ", compiled from " << (a.source.empty() ? "?" : a.source)
+     << " by Ondine " << a.ondine_version << " with oneDNN " << a.onednn_version << " for " << a.isa << ", "
+     << a.precision << (a.requires_vnni ? " (needs VNNI)" : "") << ", threads "
+     << (a.threads > 0 ? std::to_string(a.threads) : std::string("default")) << ", passes "
+     << (a.passes.empty() ? "none" : a.passes) << "; " << a.file_bytes << " bytes, weights " << a.weight_bytes
+     << " bytes mapped";
+  return os.str();
+}
 
 // A mistake on the command line that CLI11 cannot see (an unknown pass name): exit code 2.
 struct UsageError : Error {
@@ -371,9 +413,12 @@ std::vector<const Node*> data_dependent_nodes(const Graph& g) {
 int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_specs, bool json, bool print_graph,
                 const std::string& dot_file, bool compiled, int threads, const std::string& passes,
                 const std::string& compile_passes) {
-  PassManager pm = pipeline_for(passes);
-  pipeline_for(compile_passes);
-  Graph g = ondine::onnx::load_model(path);
+  ModelFile file = load_model_file(path);
+  // An artifact's graph is already optimised: no pass runs on it, here or when compiled.
+  PassManager pm = pipeline_for(file.artifact ? std::string("none") : passes);
+  const std::string compile_pipeline = file.artifact ? std::string("none") : compile_passes;
+  pipeline_for(compile_pipeline);
+  Graph g = std::move(file.graph);
   Graph imported = g.clone();
   if (pm.size()) {
     check_supported(g);
@@ -423,13 +468,21 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     for (Value* v : g.outputs()) j["outputs"].push_back({{"name", v->name()}, {"type", Graph::value_type_str(v)}});
     j["ops"] = op_key_histogram(g);
     j["subgraph_ops"] = inner;
-    j["passes"] = passes_label(passes);
+    j["passes"] = passes_label(file.artifact ? std::string("none") : passes);
     j["unsupported_ops"] = bad;
+    if (file.artifact) {
+      const artifact::Info& a = *file.artifact;
+      j["artifact"] = {{"format_version", a.format_version}, {"source", a.source}, {"ondine_version", a.ondine_version},
+                       {"onednn_version", a.onednn_version}, {"isa", a.isa}, {"precision", a.precision},
+                       {"requires_vnni", a.requires_vnni}, {"threads", a.threads}, {"passes", a.passes},
+                       {"file_bytes", a.file_bytes}, {"weight_bytes", a.weight_bytes}};
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   std::cout << "model:   " << path << " (opset " << g.opset() << ", " << g.num_nodes() << " nodes, producer '"
             << g.producer_name << "')\n";
+  if (file.artifact) std::cout << "compiled: " << artifact_summary(*file.artifact) << "\n";
   if (pm.size()) std::cout << "passes:  " << pm.pipeline() << " (" << imported.num_nodes() << " -> " << g.num_nodes() << " nodes)\n";
   for (Value* v : g.inputs()) std::cout << "input:   " << v->name() << "  " << Graph::value_type_str(v) << "\n";
   for (Value* v : g.outputs()) std::cout << "output:  " << v->name() << "  " << Graph::value_type_str(v) << "\n";
@@ -485,7 +538,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     if (!bad.empty()) throw Error("cannot compile: the model has unsupported ops (listed above)").in_file(path);
     Graph imported_bound = imported.clone();
     bind_dims(imported_bound, bindings);
-    print_compiled(imported_bound, threads, compile_passes);
+    print_compiled(imported_bound, threads, compile_pipeline);
   }
   return 0;
 }
@@ -495,7 +548,10 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
             bool use_reference, int threads, bool check, std::optional<double> check_tolerance, const std::string& passes,
             bool passes_given) {
   pipeline_for(passes);
-  Graph g = ondine::onnx::load_model(path);
+  ModelFile file = load_model_file(path);
+  const std::string pipeline = pipeline_of(file, passes, passes_given);
+  if (file.artifact) std::cout << artifact_summary(*file.artifact) << "\n";
+  Graph g = std::move(file.graph);
   check_supported(g);  // every unsupported op at once, before anything runs
   std::map<std::string, Tensor> inputs;
   for (auto& spec : input_specs) {
@@ -525,7 +581,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
-  Engine engine = make_engine(g, use_reference, threads, passes, passes_given);
+  Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value());
   std::map<std::string, Tensor> outputs;
   std::vector<double> ms = time_runs(engine, inputs, std::max(runs, 1), path, "", &outputs);
   for (Value* o : g.outputs()) std::cout << o->name() << ": " << summary(outputs.at(o->name())) << "\n";
@@ -544,8 +600,8 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=" << (use_reference ? "reference" : "compiled")
             << (use_reference ? "" : " isa=" + engine.isa) << " " << (at.empty() ? "" : at + " ")
             << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default"))
-            << ((use_reference && !passes_given) ? "" : " passes=" + passes_label(passes)) << " runs=" << ms.size()
-            << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms";
+            << ((use_reference && !passes_given) ? "" : " passes=" + passes_label(pipeline)) << " runs=" << ms.size()
+            << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms load=" << file.load_ms << " ms";
   if (!use_reference) std::cout << " compile=" << engine.compile_ms << " ms";
   std::cout << "\n";
   if (check && !use_reference) {
@@ -572,6 +628,7 @@ struct CompileArgs {
   std::optional<double> tolerance;         // --check's relative bound; unset: by model kind (check_bound)
   std::size_t stop_after = 0;              // > 0: stop after that many pass runs (bisecting)
   std::vector<std::string> pass_options;   // KEY=VALUE for PassContext::options
+  int threads = 0;                         // recorded in an artifact (0: OpenMP's default)
 };
 
 // Runs the pipeline on the model (symbolic dims stay symbolic unless bound with --dim), reports what
@@ -599,9 +656,14 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
                          ": the pipeline has no pass of that name (pipeline: " +
                          (pm.size() ? pm.pipeline() : std::string("none")) + ")");
 
+  // -o MODEL.ondine: a compiled artifact (lower/artifact.hpp): the graph prepared as compile() prepares it,
+  // with the pass options this CPU needs, then the pipeline.
+  const bool to_artifact = fs::path(args.out_file).extension() == ".ondine";
+  if (to_artifact) lower::set_isa_pass_options(pm);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   bind_dims(g, parse_dims(args.dims));
+  if (to_artifact) lower::prepare_for_passes(g);
   // Only --check needs the original graph: a clone shares the weights, so fold-bn would then have to
   // copy them instead of scaling them in place (that copy is most of the pass time).
   std::optional<Graph> original;
@@ -636,7 +698,14 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
       std::cout << "  " << std::left << std::setw(26) << op << std::right << std::setw(8) << counts.first
                 << std::setw(8) << counts.second << "\n";
   }
-  if (!args.out_file.empty()) {
+  if (to_artifact) {
+    artifact::Info info = lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads);
+    info.ondine_version = ondine::version;
+    lower::save_artifact(g, args.out_file, info);
+    std::cout << "wrote:   " << args.out_file << " (artifact: " << g.num_nodes() << " nodes, " << info.precision << ", "
+              << info.isa << (info.requires_vnni ? ", needs VNNI" : "") << ", "
+              << std::filesystem::file_size(args.out_file) << " bytes)\n";
+  } else if (!args.out_file.empty()) {
     ondine::onnx::save_model(g, args.out_file);
     std::cout << "wrote:   " << args.out_file << " (" << g.num_nodes() << " nodes)\n";
   }
@@ -766,7 +835,10 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
               bool use_reference, const std::string& json_file, const std::string& passes, bool passes_given,
               bool profile) {
   pipeline_for(passes);
-  Graph g = ondine::onnx::load_model(path);
+  ModelFile file = load_model_file(path);
+  const std::string pipeline = pipeline_of(file, passes, passes_given);
+  if (file.artifact) passes_given = true;
+  Graph g = std::move(file.graph);
   check_supported(g);
   BatchDims dims = batch_dims(g, dim_specs, path);
   auto batches = bench_batches(g, dims, batch_list, path);
@@ -779,14 +851,14 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   // second and later batches is that of a new shape of a model already loaded.
   auto packed = std::make_shared<lower::PackedWeights>();
   for (auto batch : batches)
-    results.push_back(bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, passes,
+    results.push_back(bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, pipeline,
                                   passes_given, profile, packed));
   double rss = peak_rss_mib();
 
   bool passes_apply = !use_reference || passes_given;
   std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa)
             << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs
-            << (passes_apply ? ", passes " + passes_label(passes) : "") << "\n";
+            << (passes_apply ? ", passes " + passes_label(pipeline) : "") << "\n";
   std::cout << "FLOPs:   " << (flops ? human(*flops, "FLOP") : std::string("unknown")) << " per sample\n";
   std::cout << std::right << std::setw(7) << "batch" << std::setw(13) << "median ms" << std::setw(11) << "p90 ms"
             << std::setw(13) << "samples/s" << std::setw(13) << "compile ms" << "\n";
@@ -801,7 +873,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
     j["model"] = path;
     j["engine"] = use_reference ? "reference" : "compiled";
     j["isa"] = isa;
-    j["passes"] = passes_apply ? passes_label(passes) : std::string("none");
+    j["passes"] = passes_apply ? passes_label(pipeline) : std::string("none");
     j["threads"] = used_threads;
     j["warmup"] = warmup;
     j["runs"] = runs;
@@ -836,7 +908,7 @@ int main(int argc, char** argv) {
 
   std::string passes = "default", inspect_passes = "none";
   auto* inspect = app.add_subcommand("inspect", "ops histogram, parameters, FLOPs, inputs/outputs, unsupported ops");
-  inspect->add_option("model", model, "ONNX model file")->required();
+  inspect->add_option("model", model, "ONNX model file or compiled artifact (.ondine)")->required();
   inspect->add_option("--dim", dims, "bind a symbolic dim for the FLOP count, NAME=SIZE (default: 1)");
   inspect->add_flag("--json", json, "print as JSON");
   inspect->add_flag("--graph", print_graph, "also print the graph as text");
@@ -859,7 +931,10 @@ int main(int argc, char** argv) {
   compile->add_option("--dump-before", compile_args.dump_before, "print the graph before this pass (repeatable)");
   compile->add_option("--dump-after", compile_args.dump_after, "print the graph after this pass (repeatable)");
   compile->add_flag("--dot", compile_args.dot, "dumps as Graphviz DOT instead of text");
-  compile->add_option("-o,--output", compile_args.out_file, "write the optimised model as ONNX");
+  compile->add_option("-o,--output", compile_args.out_file,
+                      "write the optimised model: as ONNX, or with the extension .ondine as a compiled artifact "
+                      "that run/bench/inspect load without ONNX import or passes (docs/artifacts.md)");
+  compile->add_option("--threads", compile_args.threads, "the thread count recorded in an artifact (default: OpenMP's)");
   compile->add_flag("--check", compile_args.check,
                     "run the imported and the optimised model on the reference executor with seeded random inputs "
                     "and compare (fails past --tolerance)");
@@ -874,7 +949,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
 
   auto* run = app.add_subcommand("run", "run a model on .npy or seeded random inputs");
-  run->add_option("model", model, "ONNX model file")->required();
+  run->add_option("model", model, "ONNX model file or compiled artifact (.ondine)")->required();
   run->add_option("--input", input_specs, "NAME=FILE.npy (repeatable); inputs not given are random");
   run->add_option("--dim", dims, "bind a symbolic dim, NAME=SIZE (repeatable; default 1)");
   run->add_option("--output-dir", output_dir, "write each output as DIR/NAME.npy");
@@ -900,7 +975,7 @@ int main(int argc, char** argv) {
   std::string json_file;
   int warmup = 5, bench_runs = 50;
   auto* bench = app.add_subcommand("bench", "latency and throughput of the compiled model per batch size");
-  bench->add_option("model", model, "ONNX model file")->required();
+  bench->add_option("model", model, "ONNX model file or compiled artifact (.ondine)")->required();
   bench->add_option("--batch", batches, "batch sizes, e.g. 1,8 (default 1; a model with static shapes: its own)")
       ->delimiter(',')->check(CLI::PositiveNumber);
   bench->add_option("--dim", dims, "NAME: the symbolic dim --batch sets (needed when there are several); "

@@ -283,6 +283,23 @@ for k in 0 1; do
     --input input_ids="$torch_dir/gpt_decoder/case$k.input_ids.npy" --check --threads 1 --passes none
 done
 
+# Compiled artifacts (docs/artifacts.md): written by compile -o *.ondine, taken by run/bench/inspect with the
+# passes off; the same outputs as the ONNX file; bad artifacts name the file.
+gpt=$torch_dir/gpt_decoder
+expect 0 'wrote: .*gpt\.ondine \(artifact: .*fp32' -- "$ondine" compile "$gpt/model.onnx" -o "$work/gpt.ondine"
+expect 0 'compiled: artifact format 1, compiled from .*gpt_decoder/model\.onnx' -- "$ondine" inspect "$work/gpt.ondine"
+expect 0 '"artifact"' -- "$ondine" inspect "$work/gpt.ondine" --json
+expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/gpt.ondine" --input input_ids="$gpt/case1.input_ids.npy" --check
+expect 0 'passes=none .* load=' -- "$ondine" run "$work/gpt.ondine" --input input_ids="$gpt/case0.input_ids.npy" --output-dir "$work/art"
+"$ondine" run "$gpt/model.onnx" --input input_ids="$gpt/case0.input_ids.npy" --output-dir "$work/onnx" >/dev/null 2>&1
+if cmp -s "$work/art/logits.npy" "$work/onnx/logits.npy"; then passes=$((passes + 1)); else
+  echo "FAIL: the artifact's logits differ from the ONNX file's"; fails=$((fails + 1)); fi
+expect 0 'samples/s' -- "$ondine" bench "$work/gpt.ondine" --dim batch --dim seq=16 --runs 2 --warmup 1
+expect 1 'passes ran when it was compiled' -- "$ondine" run "$work/gpt.ondine" --passes default
+head -c 1000 "$work/gpt.ondine" >"$work/cut.ondine"
+expect 1 'cut\.ondine: not a valid Ondine artifact: .*truncated' -- "$ondine" run "$work/cut.ondine"
+expect 1 'cut\.ondine' -- "$ondine" inspect "$work/cut.ondine"
+
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate
 expect 2 "" -- "$ondine" run

@@ -21,10 +21,11 @@ forbid reference 'ondine/(onnx|passes|quant|lower|runtime)/' "the oracle sees on
 forbid quant 'ondine/(onnx|lower|runtime)/' "quantization sits below the lowering"
 forbid lower 'ondine/onnx/' "the lowering works on the IR, never on protobuf"
 forbid runtime 'ondine/(onnx|passes|quant|lower)/' "running a compiled model needs no importer or passes"
-for dir in ir passes reference quant runtime onnx; do
+forbid artifact 'ondine/(onnx|passes|quant|reference|lower|runtime)/' "the artifact file format sees only the IR"
+for dir in ir passes reference quant runtime onnx artifact; do
   forbid "$dir" 'oneapi/|dnnl' "only lower/ includes oneDNN"
 done
-for dir in ir passes reference quant runtime lower; do
+for dir in ir passes reference quant runtime lower artifact; do
   forbid "$dir" 'onnx/|google/protobuf' "only onnx/ sees protobuf"
 done
 echo "$((checks - fails)) passed, $fails failed"
