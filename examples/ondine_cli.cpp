@@ -54,6 +54,8 @@ namespace {
 struct ModelFile {
   Graph graph;
   std::optional<artifact::Info> artifact;
+  std::shared_ptr<lower::PackedWeights> packed;  // an artifact's packed weights, preloaded
+  std::size_t packings = 0;
   double load_ms = 0;
 };
 ModelFile load_model_file(const std::string& path) {
@@ -61,6 +63,8 @@ ModelFile load_model_file(const std::string& path) {
   auto t0 = std::chrono::steady_clock::now();
   if (artifact::is_artifact(path)) {
     artifact::Artifact a = lower::load_artifact(path);
+    m.packed = lower::preload_packings(a);
+    m.packings = a.packings.size();
     m.graph = std::move(a.graph);
     m.artifact = a.info;
   } else {
@@ -581,7 +585,10 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
-  Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value());
+  Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value(), file.packed);
+  if (file.packed && !use_reference)
+    std::cout << "packed weights: " << file.packings << " stored, " << file.packed->preloaded_hits()
+              << " used as stored, " << file.packed->packed_here() << " packed at load\n";
   std::map<std::string, Tensor> outputs;
   std::vector<double> ms = time_runs(engine, inputs, std::max(runs, 1), path, "", &outputs);
   for (Value* o : g.outputs()) std::cout << o->name() << ": " << summary(outputs.at(o->name())) << "\n";
@@ -701,7 +708,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   if (to_artifact) {
     artifact::Info info = lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads);
     info.ondine_version = ondine::version;
-    lower::save_artifact(g, args.out_file, info);
+    lower::save_artifact(g, args.out_file, info, parse_dims(args.dims));
     std::cout << "wrote:   " << args.out_file << " (artifact: " << g.num_nodes() << " nodes, " << info.precision << ", "
               << info.isa << (info.requires_vnni ? ", needs VNNI" : "") << ", "
               << std::filesystem::file_size(args.out_file) << " bytes)\n";
@@ -838,6 +845,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   ModelFile file = load_model_file(path);
   const std::string pipeline = pipeline_of(file, passes, passes_given);
   if (file.artifact) passes_given = true;
+  std::shared_ptr<lower::PackedWeights> file_packed = file.packed;
   Graph g = std::move(file.graph);
   check_supported(g);
   BatchDims dims = batch_dims(g, dim_specs, path);
@@ -849,7 +857,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::vector<BenchResult> results;
   // The batch sizes share weight packings, as the shapes of a ShapeCache do: the compile time of the
   // second and later batches is that of a new shape of a model already loaded.
-  auto packed = std::make_shared<lower::PackedWeights>();
+  auto packed = file_packed ? file_packed : std::make_shared<lower::PackedWeights>();
   for (auto batch : batches)
     results.push_back(bench_batch(g, dims, batch, use_reference, threads, warmup, runs, seed, path, isa, pipeline,
                                   passes_given, profile, packed));

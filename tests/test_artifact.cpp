@@ -129,7 +129,10 @@ TEST_CASE("artifact: compiled, its outputs equal the ONNX path's bit for bit on 
     Graph g = optimised(name);
     lower::save_artifact(g, path, lower::artifact_info(g, name, "default", 2));
     artifact::Artifact a = lower::load_artifact(path);
-    lower::ShapeCache from_artifact(std::move(a.graph), lower::artifact_options(options));
+    CHECK(!a.packings.empty());
+    lower::CompileOptions loaded = lower::artifact_options(options, a);
+    std::shared_ptr<lower::PackedWeights> packed = loaded.packed_weights;
+    lower::ShapeCache from_artifact(std::move(a.graph), loaded);
     for (int k = 0; k < 2; ++k) {
       INFO("case " << k);
       auto in = case_inputs(name, k);
@@ -139,8 +142,44 @@ TEST_CASE("artifact: compiled, its outputs equal the ONNX path's bit for bit on 
         INFO(out);
         CHECK(bit_identical(got.at(out), t));
       }
+      // The first shape is the one the packings were made for (its symbolic dims bound to 1 differ from
+      // case 0's): whatever oneDNN chose again, every request a stored packing answered was equal.
+      INFO("preloaded " << packed->preloaded() << ", used " << packed->preloaded_hits() << ", packed here "
+                        << packed->packed_here());
+      CHECK(packed->preloaded_hits() + packed->packed_here() > 0);
     }
   }
+}
+
+TEST_CASE("artifact: the weights oneDNN packed are stored and used at load, none packed again on this CPU",
+          "[artifact][lower]") {
+  // A static shape (dims given at write time, the same at load): every packing is found, nothing repacked.
+  Graph g = optimised("lstm_tagger");
+  const std::string path = tmp_path("packed.ondine");
+  lower::save_artifact(g, path, lower::artifact_info(g, "lstm_tagger", "default", 2), {{"batch", 2}, {"seq", 7}});
+  artifact::Artifact a = lower::load_artifact(path);
+  CHECK(a.packing_dims == std::map<std::string, std::int64_t>{{"batch", 2}, {"seq", 7}});
+  REQUIRE(!a.packings.empty());
+  lower::CompileOptions options;
+  options.threads = 2;
+  Graph bound = a.graph.clone();
+  bind_dims(bound, a.packing_dims);
+  Graph reference_graph = bound.clone();
+  lower::CompileOptions loaded = lower::artifact_options(options, a);
+  auto model = lower::compile(std::move(bound), loaded);
+  CHECK(loaded.packed_weights->packed_here() == 0);
+  CHECK(loaded.packed_weights->preloaded_hits() >= a.packings.size());
+  std::map<std::string, Tensor> in{{"input_ids", Tensor::from_vector<std::int64_t>({2, 7}, {1, 5, 9, 3, 2, 8, 4, 7, 6, 0, 11, 12, 13, 2})}};
+  CHECK(test::rel_error(model.run(in).at("tags"), ReferenceExecutor(reference_graph).run(in).at("tags")) < 1e-5);
+  // At one thread the bidirectional layers are one primitive each (two side by side at two threads): other
+  // requests, each answered by a stored packing of an equal descriptor or packed again.
+  lower::CompileOptions one = lower::artifact_options(lower::CompileOptions{}, a);
+  one.threads = 1;
+  Graph again = a.graph.clone();
+  bind_dims(again, a.packing_dims);
+  auto model1 = lower::compile(std::move(again), one);
+  CHECK(one.packed_weights->preloaded_hits() + one.packed_weights->packed_here() > 0);
+  CHECK(test::rel_error(model1.run(in).at("tags"), ReferenceExecutor(reference_graph).run(in).at("tags")) < 1e-5);
 }
 
 TEST_CASE("artifact: bad files are errors naming the file", "[artifact][bad-input]") {

@@ -65,9 +65,25 @@ struct Info {
   std::uint64_t file_bytes = 0, weight_bytes = 0;  // filled by read()
 };
 
+// A weight as oneDNN packed it when the model was compiled (schema.fbs, table Packing). The descriptor is
+// opaque here (lower/artifact.hpp reads it); `source` is the constant it was packed from (in the graph being
+// written, or in the mapped file when read), null for a source the lowering derived, known by its hashes.
+struct Packing {
+  const void* source = nullptr;
+  std::size_t source_bytes = 0;
+  std::uint64_t source_layout = 0;
+  std::uint64_t hash = 0, check = 0;
+  std::string md;
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 struct Artifact {
   Graph graph;
   Info info;
+  std::vector<Packing> packings;                       // data and sources point into the mapping
+  std::map<std::string, std::int64_t> packing_dims;  // the symbolic dims' sizes the packings were made for
+  std::shared_ptr<void> mapping;                       // the mapped file (weights and packings point into it)
 };
 
 namespace detail {
@@ -199,6 +215,23 @@ class Writer {
     auto node_vec = fbb.CreateVector(nodes);
     auto opset_vec = fbb.CreateVector(opsets);
     return fb::CreateGraph(fbb, gname, vals, ins, caps, outs, node_vec, opset_vec);
+  }
+
+  // The stored form of `p`: its source found among the constants written so far (by address), its bytes
+  // appended to the weight section.
+  flatbuffers::Offset<fb::Packing> packing(const Packing& p) {
+    std::uint64_t source_offset = ~std::uint64_t{0};
+    if (auto it = shared_.find(std::make_pair(p.source, p.source_bytes)); p.source && it != shared_.end())
+      source_offset = it->second;
+    std::vector<std::uint8_t> md(p.md.begin(), p.md.end());
+    auto md_vec = fbb.CreateVector(md);
+    const std::size_t offset = align_up(weight_bytes);
+    chunks.emplace_back(p.data, p.bytes);
+    chunk_offsets.push_back(offset);
+    weight_bytes = offset + p.bytes;
+    std::vector<std::int64_t> dims{static_cast<std::int64_t>(p.bytes)};
+    auto data = fb::CreateTensorData(fbb, fb::DType::UInt8, fbb.CreateVector(dims), offset, p.bytes);
+    return fb::CreatePacking(fbb, source_offset, p.source_bytes, p.source_layout, p.hash, p.check, md_vec, data);
   }
 
   flatbuffers::Offset<fb::Signature> signature(const Graph& g) {
@@ -423,7 +456,9 @@ inline bool is_artifact(const std::string& path) {
 
 // Writes `g` (static or symbolic shapes; every constant's data goes to the weight section) and `info` to
 // `path`, through a temporary file renamed at the end, so a reader never sees half a file.
-inline void write(const Graph& g, const Info& info, const std::string& path) {
+// `packings` (optional): weights as oneDNN packed them for `packing_dims` (lower/artifact.hpp makes them).
+inline void write(const Graph& g, const Info& info, const std::string& path, const std::vector<Packing>& packings = {},
+                  const std::map<std::string, std::int64_t>& packing_dims = {}) {
   namespace fb = detail::fb;
   detail::Writer w;
   flatbuffers::Offset<fb::Graph> graph;
@@ -432,11 +467,17 @@ inline void write(const Graph& g, const Info& info, const std::string& path) {
   } catch (Error& e) {
     throw e.in_file(path);
   }
+  std::vector<flatbuffers::Offset<fb::Packing>> packed;
+  for (const Packing& p : packings) packed.push_back(w.packing(p));
+  std::vector<flatbuffers::Offset<fb::Dim>> dims;
+  for (const auto& [symbol, size] : packing_dims) dims.push_back(fb::CreateDim(w.fbb, size, w.fbb.CreateString(symbol)));
+  auto packed_vec = w.fbb.CreateVector(packed);
+  auto dims_vec = w.fbb.CreateVector(dims);
   auto signature = w.signature(g);
   auto target = fb::CreateTarget(w.fbb, w.fbb.CreateString(info.isa), info.threads, w.fbb.CreateString(info.precision),
                                  w.fbb.CreateString(info.passes), info.requires_vnni);
   auto model = fb::CreateModel(w.fbb, w.fbb.CreateString(info.ondine_version), w.fbb.CreateString(info.onednn_version),
-                               w.fbb.CreateString(info.source), signature, target, graph);
+                               w.fbb.CreateString(info.source), signature, target, graph, packed_vec, dims_vec);
   fb::FinishModelBuffer(w.fbb, model);
 
   const std::size_t schema_offset = kHeaderBytes, schema_bytes = w.fbb.GetSize();
@@ -522,9 +563,33 @@ inline Artifact read(const std::string& path) {
   }
   a.info.file_bytes = size;
   a.info.weight_bytes = weight_bytes;
+  a.mapping = map;
   detail::Reader reader(map, p + weights_offset, static_cast<std::size_t>(weight_bytes));
   try {
     reader.graph(*model->graph(), a.graph);
+    if (model->packings())
+      for (const fb::Packing* q : *model->packings()) {
+        Packing out;
+        const std::string what = "packed weight " + std::to_string(a.packings.size());
+        Tensor data = reader.tensor(q->data(), what);
+        if (data.dtype() != DType::UInt8 || data.rank() != 1) throw Error(what + ": its data is not bytes");
+        out.data = data.raw();
+        out.bytes = data.nbytes();
+        if (q->source_offset() != ~std::uint64_t{0}) {
+          if (q->source_offset() % kAlignment != 0 || q->source_offset() > weight_bytes ||
+              q->source_bytes() > weight_bytes - q->source_offset())
+            throw Error(what + ": its source is outside the weight section");
+          out.source = p + weights_offset + q->source_offset();
+        }
+        out.source_bytes = q->source_bytes();
+        out.source_layout = q->source_layout();
+        out.hash = q->hash();
+        out.check = q->check();
+        if (q->md()) out.md.assign(reinterpret_cast<const char*>(q->md()->data()), q->md()->size());
+        a.packings.push_back(std::move(out));
+      }
+    if (model->packing_dims())
+      for (const fb::Dim* d : *model->packing_dims()) a.packing_dims[detail::Reader::str(d->symbol())] = d->value();
   } catch (Error& e) {
     throw e.in_file(path);
   }

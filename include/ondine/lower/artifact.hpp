@@ -18,11 +18,20 @@
 // only infers shapes (cheap) and lowers. A graph with symbolic dims is specialised per input shape by a
 // ShapeCache, which may fold the values shapes depend on (resolve_static_shapes: fold-constants on shape
 // values) but runs no pass; a static graph compiles as it is.
-// What this version does not store yet: oneDNN's packed weights (2.6 cannot save a primitive; the weights
-// are packed at load from the mapped plain ones), and variants for several ISAs.
+// Packed weights: oneDNN 2.6 cannot save a primitive, so the artifact stores what its primitives read,
+// the weights packed into the layouts oneDNN chose (make_packings: one compile of the graph, symbolic dims
+// bound to the sizes given or 1, at the thread count recorded). Loading preloads them (preload_packings:
+// the packed bytes used in place from the mapping, nothing copied) and the lowering takes a stored packing
+// wherever it asks for an equal memory descriptor; another ISA, thread count or shape that makes oneDNN
+// choose another layout packs that weight again from the plain one, and PackedWeights::packed_here() counts
+// those. Not yet: variants for several ISAs in one file.
 #pragma once
 
+#include <cstring>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.h"
 
@@ -76,10 +85,6 @@ inline void prepare_for_passes(Graph& g) {
   detail::inline_constant_captures(g);
 }
 
-inline void save_artifact(const Graph& optimised, const std::string& path, const artifact::Info& info) {
-  artifact::write(optimised, info, path);
-}
-
 // The artifact at `path`, read, checked (artifact::read) and checked against this CPU and this oneDNN.
 inline artifact::Artifact load_artifact(const std::string& path) {
   artifact::Artifact a = artifact::read(path);
@@ -97,10 +102,77 @@ inline artifact::Artifact load_artifact(const std::string& path) {
   return a;
 }
 
-// `options` for compiling an artifact's graph: its passes already ran.
+// The weights of `optimised` packed as compile() packs them here, for an artifact: symbolic dims bound to
+// `dims` (others to 1), `threads` threads. `dims` gets the bindings used.
+inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int threads,
+                                                    std::map<std::string, std::int64_t>& dims,
+                                                    std::shared_ptr<PackedWeights>& keep) {
+  Graph bound = optimised.clone();
+  std::map<std::string, std::int64_t> used;  // the graph's own symbols: given, else 1
+  for (const std::string& symbol : symbolic_dims(optimised)) {
+    auto it = dims.find(symbol);
+    used[symbol] = it != dims.end() ? it->second : 1;
+  }
+  dims = used;
+  bind_dims(bound, dims);
+  CompileOptions options;
+  options.threads = threads;
+  options.passes = "none";
+  keep = std::make_shared<PackedWeights>();
+  options.packed_weights = keep;
+  compile(std::move(bound), options);
+  std::vector<artifact::Packing> out;
+  for (const PackedWeights::Record& r : keep->records()) {
+    artifact::Packing p;
+    p.source = r.source;
+    p.source_bytes = r.source_bytes;
+    p.source_layout = r.layout;
+    p.hash = r.hash;
+    p.check = r.check;
+    p.md.assign(reinterpret_cast<const char*>(&r.md.data), sizeof(r.md.data));
+    p.data = r.packed.get_data_handle();
+    p.bytes = r.md.get_size();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// A PackedWeights holding the artifact's packings (their bytes in place in the mapping). A packing whose
+// descriptor does not read back as one of its own size is left out (its weight is packed at load).
+inline std::shared_ptr<PackedWeights> preload_packings(const artifact::Artifact& a) {
+  auto packed = std::make_shared<PackedWeights>();
+  packed->keep_alive(a.mapping);
+  for (const artifact::Packing& p : a.packings) {
+    if (p.md.size() != sizeof(dnnl_memory_desc_t)) continue;
+    dnnl::memory::desc md;
+    std::memcpy(&md.data, p.md.data(), sizeof(dnnl_memory_desc_t));
+    if (md.get_size() != p.bytes) continue;
+    dnnl::memory m(md, packed->engine(), const_cast<void*>(p.data));
+    if (p.source) packed->preload_by_address(p.source, p.source_bytes, p.source_layout, md, m);
+    else packed->preload_by_hash(static_cast<std::size_t>(p.hash), p.check, md, m);
+  }
+  return packed;
+}
+
+// `options` for compiling an artifact's graph: its passes already ran; with `a`, its packed weights preloaded.
 inline CompileOptions artifact_options(CompileOptions options) {
   options.passes = "none";
   return options;
+}
+inline CompileOptions artifact_options(CompileOptions options, const artifact::Artifact& a) {
+  options.passes = "none";
+  options.packed_weights = preload_packings(a);
+  return options;
+}
+
+// Writes `optimised` with its weights packed as this CPU packs them (make_packings) for `dims` (symbolic dims
+// not given: 1) at info.threads threads; `packed = false` stores the plain weights only.
+inline void save_artifact(const Graph& optimised, const std::string& path, const artifact::Info& info,
+                          std::map<std::string, std::int64_t> dims = {}, bool packed = true) {
+  if (!packed) return artifact::write(optimised, info, path);
+  std::shared_ptr<PackedWeights> keep;
+  std::vector<artifact::Packing> packings = make_packings(optimised, info.threads, dims, keep);
+  artifact::write(optimised, info, path, packings, dims);
 }
 
 }  // namespace ondine::lower

@@ -13,16 +13,22 @@
 // the next shape usually wants the same ones. Thread-safe: concurrent compiles may share one. The
 // source bytes are not kept (a folded weight would stay alive twice): two independent 64-bit hashes
 // of them stand in for a comparison.
+// Artifacts (lower/artifact.hpp) store the packings a compile made and preload them here: by the
+// address of their source constant in the mapped file (found without hashing it), or by the two hashes
+// for sources the lowering derived (transposed, gate-reordered); a preloaded packing is used only for an
+// equal descriptor, else the weight is packed again, which packed_here() counts.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ondine/ir/tensor.hpp"
@@ -36,22 +42,86 @@ class PackedWeights {
   const dnnl::engine& engine() const { return engine_; }
 
   // The packing of `source` into `want`: the one stored for equal bytes and an equal descriptor, else
-  // `pack()`'s result, stored.
-  dnnl::memory get(const Tensor& source, const dnnl::memory::desc& want, const std::function<dnnl::memory()>& pack) {
-    const Key key = key_of(source);
+  // `pack()`'s result, stored. `layout` tells apart two readings of the same bytes (0: row-major; a
+  // transposed constant read through strides: another value).
+  dnnl::memory get(const Tensor& source, const dnnl::memory::desc& want, const std::function<dnnl::memory()>& pack,
+                   std::uint64_t layout = 0) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (dnnl::memory* found = find(key, want)) {
+      auto range = by_address_.equal_range(source.raw());
+      for (auto it = range.first; it != range.second; ++it)
+        if (it->second.bytes == source.nbytes() && it->second.layout == layout && it->second.md == want) {
+          ++hits_;
+          ++preloaded_hits_;
+          return it->second.packed;
+        }
+    }
+    Key key = key_of(source);
+    key.second ^= layout * 0x9e3779b97f4a7c15ull;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (Entry* found = find(key, want)) {
         ++hits_;
-        return *found;
+        if (found->preloaded) ++preloaded_hits_;
+        return found->packed;
       }
     }
     dnnl::memory packed = pack();  // outside the lock: packing a large weight takes a while
     std::lock_guard<std::mutex> lock(mutex_);
-    if (dnnl::memory* found = find(key, want)) return *found;  // another compile packed it meanwhile
-    entries_.emplace(key.first, Entry{key.second, want, packed});
+    if (Entry* found = find(key, want)) return found->packed;  // another compile packed it meanwhile
+    entries_.emplace(key.first, Entry{key.second, want, packed, source.raw(), source.nbytes(), layout, false});
     bytes_ += want.get_size();
+    ++packed_here_;
     return packed;
+  }
+
+  // One packing, as an artifact stores it: its source's address (when the lowering packed a constant as
+  // it is) and hashes, the descriptor, the packed memory.
+  struct Record {
+    const void* source = nullptr;
+    std::size_t source_bytes = 0;
+    std::uint64_t layout = 0;
+    std::size_t hash = 0;
+    std::uint64_t check = 0;
+    dnnl::memory::desc md;
+    dnnl::memory packed;
+  };
+  std::vector<Record> records() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Record> out;
+    for (const auto& [hash, e] : entries_) out.push_back({e.source, e.source_bytes, e.layout, hash, e.check, e.md, e.packed});
+    return out;
+  }
+  // Preloads a packing of the constant whose bytes are at `source` (`bytes` long), found by address.
+  void preload_by_address(const void* source, std::size_t bytes, std::uint64_t layout, const dnnl::memory::desc& md,
+                          dnnl::memory packed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    by_address_.emplace(source, AddressEntry{bytes, layout, md, packed});
+    preloaded_ += 1;
+  }
+  // Preloads a packing of a derived source, found by its hashes.
+  void preload_by_hash(std::size_t hash, std::uint64_t check, const dnnl::memory::desc& md, dnnl::memory packed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.emplace(hash, Entry{check, md, packed, nullptr, 0, 0, true});
+    preloaded_ += 1;
+  }
+  // Keeps `owner` (the mapped file preloaded packings point into) alive as long as these packings.
+  void keep_alive(std::shared_ptr<void> owner) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    owners_.push_back(std::move(owner));
+  }
+  // Preloaded packings, how many requests one of them answered, and how many weights were packed here.
+  std::size_t preloaded() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return preloaded_;
+  }
+  std::size_t preloaded_hits() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return preloaded_hits_;
+  }
+  std::size_t packed_here() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return packed_here_;
   }
 
   // Bytes of all packings held, their number, and how many requests found one already packed.
@@ -73,6 +143,16 @@ class PackedWeights {
   using Key = std::pair<std::size_t, std::uint64_t>;
   struct Entry {
     std::uint64_t check;
+    dnnl::memory::desc md;
+    dnnl::memory packed;
+    const void* source;  // the bytes it was packed from when packed here (for records())
+    std::size_t source_bytes;
+    std::uint64_t layout;
+    bool preloaded;
+  };
+  struct AddressEntry {
+    std::size_t bytes;
+    std::uint64_t layout;
     dnnl::memory::desc md;
     dnnl::memory packed;
   };
@@ -98,17 +178,25 @@ class PackedWeights {
     mix(tail ^ bytes);
     return {h1, h2};
   }
-  dnnl::memory* find(const Key& key, const dnnl::memory::desc& want) {
+  Entry* find(const Key& key, const dnnl::memory::desc& want) {
     auto range = entries_.equal_range(key.first);
     for (auto it = range.first; it != range.second; ++it)
-      if (it->second.check == key.second && it->second.md == want) return &it->second.packed;
+      if (it->second.check == key.second && it->second.md == want) return &it->second;
     return nullptr;
   }
+
+ public:
+  // The hashes that key a source's bytes (what records() gives for a derived source).
+  static std::pair<std::size_t, std::uint64_t> hashes(const Tensor& t) { return key_of(t); }
+
+ private:
 
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   mutable std::mutex mutex_;
   std::unordered_multimap<std::size_t, Entry> entries_;
-  std::size_t bytes_ = 0, hits_ = 0;
+  std::unordered_multimap<const void*, AddressEntry> by_address_;
+  std::vector<std::shared_ptr<void>> owners_;
+  std::size_t bytes_ = 0, hits_ = 0, preloaded_ = 0, preloaded_hits_ = 0, packed_here_ = 0;
 };
 
 }  // namespace ondine::lower

@@ -50,6 +50,9 @@ struct SignatureBuilder;
 struct Target;
 struct TargetBuilder;
 
+struct Packing;
+struct PackingBuilder;
+
 struct Model;
 struct ModelBuilder;
 
@@ -1334,6 +1337,130 @@ inline flatbuffers::Offset<Target> CreateTargetDirect(
       requires_vnni);
 }
 
+struct Packing FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef PackingBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_SOURCE_OFFSET = 4,
+    VT_SOURCE_BYTES = 6,
+    VT_SOURCE_LAYOUT = 8,
+    VT_HASH = 10,
+    VT_CHECK = 12,
+    VT_MD = 14,
+    VT_DATA = 16
+  };
+  uint64_t source_offset() const {
+    return GetField<uint64_t>(VT_SOURCE_OFFSET, 18446744073709551615ULL);
+  }
+  uint64_t source_bytes() const {
+    return GetField<uint64_t>(VT_SOURCE_BYTES, 0);
+  }
+  uint64_t source_layout() const {
+    return GetField<uint64_t>(VT_SOURCE_LAYOUT, 0);
+  }
+  uint64_t hash() const {
+    return GetField<uint64_t>(VT_HASH, 0);
+  }
+  uint64_t check() const {
+    return GetField<uint64_t>(VT_CHECK, 0);
+  }
+  const flatbuffers::Vector<uint8_t> *md() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_MD);
+  }
+  const ondine::artifact::fb::TensorData *data() const {
+    return GetPointer<const ondine::artifact::fb::TensorData *>(VT_DATA);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint64_t>(verifier, VT_SOURCE_OFFSET, 8) &&
+           VerifyField<uint64_t>(verifier, VT_SOURCE_BYTES, 8) &&
+           VerifyField<uint64_t>(verifier, VT_SOURCE_LAYOUT, 8) &&
+           VerifyField<uint64_t>(verifier, VT_HASH, 8) &&
+           VerifyField<uint64_t>(verifier, VT_CHECK, 8) &&
+           VerifyOffset(verifier, VT_MD) &&
+           verifier.VerifyVector(md()) &&
+           VerifyOffset(verifier, VT_DATA) &&
+           verifier.VerifyTable(data()) &&
+           verifier.EndTable();
+  }
+};
+
+struct PackingBuilder {
+  typedef Packing Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_source_offset(uint64_t source_offset) {
+    fbb_.AddElement<uint64_t>(Packing::VT_SOURCE_OFFSET, source_offset, 18446744073709551615ULL);
+  }
+  void add_source_bytes(uint64_t source_bytes) {
+    fbb_.AddElement<uint64_t>(Packing::VT_SOURCE_BYTES, source_bytes, 0);
+  }
+  void add_source_layout(uint64_t source_layout) {
+    fbb_.AddElement<uint64_t>(Packing::VT_SOURCE_LAYOUT, source_layout, 0);
+  }
+  void add_hash(uint64_t hash) {
+    fbb_.AddElement<uint64_t>(Packing::VT_HASH, hash, 0);
+  }
+  void add_check(uint64_t check) {
+    fbb_.AddElement<uint64_t>(Packing::VT_CHECK, check, 0);
+  }
+  void add_md(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> md) {
+    fbb_.AddOffset(Packing::VT_MD, md);
+  }
+  void add_data(flatbuffers::Offset<ondine::artifact::fb::TensorData> data) {
+    fbb_.AddOffset(Packing::VT_DATA, data);
+  }
+  explicit PackingBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<Packing> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<Packing>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<Packing> CreatePacking(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t source_offset = 18446744073709551615ULL,
+    uint64_t source_bytes = 0,
+    uint64_t source_layout = 0,
+    uint64_t hash = 0,
+    uint64_t check = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> md = 0,
+    flatbuffers::Offset<ondine::artifact::fb::TensorData> data = 0) {
+  PackingBuilder builder_(_fbb);
+  builder_.add_check(check);
+  builder_.add_hash(hash);
+  builder_.add_source_layout(source_layout);
+  builder_.add_source_bytes(source_bytes);
+  builder_.add_source_offset(source_offset);
+  builder_.add_data(data);
+  builder_.add_md(md);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<Packing> CreatePackingDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t source_offset = 18446744073709551615ULL,
+    uint64_t source_bytes = 0,
+    uint64_t source_layout = 0,
+    uint64_t hash = 0,
+    uint64_t check = 0,
+    const std::vector<uint8_t> *md = nullptr,
+    flatbuffers::Offset<ondine::artifact::fb::TensorData> data = 0) {
+  auto md__ = md ? _fbb.CreateVector<uint8_t>(*md) : 0;
+  return ondine::artifact::fb::CreatePacking(
+      _fbb,
+      source_offset,
+      source_bytes,
+      source_layout,
+      hash,
+      check,
+      md__,
+      data);
+}
+
 struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef ModelBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -1342,7 +1469,9 @@ struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_SOURCE = 8,
     VT_SIGNATURE = 10,
     VT_TARGET = 12,
-    VT_GRAPH = 14
+    VT_GRAPH = 14,
+    VT_PACKINGS = 16,
+    VT_PACKING_DIMS = 18
   };
   const flatbuffers::String *ondine_version() const {
     return GetPointer<const flatbuffers::String *>(VT_ONDINE_VERSION);
@@ -1362,6 +1491,12 @@ struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const ondine::artifact::fb::Graph *graph() const {
     return GetPointer<const ondine::artifact::fb::Graph *>(VT_GRAPH);
   }
+  const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>> *packings() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>> *>(VT_PACKINGS);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *>(VT_PACKING_DIMS);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_ONDINE_VERSION) &&
@@ -1376,6 +1511,12 @@ struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            verifier.VerifyTable(target()) &&
            VerifyOffsetRequired(verifier, VT_GRAPH) &&
            verifier.VerifyTable(graph()) &&
+           VerifyOffset(verifier, VT_PACKINGS) &&
+           verifier.VerifyVector(packings()) &&
+           verifier.VerifyVectorOfTables(packings()) &&
+           VerifyOffset(verifier, VT_PACKING_DIMS) &&
+           verifier.VerifyVector(packing_dims()) &&
+           verifier.VerifyVectorOfTables(packing_dims()) &&
            verifier.EndTable();
   }
 };
@@ -1402,6 +1543,12 @@ struct ModelBuilder {
   void add_graph(flatbuffers::Offset<ondine::artifact::fb::Graph> graph) {
     fbb_.AddOffset(Model::VT_GRAPH, graph);
   }
+  void add_packings(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings) {
+    fbb_.AddOffset(Model::VT_PACKINGS, packings);
+  }
+  void add_packing_dims(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims) {
+    fbb_.AddOffset(Model::VT_PACKING_DIMS, packing_dims);
+  }
   explicit ModelBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -1421,8 +1568,12 @@ inline flatbuffers::Offset<Model> CreateModel(
     flatbuffers::Offset<flatbuffers::String> source = 0,
     flatbuffers::Offset<ondine::artifact::fb::Signature> signature = 0,
     flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
-    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0) {
+    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims = 0) {
   ModelBuilder builder_(_fbb);
+  builder_.add_packing_dims(packing_dims);
+  builder_.add_packings(packings);
   builder_.add_graph(graph);
   builder_.add_target(target);
   builder_.add_signature(signature);
@@ -1439,10 +1590,14 @@ inline flatbuffers::Offset<Model> CreateModelDirect(
     const char *source = nullptr,
     flatbuffers::Offset<ondine::artifact::fb::Signature> signature = 0,
     flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
-    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0) {
+    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
+    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Packing>> *packings = nullptr,
+    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims = nullptr) {
   auto ondine_version__ = ondine_version ? _fbb.CreateString(ondine_version) : 0;
   auto onednn_version__ = onednn_version ? _fbb.CreateString(onednn_version) : 0;
   auto source__ = source ? _fbb.CreateString(source) : 0;
+  auto packings__ = packings ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Packing>>(*packings) : 0;
+  auto packing_dims__ = packing_dims ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Dim>>(*packing_dims) : 0;
   return ondine::artifact::fb::CreateModel(
       _fbb,
       ondine_version__,
@@ -1450,7 +1605,9 @@ inline flatbuffers::Offset<Model> CreateModelDirect(
       source__,
       signature,
       target,
-      graph);
+      graph,
+      packings__,
+      packing_dims__);
 }
 
 inline const ondine::artifact::fb::Model *GetModel(const void *buf) {

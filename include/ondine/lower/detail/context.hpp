@@ -730,15 +730,21 @@ class Lowering {
   // The constant's data as a oneDNN memory in layout `want` (reordered now, once). `want` may have
   // other dims with the same element count (grouped conv weights, unsqueezed biases): the tensor is
   // read as the row-major form of `want`'s dims.
-  memory constant_memory(const Tensor& t, const memory::desc& want) {
+  // `source` (optional): how t's bytes are laid out when they are not row-major of want's dims (a
+  // transposed constant read through strides, so the constant itself is packed, not a transposed copy).
+  memory constant_memory(const Tensor& t, const memory::desc& want, const std::optional<memory::desc>& source = {}) {
     memory::data_type dt;
     if (!dnnl_dtype(t.dtype(), dt) || dt != want.data_type())
       throw Error("internal: constant of " + std::string(dtype_name(t.dtype())) + " for a oneDNN layout of another type");
     if (t.numel() != md_numel(want))
       throw Error("internal: constant of " + std::to_string(t.numel()) + " elements for a layout of " +
                   std::to_string(md_numel(want)));
+    std::uint64_t layout = 0;  // the source strides, hashed: tells the packings of two readings apart
+    if (source)
+      for (int i = 0; i < source->data.ndims; ++i)
+        layout = (layout ^ static_cast<std::uint64_t>(source->data.format_desc.blocking.strides[i] + 1)) * 0x100000001b3ull;
     auto pack = [&] {
-      memory src(plain_md(want.dims(), dt), engine(), const_cast<void*>(t.raw()));
+      memory src(source ? *source : plain_md(want.dims(), dt), engine(), const_cast<void*>(t.raw()));
       memory dst(want, engine());
       dnnl::stream s(engine());
       dnnl::reorder(src, dst).execute(s, src, dst);
@@ -746,7 +752,7 @@ class Lowering {
       return dst;
     };
     constant_bytes += want.get_size();
-    return options.packed_weights ? options.packed_weights->get(t, want, pack) : pack();
+    return options.packed_weights ? options.packed_weights->get(t, want, pack, layout) : pack();
   }
   memory constant_memory(const std::vector<float>& values, const memory::desc& want) {
     return constant_memory(Tensor::from_vector<float>({static_cast<std::int64_t>(values.size())}, values), want);

@@ -32,7 +32,8 @@ inline bool bias_fits(const Dims& bias, const Dims& dst) {
 struct MatmulPlan {
   memory::desc src_md, weights_md, dst_md;
   bool weights_constant = false;
-  Tensor weights;           // constant weights as row-major data of weights_md's dims
+  Tensor weights;           // constant weights as row-major data of weights_md's dims, or as weights_source
+  std::optional<memory::desc> weights_source;  // how `weights` is laid out when not row-major (transposed B)
   std::optional<Tensor> bias;  // constant bias as row-major data of bias dims
   Dims bias_dims;
   PostOpChain chain;        // activations after the (possibly fused) bias
@@ -105,7 +106,7 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   std::vector<SlotArg> args{{DNNL_ARG_SRC, L.row_major_slot(a), pd.src_desc()}};
   std::vector<std::pair<int, memory>> consts;
   if (plan.weights_constant)
-    consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(plan.weights, pd.weights_desc()));
+    consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(plan.weights, pd.weights_desc(), plan.weights_source));
   else
     args.push_back({DNNL_ARG_WEIGHTS, L.row_major_slot(b), pd.weights_desc()});
   if (plan.bias) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(*plan.bias, pd.bias_desc()));
@@ -241,7 +242,11 @@ inline bool lower_gemm(Lowering& L, const Node& n) {
   plan.src_md = trans_a ? memory::desc({m, k}, memory::data_type::f32, Dims{1, m}) : plain_md({m, k});
   plan.dst_md = plain_md({m, nn});
   plan.weights_constant = b->is_constant();
-  if (plan.weights_constant) {  // alpha * op(B) as [K, N], reordered once
+  if (plan.weights_constant && alpha == 1.0f) {  // op(B) as [K, N]: the constant itself, transposed through strides
+    plan.weights = b->constant();
+    if (trans_b) plan.weights_source = memory::desc({k, nn}, memory::data_type::f32, Dims{1, k});
+    plan.weights_md = any_md({k, nn});
+  } else if (plan.weights_constant) {  // alpha * op(B) as [K, N], reordered once
     const float* src = b->constant().data<float>();
     std::vector<float> w(static_cast<std::size_t>(k * nn));
     for (std::int64_t i = 0; i < k; ++i)
