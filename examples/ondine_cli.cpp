@@ -708,7 +708,8 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   if (to_artifact) {
     artifact::Info info = lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads);
     info.ondine_version = ondine::version;
-    lower::save_artifact(g, args.out_file, info, parse_dims(args.dims));
+    const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims));
+    if (!not_packed.empty()) std::cout << "note:    " << not_packed << " (they are packed at load)\n";
     std::cout << "wrote:   " << args.out_file << " (artifact: " << g.num_nodes() << " nodes, " << info.precision << ", "
               << info.isa << (info.requires_vnni ? ", needs VNNI" : "") << ", "
               << std::filesystem::file_size(args.out_file) << " bytes)\n";

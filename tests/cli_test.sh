@@ -296,6 +296,7 @@ if cmp -s "$work/art/logits.npy" "$work/onnx/logits.npy"; then passes=$((passes 
   echo "FAIL: the artifact's logits differ from the ONNX file's"; fails=$((fails + 1)); fi
 expect 0 'samples/s' -- "$ondine" bench "$work/gpt.ondine" --dim batch --dim seq=16 --runs 2 --warmup 1
 expect 1 'passes ran when it was compiled' -- "$ondine" run "$work/gpt.ondine" --passes default
+expect 0 'logits .* 1\.000000' -- "$ondine" compare "$gpt/model.onnx" "$work/gpt.ondine" --input "$gpt/case0.input_ids.npy" --compiled
 head -c 1000 "$work/gpt.ondine" >"$work/cut.ondine"
 expect 1 'cut\.ondine: not a valid Ondine artifact: .*truncated' -- "$ondine" run "$work/cut.ondine"
 expect 1 'cut\.ondine' -- "$ondine" inspect "$work/cut.ondine"

@@ -34,6 +34,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ondine/lower/artifact.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "ondine/quant/metrics.hpp"
@@ -63,8 +64,9 @@ struct Row {
   double argmax_agreement = -1;  // [N, C] outputs only; -1: not applicable
 };
 
+// An ONNX model or a compiled artifact (whose passes already ran: compiled with the pipeline off).
 inline Graph load(const std::string& path) {
-  Graph g = ondine::onnx::load_model(path);
+  Graph g = artifact::is_artifact(path) ? lower::load_artifact(path).graph : ondine::onnx::load_model(path);
   try {
     check_supported(g);
   } catch (Error& e) {
@@ -130,7 +132,7 @@ inline std::map<std::string, Tensor> run_model(const Graph& g, const std::map<st
   try {
     if (!args.compiled) return ReferenceExecutor(g).run(inputs, /*keep_all=*/args.per_layer);
     lower::CompileOptions opts;
-    opts.passes = args.passes;
+    opts.passes = artifact::is_artifact(path) ? std::string("none") : args.passes;
     opts.threads = args.threads;
     return lower::compile(g, opts).run(inputs);
   } catch (Error& e) {

@@ -10,7 +10,7 @@
 //                      (offset, bytes) of the schema part and of the weight section, then the XXH3-64 of each
 //   [schema part]      a FlatBuffer of artifact/schema.fbs (the graph, its signature, the target), 64-aligned
 //   [weight section]   every constant tensor's bytes (weights, tensor attributes), each 64-byte aligned;
-//                      a tensor shared by several values is stored once
+//                      a tensor shared by several values is stored once; then the packed weights
 // Reading maps the file (two processes running one artifact share its weight pages) and checks, before any
 // byte is used: the magic, the format version (a newer one is refused, naming both), every offset and
 // length against the file size, both checksums, the FlatBuffers verifier over the schema part (depth and
@@ -18,8 +18,9 @@
 // (the verifier does not know about it). Then the graph is rebuilt and verified like an imported one.
 // Every failure is an ondine::Error naming the file and what is wrong.
 //
-// What is stored: the graph after the pass pipeline (its layout decisions included), not oneDNN's
-// primitives: oneDNN 2.6 cannot save a CPU primitive, so loading re-runs the lowering (lower/artifact.hpp).
+// What is stored: the graph after the pass pipeline (its layout decisions included) and the weights as
+// oneDNN packed them (opaque descriptors here; lower/artifact.hpp makes and uses them), not oneDNN's
+// primitives: oneDNN 2.6 cannot save a CPU primitive, so loading re-creates them.
 #pragma once
 
 #include <fcntl.h>

@@ -166,13 +166,24 @@ inline CompileOptions artifact_options(CompileOptions options, const artifact::A
 }
 
 // Writes `optimised` with its weights packed as this CPU packs them (make_packings) for `dims` (symbolic dims
-// not given: 1) at info.threads threads; `packed = false` stores the plain weights only.
-inline void save_artifact(const Graph& optimised, const std::string& path, const artifact::Info& info,
-                          std::map<std::string, std::int64_t> dims = {}, bool packed = true) {
-  if (!packed) return artifact::write(optimised, info, path);
+// not given: 1) at info.threads threads; `packed = false` stores the plain weights only. A graph that does
+// not compile at those dims (a size of 1 its shapes reject) is written unpacked: the returned text says why
+// ("" when packed).
+inline std::string save_artifact(const Graph& optimised, const std::string& path, const artifact::Info& info,
+                                 std::map<std::string, std::int64_t> dims = {}, bool packed = true) {
   std::shared_ptr<PackedWeights> keep;
-  std::vector<artifact::Packing> packings = make_packings(optimised, info.threads, dims, keep);
+  std::vector<artifact::Packing> packings;
+  std::string why;
+  if (packed) {
+    try {
+      packings = make_packings(optimised, info.threads, dims, keep);
+    } catch (const Error& e) {
+      why = std::string("weights not packed: compiling at the packing dims failed: ") + e.what();
+      dims.clear();
+    }
+  }
   artifact::write(optimised, info, path, packings, dims);
+  return why;
 }
 
 }  // namespace ondine::lower
