@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the built package into a scratch prefix and builds + runs the examples a user would write
 # against it with find_package(ondine CONFIG REQUIRED): examples/host (the IR, ONNX, the reference
-# executor) and examples/custom_pass (a user pass in a pipeline with the built-ins). Both are
+# executor), examples/custom_pass (a user pass in a pipeline with the built-ins) and examples/runtime
+# (ondine::runtime: artifacts without ONNX or protobuf; built here, run by runtime_test.sh). Both are
 # configured as one project, so the package is found and the compiler probed once.
 set -euo pipefail
 build=$1 src=$2
@@ -14,8 +15,13 @@ cmake_minimum_required(VERSION 3.18)
 project(ondine_package_examples LANGUAGES CXX)
 add_subdirectory("$src/examples/host" host)
 add_subdirectory("$src/examples/custom_pass" custom_pass)
+add_subdirectory("$src/examples/runtime" runtime)
 CMAKE
 cmake -S "$work/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/host/ondine_host"
 "$work/build/custom_pass/ondine_custom_pass"
+if ldd "$work/build/runtime/ondine_runtime_host" | grep -qE 'protobuf|onnx'; then
+  echo "FAIL: ondine::runtime links protobuf or ONNX"
+  exit 1
+fi

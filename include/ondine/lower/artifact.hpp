@@ -37,7 +37,7 @@
 
 #include "ondine/artifact/artifact.hpp"
 #include "ondine/lower/isa.hpp"
-#include "ondine/lower/lower.hpp"
+#include "ondine/lower/compiler.hpp"
 
 namespace ondine::lower {
 

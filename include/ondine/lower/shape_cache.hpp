@@ -33,7 +33,7 @@
 #include <utility>
 
 #include "ondine/ir/stats.hpp"
-#include "ondine/lower/lower.hpp"
+#include "ondine/lower/compiler.hpp"
 
 namespace ondine::lower {
 

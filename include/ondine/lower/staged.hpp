@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ondine/lower/lower.hpp"
+#include "ondine/lower/compiler.hpp"
 #include "ondine/lower/shape_cache.hpp"
 
 namespace ondine::lower {

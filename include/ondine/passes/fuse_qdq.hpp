@@ -23,7 +23,7 @@
 //
 // Options (PassContext): "fuse-qdq.max-abs-weight" = N leaves in float a Conv/MatMul/Gemm whose int8
 // weights exceed N in magnitude; "fuse-qdq.u8-only" = "1" also one that reads s8 activations. The
-// compiler sets 64 and 1 on CPUs without VNNI (lower/lower.hpp): there oneDNN's int8 kernels add u8 x s8
+// compiler sets 64 and 1 on CPUs without VNNI (lower/lower.hpp, set_isa_pass_options): there oneDNN's int8 kernels add u8 x s8
 // products in pairs into int16 (vpmaddubsw), which saturates past 255 * 64 * 2, and halve the weights of
 // an s8 source, so an unbounded layer would silently compute something else.
 #pragma once

@@ -9,8 +9,11 @@
 //   PassManager custom = make_pass_manager("fold-bn,my-pass,fuse");
 #pragma once
 
+#include <istream>
+#include <sstream>
 #include <string>
 
+#include "ondine/ir/pipeline_hook.hpp"
 #include "ondine/passes/cancel_transposes.hpp"
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
@@ -82,5 +85,34 @@ inline PassManager make_pass_manager(const std::string& pipeline = default_pipel
   pm.add_pipeline(expand_pipeline(pipeline), pass_registry());
   return pm;
 }
+
+// The limits CPUs without VNNI need (passes/fuse_qdq.hpp: their int8 kernels saturate past 7-bit weights,
+// so fuse-qdq leaves such layers and s8 activations in float).
+inline void limit_int8_fusion(PassManager& pm) {
+  pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
+  pm.context().options.emplace("fuse-qdq.u8-only", "1");
+}
+
+namespace detail {
+// The runner the compiler calls for CompileOptions::passes (ir/pipeline_hook.hpp), registered by this header.
+inline void run_pipeline_for_compiler(Graph& g, const std::string& pipeline, bool limit_int8,
+                                      const PipelineHook::Log& log) {
+  PassManager pm = make_pass_manager(pipeline);
+  if (pm.size() == 0) return;
+  if (limit_int8) {
+    limit_int8_fusion(pm);
+    if (log)
+      log("int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 "
+          "activations stay float");
+  }
+  pm.run(g);
+  if (log) {
+    log("passes: " + pm.pipeline());
+    std::istringstream summary(pm.summary_text());
+    for (std::string line; std::getline(summary, line);) log(line);
+  }
+}
+inline const bool pipeline_hook_registered = (pipeline_hook().run = &run_pipeline_for_compiler, true);
+}  // namespace detail
 
 }  // namespace ondine

@@ -145,7 +145,7 @@ struct MemoryStats {
   std::size_t constant_bytes = 0;    // weights in their compiled layouts, shared by all contexts
 };
 
-// The compiled form. Built once by the compiler (lower/lower.hpp), then frozen behind a
+// The compiled form. Built once by the compiler (lower/compiler.hpp), then frozen behind a
 // shared_ptr<const Program>.
 struct Program {
   std::shared_ptr<const Graph> graph;  // keeps the nodes that reference-kernel steps run alive

@@ -30,7 +30,6 @@
 #include "oneapi/dnnl/dnnl_debug.h"
 #include "ondine/ir/graph.hpp"
 #include "ondine/lower/packed_weights.hpp"
-#include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/compiled_model.hpp"
 
@@ -47,7 +46,8 @@ struct CompileOptions {
   std::set<std::string> reference_ops;
   // The passes run on compile's own copy of the graph before lowering, as a pipeline string
   // (ondine/passes/pipeline.hpp: "fold-bn,fuse", "default" for the default pipeline); "" or "none": none.
-  std::string passes = default_pipeline();
+  // They need the pass layer (lower/lower.hpp); ondine/runtime.hpp alone compiles with "none".
+  std::string passes = "default";
   // Packed constants shared with other compiles (lower/packed_weights.hpp); null: this compile's own.
   // ShapeCache sets one for all the shapes it compiles.
   std::shared_ptr<PackedWeights> packed_weights;

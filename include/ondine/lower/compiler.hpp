@@ -1,0 +1,361 @@
+// ondine/lower/compiler.hpp - compiles a Graph into a CompiledModel that runs on oneDNN 2.6 primitives.
+//
+//   ondine::bind_dims(graph, {{"batch", 1}});          // shapes must be static
+//   ondine::CompiledModel model = ondine::lower::compile(graph, {/*threads*/ 4});
+//   auto outputs = model.run({{"input", tensor}});      // any number of threads at once
+//
+// Lowering walks the nodes in topological order. Each op with a oneDNN lowering (conv, conv transpose,
+// matmul/gemm, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
+// creates its primitive descriptor and primitive once, here, with weights reordered into the primitive's
+// layout once; the rest run their reference kernel (ondine/reference) on row-major tensors. A lowering
+// that finds its case unsupported (a dtype, a non-constant weight, a shape oneDNN rejects) returns false
+// and the node falls back to the reference kernel, so every graph the reference executor runs also
+// compiles.
+//
+// After lowering: steps whose results nothing needs are dropped (e.g. the Shape/Gather/Concat chain
+// feeding a Reshape's shape input), and the intermediate slots are placed in one arena by liveness.
+//
+// Threads: oneDNN here is built on OpenMP (libdnnl links libgomp). CompileOptions::threads (or
+// ExecContext::threads) sets omp_set_num_threads for the calling thread during compile and during each
+// run and restores it afterwards; 0 keeps OpenMP's default (OMP_NUM_THREADS, else one per core).
+// Several threads running one model each get their own OpenMP team, so give each a share of the cores.
+//
+// This header (with lower/detail/*.hpp) is the only part of Ondine that includes oneDNN's headers.
+// It does not include the pass layer: CompileOptions::passes runs through the runner that
+// passes/pipeline.hpp registers (ir/pipeline_hook.hpp; lower/lower.hpp and ondine.hpp include it). A
+// program that includes only this compiler (ondine/runtime.hpp: artifacts, whose passes ran when they
+// were written) compiles with passes "none", and asking it for a pipeline is an error that says so.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ondine/ir/graph.hpp"
+#include "ondine/ir/pipeline_hook.hpp"
+#include "ondine/ir/shape_inference.hpp"
+#include "ondine/lower/detail/attention.hpp"
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/control_flow.hpp"
+#include "ondine/lower/detail/conv.hpp"
+#include "ondine/lower/detail/deconv.hpp"
+#include "ondine/lower/detail/dynamic_quant.hpp"
+#include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/matmul.hpp"
+#include "ondine/lower/detail/norm.hpp"
+#include "ondine/lower/detail/pool.hpp"
+#include "ondine/lower/detail/quantized.hpp"
+#include "ondine/lower/detail/reorder.hpp"
+#include "ondine/lower/detail/resample.hpp"
+#include "ondine/lower/detail/rnn.hpp"
+#include "ondine/lower/detail/shape_ops.hpp"
+#include "ondine/lower/int8_plan.hpp"
+#include "ondine/lower/isa.hpp"
+#include "ondine/reference/executor.hpp"
+#include "ondine/runtime/compiled_model.hpp"
+#include "ondine/runtime/memory_plan.hpp"
+
+namespace ondine::lower {
+
+namespace detail {
+
+using LowerFn = bool (*)(Lowering&, const Node&);
+
+// The ops with a oneDNN lowering (each may still decline a particular node).
+inline const std::map<std::string, LowerFn>& lowering_table() {
+  static const std::map<std::string, LowerFn> table = [] {
+    std::map<std::string, LowerFn> t;
+    t["Conv"] = lower_conv;
+    t["ConvTranspose"] = lower_deconv;
+    t["MatMul"] = lower_matmul;
+    t["Gemm"] = lower_gemm;
+    t["ondine.FusedConv"] = lower_conv;
+    t["ondine.FusedMatMul"] = lower_matmul;
+    t["ondine.FusedGemm"] = lower_gemm;
+    t["ondine.Gelu"] = lower_eltwise;
+    t["ondine.Attention"] = lower_attention;
+    for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) t[op] = lower_pool;
+    t["BatchNormalization"] = lower_batchnorm;
+    t["LayerNormalization"] = lower_layernorm;
+    t["Resize"] = lower_resize;
+    t["Softmax"] = lower_softmax;
+    t["LogSoftmax"] = lower_softmax;
+    for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",
+                           "Softplus", "HardSwish", "HardSigmoid", "Clip", "Reciprocal", "Pow"})
+      t[op] = lower_eltwise;
+    for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) t[op] = lower_binary;
+    t["Concat"] = lower_concat;
+    for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = lower_view;
+    t["Transpose"] = lower_transpose;
+    t["Slice"] = lower_slice;
+    for (const char* op : {"LSTM", "GRU", "RNN"}) t[op] = lower_recurrent;
+    t["Identity"] = lower_identity;
+    t["Dropout"] = lower_identity;
+    t["ondine.Reorder"] = lower_reorder;
+    t["ondine.QConv"] = lower_qconv;
+    t["ondine.QMatMul"] = lower_qmatmul;
+    t["ondine.QPool"] = lower_qpool;
+    t["ondine.QLSTM"] = lower_recurrent;
+    t["DynamicQuantizeLinear"] = lower_dynamic_quantize_linear;
+    t["ondine.DynQMatMul"] = lower_dyn_qmatmul;
+    t["QuantizeLinear"] = lower_qdq_reorder;
+    t["DequantizeLinear"] = lower_qdq_reorder;
+    return t;
+  }();
+  return table;
+}
+
+inline void lower_reference(Lowering& L, const Node& n) {
+  const auto& kernels = reference::kernel_table();
+  auto it = kernels.find(n.op_key());
+  if (it == kernels.end()) throw n.error("unsupported op: no oneDNN lowering and no reference kernel");
+  std::vector<ReferenceStep::Operand> ins, outs;
+  std::string detail;
+  for (const Value* v : n.inputs()) {
+    if (!v) {
+      ins.emplace_back();
+      continue;
+    }
+    ins.push_back({true, L.row_major_slot(v), v->dtype(), v->shape().sizes()});
+    detail += (detail.empty() ? "" : ", ") + Graph::value_type_str(v);
+  }
+  detail += " -> ";
+  for (const Value* v : n.outputs()) {
+    // An output nobody reads is not copied out (optional outputs may not even be computed).
+    if (!v || (!v->has_uses() && !v->is_graph_output())) {
+      outs.emplace_back();
+      continue;
+    }
+    SlotId slot = L.new_plain_slot(v);
+    L.define_plain(v, slot);
+    outs.push_back({true, slot, v->dtype(), v->shape().sizes()});
+    detail += Graph::value_type_str(v) + " ";
+  }
+  if (is_control_flow(n) && !L.options.reference_ops.count(n.op_key())) {
+    // Control flow: its subgraphs compiled (detail/control_flow.hpp), unless the op is forced onto its
+    // reference kernel (CompileOptions::reference_ops), which runs them on the reference executor.
+    CompiledBodies bodies = compile_bodies(n, L.options);
+    std::string compiled;
+    for (const auto& [attr, sub] : n.subgraphs())
+      if (auto b = bodies.find(sub); b != bodies.end())
+        compiled += (compiled.empty() ? "" : ", ") + attr + " (" + std::to_string(b->second->steps().size()) + " steps)";
+    const bool all = bodies.size() == n.subgraphs().size();
+    L.add_step(std::make_unique<ControlFlowStep>(
+        runtime::StepInfo{n.name(), n.op_type(), all ? "compiled subgraphs" : "reference",
+                          detail + (compiled.empty() ? "" : "; compiled: " + compiled)},
+        &n, std::move(ins), std::move(outs), std::move(bodies)));
+    return;
+  }
+  L.add_step(std::make_unique<ReferenceStep>(runtime::StepInfo{n.name(), n.op_type(), "reference", detail}, &n,
+                                             it->second, std::move(ins), std::move(outs)));
+}
+
+// Every graph input must have static dims, and shape inference must give every value a static shape.
+inline void check_static_shapes(const Graph& g) {
+  for (Value* in : g.inputs())
+    if (!in->shape().is_static())
+      throw Error("input '" + in->name() + "' has shape " + in->shape().str() +
+                  ": compiling needs static shapes; bind its symbolic dims first (ondine::bind_dims)");
+}
+inline bool all_shapes_static(const Graph& g) {
+  for (Node* n : g.nodes())
+    for (const Value* v : n->outputs())
+      if (v && (v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+  return true;
+}
+
+// The first node (in topological order) whose outputs are not static although its inputs are: the one
+// that blocks static shapes. Its output shape depends on data (NonZero, a Reshape fed by one) or on
+// an op without shape inference.
+inline void check_node_shapes(const Graph& g) {
+  for (Node* n : g.topo_order()) {
+    for (const Value* v : n->outputs()) {
+      if (!v) continue;
+      if (v->dtype() == DType::Undefined || !v->shape().is_static()) {
+        std::string why = infer_table().count(n->op_key())
+                              ? "its shape depends on the data of an input, not only on the input shapes"
+                              : "the op has no shape inference";
+        throw n->error("output '" + v->name() + "' has no static type and shape (" + Graph::value_type_str(v) +
+                       ") after the graph inputs were bound: " + why +
+                       "; the compiled runtime needs static shapes (data-dependent shapes are unsupported)");
+      }
+    }
+  }
+}
+
+// Shapes that follow from the inputs only through computed values (a causal mask's Range, pads from
+// Mod/Sub on the image size, a Reshape target through Cast/Div/Floor) are static once those values are
+// computed: fold them now, whatever options.passes says, since the runtime needs static shapes. The
+// shape values of inference (ir/infer/values.hpp) resolve most chains without this; float chains and
+// ops without value rules need the folding.
+inline bool no_pipeline(const std::string& pipeline) { return pipeline.empty() || pipeline == "none"; }
+
+inline void resolve_static_shapes(Graph& g, const CompileOptions& options) {
+  if (all_shapes_static(g) || !pipeline_hook().run) return;  // without passes: compiled in stages instead
+  pipeline_hook().run(g, "fold-constants*,dce", false, nullptr);
+  infer_shapes(g);
+  if (options.log) options.log("shapes: folded the values that shapes depend on (fold-constants*, dce)");
+}
+
+inline void check_ops(const Graph& g) {
+  std::map<std::string, std::vector<const Node*>> bad;
+  for (Node* n : g.nodes()) {
+    bool ok = lowering_table().count(n->op_key()) || reference::kernel_table().count(n->op_key());
+    if (!ok) bad[n->op_key()].push_back(n);
+  }
+  if (bad.empty()) return;
+  std::string msg = "unsupported op" + std::string(bad.size() > 1 ? "s" : "") + ": ";
+  bool first = true;
+  for (auto& [op, nodes] : bad) {
+    msg += (first ? "" : "; ") + op + " (e.g. '" + nodes.front()->name() + "')";
+    first = false;
+  }
+  const Node* n = bad.begin()->second.front();
+  throw Error(msg).at_node(n->name(), n->op_type());
+}
+
+// Drops the steps whose writes nothing needs; graph outputs are needed.
+inline std::vector<std::unique_ptr<runtime::Step>> live_steps(Lowering& L) {
+  std::set<SlotId> needed;
+  for (auto& out : L.program.outputs) needed.insert(L.root(out.slot));
+  std::vector<bool> live(L.steps.size(), false);
+  for (std::size_t i = L.steps.size(); i-- > 0;) {
+    for (SlotId w : L.steps[i]->writes())
+      if (needed.count(L.root(w))) live[i] = true;
+    if (live[i])
+      for (SlotId r : L.steps[i]->reads()) needed.insert(L.root(r));
+  }
+  std::vector<std::unique_ptr<runtime::Step>> out;
+  for (std::size_t i = 0; i < L.steps.size(); ++i)
+    if (live[i]) out.push_back(std::move(L.steps[i]));
+  return out;
+}
+
+// Places the arena slots by liveness over the final step order.
+inline void plan_arena(runtime::Program& p, const Lowering& L) {
+  std::map<SlotId, std::pair<std::size_t, std::size_t>> span;  // root arena slot -> [first, last]
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    auto touch = [&](SlotId s) {
+      SlotId r = L.root(s);
+      if (p.slots[r].kind != SlotKind::Arena) return;
+      auto [it, fresh] = span.emplace(r, std::make_pair(i, i));
+      if (!fresh) it->second.second = i;
+    };
+    for (SlotId s : p.steps[i]->writes()) touch(s);
+    for (SlotId s : p.steps[i]->reads()) touch(s);
+  }
+  std::vector<runtime::BufferLifetime> buffers;
+  std::vector<SlotId> ids;
+  for (auto& [slot, range] : span) {
+    buffers.push_back({p.slots[slot].bytes, range.first, range.second});
+    ids.push_back(slot);
+  }
+  p.plan = runtime::plan_memory(buffers, 64);
+  for (std::size_t i = 0; i < ids.size(); ++i) p.slots[ids[i]].index = p.plan.offsets[i];
+  p.memory.arena_bytes = p.plan.arena_bytes;
+  p.memory.peak_bytes = p.plan.peak_bytes;
+  p.memory.total_bytes = p.plan.total_bytes;
+}
+
+// Runs options.passes on compile's copy of the graph (shapes already inferred) through the pass layer's
+// runner, which logs the per-pass summary; then infers again, so values the passes created have their
+// static shapes.
+inline void run_passes(Graph& g, const CompileOptions& options) {
+  if (no_pipeline(options.passes)) return;
+  if (!pipeline_hook().run)
+    throw Error("compile: the pass pipeline '" + options.passes + "' needs the pass layer (include "
+                "ondine/lower/lower.hpp or ondine/ondine.hpp); ondine/runtime.hpp compiles graphs whose passes "
+                "already ran (artifacts), with CompileOptions::passes = \"none\"");
+  pipeline_hook().run(g, options.passes, !effective_isa().int8_vnni, options.log);
+  infer_shapes(g);
+  check_ops(g);  // a user pass may have created an op nothing runs
+  check_node_shapes(g);
+}
+
+inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options);  // lower/staged.hpp
+
+}  // namespace detail
+
+// Compiles `graph` (moved into the model, which runs options.passes on it first; pass a clone to keep
+// yours: compile(g.clone()) shares g's weights, so the passes that rewrite weights copy them then).
+// Throws an Error naming the input when a graph input has symbolic dims, naming the node for an
+// unsupported op or a value without a static shape, naming the pass for a pass that fails.
+inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) {
+  using namespace detail;
+  check_static_shapes(graph);
+  auto g = std::make_shared<Graph>(std::move(graph));
+  g->verify();
+  check_ops(*g);
+  infer_shapes(*g);
+  resolve_static_shapes(*g, options);
+  inline_constant_captures(*g);
+  if (!all_shapes_static(*g)) return compile_staged(*g, options);  // shapes that depend on data
+  run_passes(*g, options);
+
+  ThreadCountScope threads(options.threads);
+  auto program = std::make_shared<runtime::Program>();
+  auto library = std::make_shared<Library>();
+  if (options.packed_weights) library->engine = options.packed_weights->engine();
+  program->graph = g;
+  program->isa = effective_isa().name;
+  program->threads = options.threads;
+  program->library = library;
+  program->make_backend = [library]() -> std::unique_ptr<runtime::ContextBackend> {
+    return std::make_unique<DnnlBackend>(library->engine);
+  };
+
+  Lowering L(*g, options, library, *program);
+  const auto& table = lowering_table();
+  for (Node* n : g->topo_order()) {
+    if (L.fused.count(n)) continue;
+    try {
+      auto it = table.find(n->op_key());
+      bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && it->second(L, *n);
+      if (!lowered) lower_reference(L, *n);
+    } catch (const dnnl::error& e) {
+      throw n->error(std::string("oneDNN: ") + e.what());
+    } catch (Error& e) {
+      if (e.node().empty() && e.op().empty()) e.at_node(n->name(), n->op_type());
+      throw;
+    }
+  }
+  L.finish_outputs();
+
+  program->steps = live_steps(L);
+  for (std::size_t i = 0; i < program->steps.size(); ++i) program->steps[i]->set_index(i);
+  plan_arena(*program, L);
+  program->memory.scratchpad_bytes = L.scratchpad_bytes;
+  program->memory.constant_bytes = L.constant_bytes;
+
+  CompiledModel model(program);
+  if (options.log) {
+    for (auto& s : program->steps) {
+      std::ostringstream line;
+      line << "[" << s->index() << "] " << s->op() << " '" << s->name() << "': " << s->implementation();
+      if (!s->info().detail.empty()) line << "  (" << s->info().detail << ")";
+      options.log(line.str());
+    }
+    std::ostringstream sum;
+    sum << "compiled " << program->steps.size() << " steps for " << program->isa << "; arena "
+        << program->memory.arena_bytes << " B (peak " << program->memory.peak_bytes << " B, sum "
+        << program->memory.total_bytes << " B), scratchpad " << program->memory.scratchpad_bytes << " B";
+    options.log(sum.str());
+    std::istringstream int8(int8_plan(model).text());  // Q/DQ left, fp32 islands, predicted int8 vs fp32
+    for (std::string line; std::getline(int8, line);) options.log(line);
+  }
+  return model;
+}
+
+// Compiles a copy of `graph`, which stays unchanged.
+inline CompiledModel compile(const Graph& graph, const CompileOptions& options = {}) {
+  return compile(graph.clone(), options);
+}
+
+}  // namespace ondine::lower
+
+// compile() stages a model with data-dependent shapes (detail::compile_staged, lower/staged.hpp), whose
+// later stages run through a ShapeCache: both come after compile(), which they call.
+#include "ondine/lower/shape_cache.hpp"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# ondine/runtime.hpp is the runtime without ONNX, protobuf or passes: (1) the headers a translation unit
+# including it pulls in (g++ -MM) contain no onnx/, protobuf, passes/ or quant/ header; (2) a host program
+# built with it and linked against oneDNN only (examples/runtime/main.cpp) runs an artifact written by
+# `ondine compile -o` and gives the bytes `ondine run` gives for the same file.
+set -uo pipefail
+ondine=$1 src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+cxx=${CXX:-c++}
+deps=$("$cxx" -std=c++17 -fopenmp -I"$src/include" -MM "$src/examples/runtime/main.cpp" 2>&1) || bad "g++ -MM failed: $deps"
+if grep -qE 'onnx/|google/protobuf|ondine/passes/|ondine/quant/|ondine/onnx/' <<<"$deps"; then
+  bad "ondine/runtime.hpp pulls in:"; grep -oE '[^ ]*(onnx/|google/protobuf|ondine/passes/|ondine/quant/|ondine/onnx/)[^ ]*' <<<"$deps" | head
+else ok; fi
+
+if "$cxx" -std=c++17 -O1 -fopenmp -I"$src/include" "$src/examples/runtime/main.cpp" -o "$work/runtime_host" -ldnnl \
+  2>"$work/build.log"; then ok; else bad "building the runtime host:"; head -20 "$work/build.log"; fi
+if ldd "$work/runtime_host" 2>/dev/null | grep -qE 'protobuf|onnx'; then bad "the runtime host links protobuf or ONNX"; else ok; fi
+
+gpt=$src/tests/data/torch/gpt_decoder
+"$ondine" compile "$gpt/model.onnx" -o "$work/gpt.ondine" >/dev/null || bad "ondine compile -o gpt.ondine"
+mkdir -p "$work/host" "$work/cli"
+if "$work/runtime_host" "$work/gpt.ondine" input_ids="$gpt/case1.input_ids.npy" "$work/host" >"$work/host.log" 2>&1; then ok
+else bad "runtime host run:"; cat "$work/host.log"; fi
+"$ondine" run "$work/gpt.ondine" --threads 1 --input input_ids="$gpt/case1.input_ids.npy" --output-dir "$work/cli" >/dev/null 2>&1
+if cmp -s "$work/host/logits.npy" "$work/cli/logits.npy"; then ok; else bad "the runtime host's logits differ from ondine run's"; fi
+# A bad artifact: an error naming the file, exit 1.
+head -c 300 "$work/gpt.ondine" >"$work/cut.ondine"
+out=$("$work/runtime_host" "$work/cut.ondine" input_ids="$gpt/case1.input_ids.npy" "$work/host" 2>&1)
+if [ $? -eq 1 ] && grep -q 'cut.ondine: not a valid Ondine artifact' <<<"$out"; then ok; else bad "cut artifact: $out"; fi
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
