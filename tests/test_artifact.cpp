@@ -13,6 +13,7 @@
 
 #include "ondine/artifact/artifact.hpp"
 #include "ondine/lower/artifact.hpp"
+#include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "support.hpp"
