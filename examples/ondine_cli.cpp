@@ -40,6 +40,7 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 #include "cli/compare.hpp"
+#include "cli/header.hpp"
 #include "cli/inputs.hpp"
 #include "cli/quantize.hpp"
 
@@ -1005,6 +1006,8 @@ int main(int argc, char** argv) {
   auto* compare = ondine::cli::add_compare_command(app, compare_args);
   ondine::cli::QuantizeArgs quantize_args;
   auto* quantize = ondine::cli::add_quantize_command(app, quantize_args);
+  ondine::cli::HeaderArgs header_args;
+  auto* header = ondine::cli::add_header_command(app, header_args);
 
   try {
     app.parse(argc, argv);
@@ -1018,6 +1021,7 @@ int main(int argc, char** argv) {
     if (*compile) return cmd_compile(model, compile_args);
     if (*compare) return ondine::cli::cmd_compare(compare_args);
     if (*quantize) return ondine::cli::cmd_quantize(quantize_args);
+    if (*header) return ondine::cli::cmd_header(header_args);
     if (*bench)
       return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
                        bench_passes_opt->count() > 0, bench_profile);

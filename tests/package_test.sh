@@ -2,7 +2,8 @@
 # Installs the built package into a scratch prefix and builds + runs the examples a user would write
 # against it with find_package(ondine CONFIG REQUIRED): examples/host (the IR, ONNX, the reference
 # executor), examples/custom_pass (a user pass in a pipeline with the built-ins) and examples/runtime
-# (ondine::runtime: artifacts without ONNX or protobuf; built here, run by runtime_test.sh). Both are
+# (ondine::runtime: artifacts without ONNX or protobuf; built here, run by runtime_test.sh) and examples/aot
+# (ondine_add_model: a model compiled into the build, from its file and embedded, through typed headers). Both are
 # configured as one project, so the package is found and the compiler probed once.
 set -euo pipefail
 build=$1 src=$2
@@ -12,15 +13,17 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 mkdir -p "$work/examples"
 cat >"$work/examples/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.18)
-project(ondine_package_examples LANGUAGES CXX)
+project(ondine_package_examples LANGUAGES CXX ASM)
 add_subdirectory("$src/examples/host" host)
 add_subdirectory("$src/examples/custom_pass" custom_pass)
 add_subdirectory("$src/examples/runtime" runtime)
+add_subdirectory("$src/examples/aot" aot)
 CMAKE
 cmake -S "$work/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/host/ondine_host"
 "$work/build/custom_pass/ondine_custom_pass"
+"$work/build/aot/ondine_aot"
 if ldd "$work/build/runtime/ondine_runtime_host" | grep -qE 'protobuf|onnx'; then
   echo "FAIL: ondine::runtime links protobuf or ONNX"
   exit 1

@@ -289,7 +289,7 @@ inline std::shared_ptr<Mapping> map_file(const std::string& path) {
 
 class Reader {
  public:
-  Reader(std::shared_ptr<Mapping> map, const unsigned char* weights, std::size_t weight_bytes)
+  Reader(std::shared_ptr<void> map, const unsigned char* weights, std::size_t weight_bytes)
       : map_(std::move(map)), weights_(weights), weight_bytes_(weight_bytes) {}
 
   static DType dtype(fb::DType d, const std::string& what) {
@@ -441,7 +441,7 @@ class Reader {
   }
 
  private:
-  std::shared_ptr<Mapping> map_;
+  std::shared_ptr<void> map_;
   const unsigned char* weights_;
   std::size_t weight_bytes_;
 };
@@ -517,12 +517,25 @@ inline void write(const Graph& g, const Info& info, const std::string& path, con
 
 // Maps and checks the artifact at `path` (see the header comment) and rebuilds its graph, whose constants
 // point into the mapping. Throws an Error naming the file.
+inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path);
+
 inline Artifact read(const std::string& path) {
-  namespace fb = detail::fb;
   std::shared_ptr<detail::Mapping> map = detail::map_file(path);
+  return read_bytes(map->data, map->bytes, map, path);
+}
+
+// An artifact linked into the program (`ondine_add_model(... EMBED)`: its bytes in .rodata, 64-byte aligned),
+// checked as a file is; `name` stands for the file in errors. The bytes must outlive what is read from them.
+inline Artifact read_memory(const void* data, std::size_t size, const std::string& name) {
+  if (reinterpret_cast<std::uintptr_t>(data) % kAlignment != 0)
+    throw Error("an embedded artifact must be 64-byte aligned").in_file(name);
+  return read_bytes(static_cast<const unsigned char*>(data), size, nullptr, name);
+}
+
+// The checks and the rebuilding of read(), on `size` bytes at `p` kept alive by `map` (null: static data).
+inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path) {
+  namespace fb = detail::fb;
   auto fail = [&](const std::string& what) { return Error("not a valid Ondine artifact: " + what).in_file(path); };
-  const unsigned char* p = map->data;
-  const std::size_t size = map->bytes;
   if (size < kHeaderBytes || std::memcmp(p, kMagic, sizeof kMagic) != 0)
     throw Error(size < kHeaderBytes ? "not an Ondine artifact: the file has only " + std::to_string(size) + " bytes"
                                     : "not an Ondine artifact (no \"ONDINEAF\" magic)")

@@ -86,8 +86,7 @@ inline void prepare_for_passes(Graph& g) {
 }
 
 // The artifact at `path`, read, checked (artifact::read) and checked against this CPU and this oneDNN.
-inline artifact::Artifact load_artifact(const std::string& path) {
-  artifact::Artifact a = artifact::read(path);
+inline void check_loadable(const artifact::Artifact& a, const std::string& path) {
   const std::string here = onednn_version();
   auto major_minor = [](const std::string& v) { return v.substr(0, v.find('.', v.find('.') + 1)); };
   if (major_minor(a.info.onednn_version) != major_minor(here))
@@ -99,6 +98,16 @@ inline artifact::Artifact load_artifact(const std::string& path) {
                 ", without VNNI: recompile the model here (8-bit weights stay fp32 then) or quantize with "
                 "--reduce-range")
         .in_file(path);
+}
+inline artifact::Artifact load_artifact(const std::string& path) {
+  artifact::Artifact a = artifact::read(path);
+  check_loadable(a, path);
+  return a;
+}
+// The same for an artifact linked into the program (artifact::read_memory; `name` names it in errors).
+inline artifact::Artifact load_artifact_memory(const void* data, std::size_t size, const std::string& name) {
+  artifact::Artifact a = artifact::read_memory(data, size, name);
+  check_loadable(a, name);
   return a;
 }
 
