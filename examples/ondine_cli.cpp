@@ -57,6 +57,7 @@ struct ModelFile {
   std::optional<artifact::Info> artifact;
   std::shared_ptr<lower::PackedWeights> packed;  // an artifact's packed weights, preloaded
   std::size_t packings = 0;
+  std::map<std::string, std::int64_t> packing_dims;
   double load_ms = 0;
 };
 ModelFile load_model_file(const std::string& path) {
@@ -66,6 +67,7 @@ ModelFile load_model_file(const std::string& path) {
     artifact::Artifact a = lower::load_artifact(path);
     m.packed = lower::preload_packings(a);
     m.packings = a.packings.size();
+    m.packing_dims = a.packing_dims;
     m.graph = std::move(a.graph);
     m.artifact = a.info;
   } else {
@@ -480,14 +482,22 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
       j["artifact"] = {{"format_version", a.format_version}, {"source", a.source}, {"ondine_version", a.ondine_version},
                        {"onednn_version", a.onednn_version}, {"isa", a.isa}, {"precision", a.precision},
                        {"requires_vnni", a.requires_vnni}, {"threads", a.threads}, {"passes", a.passes},
-                       {"file_bytes", a.file_bytes}, {"weight_bytes", a.weight_bytes}};
+                       {"file_bytes", a.file_bytes}, {"weight_bytes", a.weight_bytes},
+                       {"packed_weights", file.packings}, {"packing_dims", file.packing_dims}};
     }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   std::cout << "model:   " << path << " (opset " << g.opset() << ", " << g.num_nodes() << " nodes, producer '"
             << g.producer_name << "')\n";
-  if (file.artifact) std::cout << "compiled: " << artifact_summary(*file.artifact) << "\n";
+  if (file.artifact) {
+    std::cout << "compiled: " << artifact_summary(*file.artifact) << "\n";
+    std::string at;
+    for (auto& [k, v] : file.packing_dims) at += (at.empty() ? " at " : ", ") + k + "=" + std::to_string(v);
+    std::cout << "packed:  " << file.packings << " weights packed by oneDNN for " << file.artifact->isa << at
+              << ", threads " << (file.artifact->threads > 0 ? std::to_string(file.artifact->threads) : "default")
+              << " (used where oneDNN picks the same layout at load; `ondine run` counts them)\n";
+  }
   if (pm.size()) std::cout << "passes:  " << pm.pipeline() << " (" << imported.num_nodes() << " -> " << g.num_nodes() << " nodes)\n";
   for (Value* v : g.inputs()) std::cout << "input:   " << v->name() << "  " << Graph::value_type_str(v) << "\n";
   for (Value* v : g.outputs()) std::cout << "output:  " << v->name() << "  " << Graph::value_type_str(v) << "\n";

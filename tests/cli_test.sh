@@ -288,6 +288,7 @@ done
 gpt=$torch_dir/gpt_decoder
 expect 0 'wrote: .*gpt\.ondine \(artifact: .*fp32' -- "$ondine" compile "$gpt/model.onnx" -o "$work/gpt.ondine"
 expect 0 'compiled: artifact format 1, compiled from .*gpt_decoder/model\.onnx' -- "$ondine" inspect "$work/gpt.ondine"
+expect 0 'packed: +[1-9][0-9]* weights packed by oneDNN for .* at batch=1, seq=1' -- "$ondine" inspect "$work/gpt.ondine"
 expect 0 '"artifact"' -- "$ondine" inspect "$work/gpt.ondine" --json
 expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/gpt.ondine" --input input_ids="$gpt/case1.input_ids.npy" --check
 expect 0 'passes=none .* load=' -- "$ondine" run "$work/gpt.ondine" --input input_ids="$gpt/case0.input_ids.npy" --output-dir "$work/art"
