@@ -287,6 +287,15 @@ inline std::shared_ptr<Mapping> map_file(const std::string& path) {
   return m;
 }
 
+// The elements of a [long] vector, copied byte-wise: FlatBuffers 2.0.8's verifier checks a vector's length
+// field for 4-byte alignment only, so a crafted file can put 8-byte elements at any address (found by
+// fuzzing the schema part under UBSan).
+inline std::vector<std::int64_t> longs(const flatbuffers::Vector<std::int64_t>* v) {
+  std::vector<std::int64_t> out(v ? v->size() : 0);
+  if (!out.empty()) std::memcpy(out.data(), v->Data(), out.size() * sizeof(std::int64_t));
+  return out;
+}
+
 class Reader {
  public:
   Reader(std::shared_ptr<void> map, const unsigned char* weights, std::size_t weight_bytes)
@@ -305,7 +314,7 @@ class Reader {
     std::uint64_t numel = 1;
     constexpr std::uint64_t kMax = std::uint64_t{1} << 48;
     if (t->dims())
-      for (std::int64_t d : *t->dims()) {
+      for (std::int64_t d : longs(t->dims())) {
         if (d < 0 || (d > 0 && numel > kMax / static_cast<std::uint64_t>(d)))
           throw Error(what + ": bad dims");
         numel *= static_cast<std::uint64_t>(d);
@@ -344,7 +353,7 @@ class Reader {
       case fb::AttrKind::Float: return a->f();
       case fb::AttrKind::String: return str(a->s());
       case fb::AttrKind::Tensor: return tensor(a->tensor(), what);
-      case fb::AttrKind::Ints: return a->ints() ? std::vector<std::int64_t>(a->ints()->begin(), a->ints()->end()) : std::vector<std::int64_t>{};
+      case fb::AttrKind::Ints: return longs(a->ints());
       case fb::AttrKind::Floats: return a->floats() ? std::vector<float>(a->floats()->begin(), a->floats()->end()) : std::vector<float>{};
       case fb::AttrKind::Strings: {
         std::vector<std::string> out;
