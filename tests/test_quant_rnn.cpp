@@ -125,6 +125,29 @@ TEST_CASE("quantize: LSTMs oneDNN's int8 LSTM cannot run stay fp32, with the rea
   }
 }
 
+TEST_CASE("QLSTM: bad quantization attributes are errors naming the node", "[quant][rnn][qlstm][bad-input]") {
+  Lstm m("forward", 4, 1, 3, 4);
+  m.quantize();
+  Node* q = m.node();
+  REQUIRE(q->op_key() == "ondine.QLSTM");
+  auto fails_with = [&](const std::string& attr, Attribute value, const std::string& what) {
+    Attribute saved = q->attrs().at(attr);
+    q->set_attr(attr, std::move(value));
+    try {
+      infer_shapes(m.g);
+      FAIL("no error for " << attr);
+    } catch (const Error& e) {
+      CHECK(e.node() == "lstm");
+      CHECK_THAT(e.what(), Catch::Contains(what));
+    }
+    CHECK_THROWS_AS(ReferenceExecutor(m.g).run(m.inputs(1)), Error);
+    q->set_attr(attr, std::move(saved));
+  };
+  fails_with("x_scale", -1.0f, "x_scale must be positive");
+  fails_with("x_zero_point", std::int64_t{300}, "outside [0, 255]");
+  fails_with("w_scale", std::vector<float>{1.0f, 2.0f}, "expected 4 * hidden_size = 16");
+}
+
 TEST_CASE("QLSTM: the int8 reference stays close to the fp32 LSTM", "[quant][rnn][qlstm][reference]") {
   Lstm fp32("bidirectional", 12, 3, 16, 32);
   Lstm int8("bidirectional", 12, 3, 16, 32);
