@@ -85,7 +85,7 @@ inline void prepare_for_passes(Graph& g) {
   detail::inline_constant_captures(g);
 }
 
-// The artifact at `path`, read, checked (artifact::read) and checked against this CPU and this oneDNN.
+// Whether this CPU and this oneDNN may run the artifact `a` (read from `path`): an Error naming it if not.
 inline void check_loadable(const artifact::Artifact& a, const std::string& path) {
   const std::string here = onednn_version();
   auto major_minor = [](const std::string& v) { return v.substr(0, v.find('.', v.find('.') + 1)); };
@@ -99,6 +99,7 @@ inline void check_loadable(const artifact::Artifact& a, const std::string& path)
                 "--reduce-range")
         .in_file(path);
 }
+// The artifact at `path`, read, checked (artifact::read) and checked against this CPU and this oneDNN.
 inline artifact::Artifact load_artifact(const std::string& path) {
   artifact::Artifact a = artifact::read(path);
   check_loadable(a, path);
