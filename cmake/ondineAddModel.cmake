@@ -1,4 +1,4 @@
-# ondine_add_model(<name> MODEL <file.onnx> [DIMS NAME=SIZE ...] [THREADS N] [PASSES P] [EMBED])
+# ondine_add_model(<name> MODEL <file.onnx> [TARGETS ISA ...] [DIMS NAME=SIZE ...] [THREADS N] [PASSES P] [EMBED])
 #
 # Compiles an ONNX model into an artifact at build time (`ondine compile MODEL -o <name>.ondine`, rebuilt when
 # the model or the ondine tool changes) and generates <name>.hpp (`ondine header`): class <name> with one typed
@@ -8,9 +8,11 @@
 # beside the program: install(FILES $<TARGET_PROPERTY:<name>,ONDINE_ARTIFACT> ...)); with EMBED the artifact is
 # linked into the program through an assembly file (.incbin, 64-byte aligned; the project needs the ASM
 # language enabled). DIMS bind symbolic dims for the packed weights (others: 1); THREADS is the thread count
-# they are packed for; PASSES the pipeline (default: the default one).
+# they are packed for; PASSES the pipeline (default: the default one). TARGETS: one variant per ISA (native,
+# avx2, avx512_core, avx512_core_vnni, avx512_core_bf16, avx512_core_amx), the best the running CPU has chosen
+# at load (default: native and avx2, so a program built here also runs on AVX2 machines).
 function(ondine_add_model name)
-  cmake_parse_arguments(ARG "EMBED" "MODEL;THREADS;PASSES" "DIMS" ${ARGN})
+  cmake_parse_arguments(ARG "EMBED" "MODEL;THREADS;PASSES" "DIMS;TARGETS" ${ARGN})
   if(NOT ARG_MODEL)
     message(FATAL_ERROR "ondine_add_model(${name}): MODEL <file.onnx> is required")
   endif()
@@ -30,6 +32,10 @@ function(ondine_add_model name)
   endif()
   if(ARG_PASSES)
     list(APPEND compile_args --passes "${ARG_PASSES}")
+  endif()
+  if(ARG_TARGETS)
+    list(JOIN ARG_TARGETS "," targets)
+    list(APPEND compile_args --target "${targets}")
   endif()
   set(outputs "${artifact}" "${header}")
   set(header_args)

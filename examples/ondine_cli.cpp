@@ -2,7 +2,7 @@
 //
 //   ondine inspect MODEL [--dim batch=1] [--json] [--graph] [--dot FILE] [--compiled] [--passes P]
 //   ondine compile MODEL [--passes P] [--print-passes] [--dump-after NAME] [--dot] [-o OUT.onnx] [--check]
-//                  [--dim batch=1] [--seed N] [--tolerance T]
+//                  [--dim batch=1] [--seed N] [--tolerance T] [--target native,avx2 (with -o OUT.ondine)]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
 //              [--threads N] [--reference] [--check] [--tolerance T] [--passes P]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
@@ -14,7 +14,9 @@
 // P is a pipeline string: "default" (the default pipeline), "none", or pass names ("fold-bn,fuse*").
 // Errors go to stderr with exit code 1 (2 for bad command lines, a bad pipeline included).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -30,8 +32,12 @@
 #include <string>
 #include <vector>
 
+#include <spawn.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <omp.h>
+
+extern char** environ;
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -54,22 +60,34 @@ namespace {
 // usage error.
 struct ModelFile {
   Graph graph;
-  std::optional<artifact::Info> artifact;
+  std::optional<artifact::Info> artifact;        // the variant chosen for this CPU
+  std::vector<artifact::Info> variants;          // all of them
+  std::size_t variant = 0;
   std::shared_ptr<lower::PackedWeights> packed;  // an artifact's packed weights, preloaded
   std::size_t packings = 0;
   std::map<std::string, std::int64_t> packing_dims;
   double load_ms = 0;
 };
-ModelFile load_model_file(const std::string& path) {
+// `describe_only` (inspect): an artifact with no variant for this CPU, or from another oneDNN, is read
+// anyway (its first variant), to be described, not run.
+ModelFile load_model_file(const std::string& path, bool describe_only = false) {
   ModelFile m;
   auto t0 = std::chrono::steady_clock::now();
   if (artifact::is_artifact(path)) {
-    artifact::Artifact a = lower::load_artifact(path);
+    artifact::Artifact a = describe_only ? artifact::read(path, [](const std::vector<artifact::Info>& variants) {
+      try {
+        return lower::choose_variant(variants);
+      } catch (const Error&) {
+        return std::size_t{0};
+      }
+    }) : lower::load_artifact(path);
     m.packed = lower::preload_packings(a);
     m.packings = a.packings.size();
     m.packing_dims = a.packing_dims;
     m.graph = std::move(a.graph);
     m.artifact = a.info;
+    m.variants = a.variants;
+    m.variant = a.variant;
   } else {
     m.graph = ondine::onnx::load_model(path);
   }
@@ -84,16 +102,26 @@ std::string pipeline_of(const ModelFile& m, const std::string& passes, bool pass
                 "); compile the ONNX model with other passes instead");
   return "none";
 }
-// What `inspect` and `run` say about an artifact.
-std::string artifact_summary(const artifact::Info& a) {
+// What `inspect` and `run` say about an artifact: the variant chosen, and how many there are.
+std::string artifact_summary(const artifact::Info& a, std::size_t variants = 1) {
   std::ostringstream os;
   os << "artifact format " << a.format_version << ", compiled from " << (a.source.empty() ? "?" : a.source)
-     << " by Ondine " << a.ondine_version << " with oneDNN " << a.onednn_version << " for " << a.isa << ", "
-     << a.precision << (a.requires_vnni ? " (needs VNNI)" : "") << ", threads "
+     << " by Ondine " << a.ondine_version << " with oneDNN " << a.onednn_version << "; running its variant for "
+     << a.isa << (variants > 1 ? " (of " + std::to_string(variants) + ")" : std::string()) << ", " << a.precision
+     << (a.requires_vnni ? " (needs VNNI)" : "") << ", threads "
      << (a.threads > 0 ? std::to_string(a.threads) : std::string("default")) << ", passes "
      << (a.passes.empty() ? "none" : a.passes) << "; " << a.file_bytes << " bytes, weights " << a.weight_bytes
      << " bytes mapped";
   return os.str();
+}
+
+// The weights an artifact's load packed again, which step asked and why (the first `max`).
+void print_repacks(const lower::PackedWeights& packed, std::size_t max = 8) {
+  const auto repacks = packed.repacks();
+  for (std::size_t i = 0; i < std::min(repacks.size(), max); ++i)
+    std::cout << "  repacked: " << (repacks[i].step.empty() ? std::string("?") : repacks[i].step) << ": "
+              << repacks[i].reason << "\n";
+  if (repacks.size() > max) std::cout << "  repacked: ... " << repacks.size() - max << " more\n";
 }
 
 // A mistake on the command line that CLI11 cannot see (an unknown pass name): exit code 2.
@@ -420,7 +448,7 @@ std::vector<const Node*> data_dependent_nodes(const Graph& g) {
 int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_specs, bool json, bool print_graph,
                 const std::string& dot_file, bool compiled, int threads, const std::string& passes,
                 const std::string& compile_passes) {
-  ModelFile file = load_model_file(path);
+  ModelFile file = load_model_file(path, /*describe_only=*/!compiled);
   // An artifact's graph is already optimised: no pass runs on it, here or when compiled.
   PassManager pm = pipeline_for(file.artifact ? std::string("none") : passes);
   const std::string compile_pipeline = file.artifact ? std::string("none") : compile_passes;
@@ -483,7 +511,13 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
                        {"onednn_version", a.onednn_version}, {"isa", a.isa}, {"precision", a.precision},
                        {"requires_vnni", a.requires_vnni}, {"threads", a.threads}, {"passes", a.passes},
                        {"file_bytes", a.file_bytes}, {"weight_bytes", a.weight_bytes},
-                       {"packed_weights", file.packings}, {"packing_dims", file.packing_dims}};
+                       {"packed_weights", file.packings}, {"packing_dims", file.packing_dims},
+                       {"variant", file.variant}};
+      for (const artifact::Info& v : file.variants)
+        j["artifact"]["variants"].push_back({{"isa", v.isa}, {"precision", v.precision}, {"requires_vnni", v.requires_vnni},
+                                             {"threads", v.threads}, {"packed_weights", v.packings},
+                                             {"unpacked", v.unpacked},
+                                             {"runs_here", lower::isa_runs_on(lower::isa_from_name(v.isa), lower::effective_isa().isa)}});
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -491,12 +525,45 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   std::cout << "model:   " << path << " (opset " << g.opset() << ", " << g.num_nodes() << " nodes, producer '"
             << g.producer_name << "')\n";
   if (file.artifact) {
-    std::cout << "compiled: " << artifact_summary(*file.artifact) << "\n";
+    std::cout << "compiled: " << artifact_summary(*file.artifact, file.variants.size()) << "\n";
+    const lower::IsaInfo here = lower::effective_isa();
+    for (std::size_t i = 0; i < file.variants.size(); ++i) {
+      const artifact::Info& v = file.variants[i];
+      std::cout << "variant: " << std::left << std::setw(17) << v.isa << std::right << v.precision
+                << (v.requires_vnni ? " (needs VNNI)" : "") << ", ";
+      if (v.unpacked.empty()) std::cout << v.packings << " weights packed";
+      else std::cout << "weights packed at first load (" << v.unpacked << ")";
+      const bool runs = lower::isa_runs_on(lower::isa_from_name(v.isa), here.isa);
+      std::cout << (!runs ? "   (not on this CPU)" : i == file.variant ? "   <- runs here (" + here.name + ")" : "")
+                << "\n";
+    }
     std::string at;
     for (auto& [k, v] : file.packing_dims) at += (at.empty() ? " at " : ", ") + k + "=" + std::to_string(v);
-    std::cout << "packed:  " << file.packings << " weights packed by oneDNN for " << file.artifact->isa << at
+    if (file.artifact->unpacked.empty())
+      std::cout << "packed:  " << file.packings << " weights packed by oneDNN for " << file.artifact->isa << at
               << ", threads " << (file.artifact->threads > 0 ? std::to_string(file.artifact->threads) : "default")
-              << " (used where oneDNN picks the same layout at load; `ondine run` counts them)\n";
+              << " (used where oneDNN picks the same layout at load)\n";
+    // What loading here would pack again: the variant compiled at its packing dims and thread count.
+    if (!file.artifact->unpacked.empty())
+      std::cout << "packed:  none stored (" << file.artifact->unpacked << "): packed at first load\n";
+    if (lower::isa_runs_on(lower::isa_from_name(file.artifact->isa), here.isa)) {
+      Graph at_dims = g.clone();
+      std::map<std::string, std::int64_t> dims = file.packing_dims;
+      for (const std::string& sym : symbolic_dims(at_dims)) dims.emplace(sym, 1);
+      bind_dims(at_dims, dims);
+      lower::CompileOptions options;
+      options.threads = file.artifact->threads;
+      options.passes = "none";
+      options.packed_weights = file.packed;
+      try {
+        lower::compile(std::move(at_dims), options);
+        std::cout << "load:    " << file.packed->preloaded_hits() << " weight requests answered by the stored packings, "
+                  << file.packed->packed_here() << " weights packed again here (" << here.name << ")\n";
+        print_repacks(*file.packed);
+      } catch (const Error& e) {
+        std::cout << "load:    not compiled here: " << e.what() << "\n";
+      }
+    }
   }
   if (pm.size()) std::cout << "passes:  " << pm.pipeline() << " (" << imported.num_nodes() << " -> " << g.num_nodes() << " nodes)\n";
   for (Value* v : g.inputs()) std::cout << "input:   " << v->name() << "  " << Graph::value_type_str(v) << "\n";
@@ -565,7 +632,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   pipeline_for(passes);
   ModelFile file = load_model_file(path);
   const std::string pipeline = pipeline_of(file, passes, passes_given);
-  if (file.artifact) std::cout << artifact_summary(*file.artifact) << "\n";
+  if (file.artifact) std::cout << artifact_summary(*file.artifact, file.variants.size()) << "\n";
   Graph g = std::move(file.graph);
   check_supported(g);  // every unsupported op at once, before anything runs
   std::map<std::string, Tensor> inputs;
@@ -597,9 +664,11 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
   Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value(), file.packed);
-  if (file.packed && !use_reference)
+  if (file.packed && !use_reference) {
     std::cout << "packed weights: " << file.packings << " stored, " << file.packed->preloaded_hits()
               << " used as stored, " << file.packed->packed_here() << " packed at load\n";
+    print_repacks(*file.packed);
+  }
   std::map<std::string, Tensor> outputs;
   std::vector<double> ms = time_runs(engine, inputs, std::max(runs, 1), path, "", &outputs);
   for (Value* o : g.outputs()) std::cout << o->name() << ": " << summary(outputs.at(o->name())) << "\n";
@@ -647,7 +716,88 @@ struct CompileArgs {
   std::size_t stop_after = 0;              // > 0: stop after that many pass runs (bisecting)
   std::vector<std::string> pass_options;   // KEY=VALUE for PassContext::options
   int threads = 0;                         // recorded in an artifact (0: OpenMP's default)
+  std::vector<std::string> targets;        // an artifact's variants (default: native, avx2)
+  bool as_variant = false;                 // a child compiling one variant of a parent's --target list
 };
+
+// The ISAs --target names, in order, "native" as this CPU's (oneDNN's effective ISA), each once.
+std::vector<lower::IsaInfo> resolve_targets(const std::vector<std::string>& names) {
+  static const std::set<std::string> known = {"native", "avx2", "avx512_core", "avx512_core_vnni", "avx512_core_bf16",
+                                              "avx512_core_amx"};
+  std::vector<lower::IsaInfo> out;
+  for (const std::string& name : names.empty() ? std::vector<std::string>{"native", "avx2"} : names) {
+    if (!known.count(name))
+      throw UsageError("--target " + name + ": expected native, avx2, avx512_core, avx512_core_vnni, avx512_core_bf16 "
+                       "or avx512_core_amx");
+    lower::IsaInfo isa = name == "native" ? lower::effective_isa() : lower::isa_info(lower::isa_from_name(name));
+    bool seen = false;
+    for (const lower::IsaInfo& o : out) seen = seen || o.isa == isa.isa;
+    if (!seen) out.push_back(isa);
+  }
+  return out;
+}
+
+// Runs this program again as `args` with oneDNN capped at `isa` (DNNL_MAX_CPU_ISA) and its standard output
+// going to ours; an Error when it fails.
+void run_capped(const std::vector<std::string>& args, const lower::IsaInfo& isa) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "DNNL_MAX_CPU_ISA=", 17) != 0 && std::strncmp(*e, "ONEDNN_MAX_CPU_ISA=", 19) != 0)
+      env_strings.emplace_back(*e);
+  env_strings.push_back("DNNL_MAX_CPU_ISA=" + lower::max_cpu_isa_env(isa.isa));
+  std::vector<char*> env, argv;
+  for (std::string& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  std::vector<std::string> arg_strings = args;
+  for (std::string& a : arg_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  pid_t pid = 0;
+  if (int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), env.data()); rc != 0)
+    throw Error("cannot start a process to compile the " + isa.name + " variant: " + std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw Error("compiling the " + isa.name + " variant failed (its process said why above)");
+}
+
+int cmd_compile(const std::string& path, const CompileArgs& args);
+
+// `ondine compile MODEL -o OUT.ondine --target A,B,..`: each target compiled by this program in a process of
+// its own, capped at that ISA (a target above this CPU's is not capped: it runs with the target's pass
+// options and stores no packed weights), into OUT.ondine.A.tmp ...; then one artifact with every variant.
+int compile_variants(const std::string& path, const CompileArgs& args, const std::vector<lower::IsaInfo>& targets) {
+  std::vector<std::string> parts;
+  struct Remove {
+    std::vector<std::string>* files;
+    ~Remove() {
+      for (const std::string& f : *files) std::remove(f.c_str());
+    }
+  } remove_parts{&parts};
+  for (const lower::IsaInfo& isa : targets) {
+    std::vector<std::string> argv = {"ondine", "compile", path, "-o", args.out_file + "." + isa.name + ".ondine",
+                                     "--target", isa.name, "--as-variant", "--passes", args.passes,
+                                     "--threads", std::to_string(args.threads)};
+    for (const std::string& d : args.dims) argv.insert(argv.end(), {"--dim", d});
+    for (const std::string& o : args.pass_options) argv.insert(argv.end(), {"--pass-option", o});
+    if (args.print_passes) argv.push_back("--print-passes");
+    for (const std::string& d : args.dump_before) argv.insert(argv.end(), {"--dump-before", d});
+    for (const std::string& d : args.dump_after) argv.insert(argv.end(), {"--dump-after", d});
+    if (args.dot) argv.push_back("--dot");
+    if (args.stop_after) argv.insert(argv.end(), {"--stop-after", std::to_string(args.stop_after)});
+    if (args.check) argv.insert(argv.end(), {"--check", "--seed", std::to_string(args.seed)});
+    if (args.check && args.tolerance) argv.insert(argv.end(), {"--tolerance", std::to_string(*args.tolerance)});
+    parts.push_back(argv[4]);
+    std::cout << "[" << isa.name << "]\n";
+    run_capped(argv, isa);
+  }
+  artifact::combine(parts, args.out_file);
+  std::cout << "wrote:   " << args.out_file << " (artifact, " << targets.size() << " variants:";
+  for (const lower::IsaInfo& isa : targets) std::cout << " " << isa.name;
+  std::cout << "; " << std::filesystem::file_size(args.out_file) << " bytes)\n";
+  return 0;
+}
 
 // Runs the pipeline on the model (symbolic dims stay symbolic unless bound with --dim), reports what
 // each pass did, optionally writes the optimised model and checks it against the imported one on the
@@ -675,9 +825,22 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
                          (pm.size() ? pm.pipeline() : std::string("none")) + ")");
 
   // -o MODEL.ondine: a compiled artifact (lower/artifact.hpp): the graph prepared as compile() prepares it,
-  // with the pass options this CPU needs, then the pipeline.
+  // with the pass options of its target ISA, then the pipeline; one variant per --target.
   const bool to_artifact = fs::path(args.out_file).extension() == ".ondine";
-  if (to_artifact) lower::set_isa_pass_options(pm);
+  if (!to_artifact && !args.targets.empty()) throw UsageError("--target is for artifacts: -o MODEL.ondine");
+  const lower::IsaInfo here = lower::effective_isa();
+  std::vector<lower::IsaInfo> targets;
+  if (to_artifact) targets = resolve_targets(args.targets);
+  // One target this process can compile for (its own ISA, or one above it, whose weights it cannot pack):
+  // here. Else each target in a process of its own with oneDNN capped at it (oneDNN's ISA is fixed once
+  // per process), its variant combined into one file.
+  if (targets.size() > 1 || (targets.size() == 1 && targets[0].isa != here.isa && lower::isa_runs_on(targets[0].isa, here.isa))) {
+    if (args.as_variant)
+      throw Error("oneDNN runs " + here.name + " here although DNNL_MAX_CPU_ISA caps it at " + targets[0].name);
+    return compile_variants(path, args, targets);
+  }
+  const lower::IsaInfo target = targets.empty() ? here : targets[0];
+  if (to_artifact) lower::set_isa_pass_options(pm, target);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   bind_dims(g, parse_dims(args.dims));
@@ -717,13 +880,20 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
                 << std::setw(8) << counts.second << "\n";
   }
   if (to_artifact) {
-    artifact::Info info = lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads);
+    artifact::Info info =
+        lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads, target);
     info.ondine_version = ondine::version;
-    const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims));
-    if (!not_packed.empty()) std::cout << "note:    " << not_packed << " (they are packed at load)\n";
-    std::cout << "wrote:   " << args.out_file << " (artifact: " << g.num_nodes() << " nodes, " << info.precision << ", "
-              << info.isa << (info.requires_vnni ? ", needs VNNI" : "") << ", "
-              << std::filesystem::file_size(args.out_file) << " bytes)\n";
+    // oneDNN packs for the ISA it runs: a target above this CPU's gets its weights packed at first load.
+    const bool can_pack = lower::isa_runs_on(target.isa, here.isa);
+    if (!can_pack)
+      info.unpacked = "compiled on a CPU without " + target.name + " (it had " + here.name + ")";
+    const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims), can_pack);
+    if (!not_packed.empty()) std::cout << "note:    weights not packed: " << not_packed << "\n";
+    std::cout << (args.as_variant ? "variant: " : "wrote:   ") << (args.as_variant ? target.name : args.out_file)
+              << " (artifact: " << g.num_nodes() << " nodes, " << info.precision << ", " << info.isa
+              << (info.requires_vnni ? ", needs VNNI" : "");
+    if (!args.as_variant) std::cout << ", " << std::filesystem::file_size(args.out_file) << " bytes";
+    std::cout << ")\n";
   } else if (!args.out_file.empty()) {
     ondine::onnx::save_model(g, args.out_file);
     std::cout << "wrote:   " << args.out_file << " (" << g.num_nodes() << " nodes)\n";
@@ -955,6 +1125,12 @@ int main(int argc, char** argv) {
                       "write the optimised model: as ONNX, or with the extension .ondine as a compiled artifact "
                       "that run/bench/inspect load without ONNX import or passes (docs/artifacts.md)");
   compile->add_option("--threads", compile_args.threads, "the thread count recorded in an artifact (default: OpenMP's)");
+  compile->add_option("--target", compile_args.targets,
+                      "an artifact's variants, one per ISA: native (this CPU's), avx2, avx512_core, avx512_core_vnni, "
+                      "avx512_core_bf16, avx512_core_amx; the loader runs the best the CPU has (default: native,avx2)")
+      ->delimiter(',');
+  compile->add_flag("--as-variant", compile_args.as_variant, "(internal: one variant of a --target list)")
+      ->group("");
   compile->add_flag("--check", compile_args.check,
                     "run the imported and the optimised model on the reference executor with seeded random inputs "
                     "and compare (fails past --tolerance)");

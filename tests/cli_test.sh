@@ -26,7 +26,9 @@ expect() {
 
 relu=$data/node/test_relu/model.onnx
 # Whether oneDNN's ISA here has VNNI (int8 expectations differ without it; DNNL_MAX_CPU_ISA counts).
-case $("$ondine" run "$relu" --runs 1 2>&1 | grep -oE 'isa=[a-z0-9_]+' | head -1) in
+isa=$("$ondine" run "$relu" --runs 1 2>&1 | grep -oE 'isa=[a-z0-9_]+' | head -1)
+isa=${isa#isa=}
+case $isa in
   *vnni* | *bf16* | *amx*) vnni=1 ;;
   *) vnni=0 ;;
 esac
@@ -286,8 +288,8 @@ done
 # Compiled artifacts (docs/artifacts.md): written by compile -o *.ondine, taken by run/bench/inspect with the
 # passes off; the same outputs as the ONNX file; bad artifacts name the file.
 gpt=$torch_dir/gpt_decoder
-expect 0 'wrote: .*gpt\.ondine \(artifact: .*fp32' -- "$ondine" compile "$gpt/model.onnx" -o "$work/gpt.ondine"
-expect 0 'compiled: artifact format 1, compiled from .*gpt_decoder/model\.onnx' -- "$ondine" inspect "$work/gpt.ondine"
+expect 0 'wrote: .*gpt\.ondine \(artifact' -- "$ondine" compile "$gpt/model.onnx" -o "$work/gpt.ondine"
+expect 0 'compiled: artifact format 2, compiled from .*gpt_decoder/model\.onnx' -- "$ondine" inspect "$work/gpt.ondine"
 expect 0 'packed: +[1-9][0-9]* weights packed by oneDNN for .* at batch=1, seq=1' -- "$ondine" inspect "$work/gpt.ondine"
 expect 0 '"artifact"' -- "$ondine" inspect "$work/gpt.ondine" --json
 expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/gpt.ondine" --input input_ids="$gpt/case1.input_ids.npy" --check
@@ -298,6 +300,43 @@ if cmp -s "$work/art/logits.npy" "$work/onnx/logits.npy"; then passes=$((passes 
 expect 0 'samples/s' -- "$ondine" bench "$work/gpt.ondine" --dim batch --dim seq=16 --runs 2 --warmup 1
 expect 1 'passes ran when it was compiled' -- "$ondine" run "$work/gpt.ondine" --passes default
 expect 0 'logits .* 1\.000000' -- "$ondine" compare "$gpt/model.onnx" "$work/gpt.ondine" --input "$gpt/case0.input_ids.npy" --compiled
+
+# ISA variants: one artifact for several targets, each compiled in its own process; the best this CPU runs is
+# chosen at load (DNNL_MAX_CPU_ISA caps what "this CPU" has). The avx2 variant under an AVX2 cap equals the
+# ONNX path under that cap bit for bit; the variants agree within 1e-5 (relative to the largest output).
+# (On an AVX2 CPU "native" is avx2: one variant.)
+[ "$isa" = avx2 ] && want_variants='artifact: .*avx2' || want_variants='artifact, 2 variants: avx2'
+expect 0 "wrote: .*v\\.ondine \\($want_variants" -- "$ondine" compile "$gpt/model.onnx" -o "$work/v.ondine" --target avx2,native
+if [ "$isa" != avx2 ]; then
+  expect 0 "variant: avx2 .*fp32, [1-9][0-9]* weights packed$" -- "$ondine" inspect "$work/v.ondine"
+  expect 0 "variant: $isa .*runs here \($isa\)" -- "$ondine" inspect "$work/v.ondine"
+fi
+expect 0 'variant: avx2 .*runs here \(avx2\)' -- env DNNL_MAX_CPU_ISA=AVX2 "$ondine" inspect "$work/v.ondine"
+# inspect and run name each weight the load packs again, and why (the avx2 variant's layouts on AVX-512).
+if [ "$isa" != avx2 ]; then
+  expect 0 'load: .*, 0 weights packed again here' -- "$ondine" inspect "$work/v.ondine"
+  expect 0 'repacked: .* \(FusedMatMul\): stored as f32:[a-zA-Z0-9]+, oneDNN chose f32:[a-zA-Z0-9]+ here' -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$ondine" run "$work/v.ondine"
+fi
+expect 0 '"variants"' -- "$ondine" inspect "$work/v.ondine" --json
+expect 0 'running its variant for avx2' -- env DNNL_MAX_CPU_ISA=AVX2 "$ondine" run "$work/v.ondine" --input input_ids="$gpt/case0.input_ids.npy" --output-dir "$work/v_avx2"
+DNNL_MAX_CPU_ISA=AVX2 "$ondine" run "$gpt/model.onnx" --input input_ids="$gpt/case0.input_ids.npy" --output-dir "$work/onnx_avx2" >/dev/null 2>&1
+if cmp -s "$work/v_avx2/logits.npy" "$work/onnx_avx2/logits.npy"; then passes=$((passes + 1)); else
+  echo "FAIL: the avx2 variant's logits differ from the ONNX file's under DNNL_MAX_CPU_ISA=AVX2"; fails=$((fails + 1)); fi
+"$ondine" run "$work/v.ondine" --input input_ids="$gpt/case0.input_ids.npy" --output-dir "$work/v_native" >/dev/null 2>&1
+if /usr/bin/python3 -c "
+import numpy as np, sys
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+sys.exit(0 if np.abs(a - b).max() <= 1e-5 * np.abs(b).max() else 1)" "$work/v_avx2/logits.npy" "$work/v_native/logits.npy"; then
+  passes=$((passes + 1)); else echo "FAIL: the avx2 and $isa variants disagree past 1e-5"; fails=$((fails + 1)); fi
+# A variant for an ISA this CPU lacks stores no packed weights (packed at first load) and is refused here.
+if [ "$isa" != avx512_core_amx ]; then
+  expect 0 'weights not packed: compiled on a CPU without avx512_core_amx' -- "$ondine" compile "$gpt/model.onnx" -o "$work/amx.ondine" --target avx512_core_amx
+  expect 0 'variant: avx512_core_amx .*packed at first load.*not on this CPU' -- "$ondine" inspect "$work/amx.ondine"
+  expect 1 "amx\.ondine: no variant this CPU runs: the artifact was compiled for avx512_core_amx; this CPU has $isa" -- "$ondine" run "$work/amx.ondine"
+fi
+expect 2 '--target avx9: expected native, avx2' -- "$ondine" compile "$gpt/model.onnx" -o "$work/x.ondine" --target avx9
+expect 2 '--target is for artifacts' -- "$ondine" compile "$gpt/model.onnx" -o "$work/x.onnx" --target avx2
+
 head -c 1000 "$work/gpt.ondine" >"$work/cut.ondine"
 expect 1 'cut\.ondine: not a valid Ondine artifact: .*truncated' -- "$ondine" run "$work/cut.ondine"
 expect 1 'cut\.ondine' -- "$ondine" inspect "$work/cut.ondine"

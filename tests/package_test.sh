@@ -20,6 +20,10 @@ add_subdirectory("$src/examples/runtime" runtime)
 add_subdirectory("$src/examples/aot" aot)
 CMAKE
 cmake -S "$work/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+# find_package(ondine COMPONENTS runtime) never looks for ONNX or protobuf: configuring the runtime host
+# with both made unfindable succeeds.
+cmake -S "$src/examples/runtime" -B "$work/runtime_only" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_ONNX=ON -DCMAKE_DISABLE_FIND_PACKAGE_Protobuf=ON >/dev/null
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/host/ondine_host"
 "$work/build/custom_pass/ondine_custom_pass"

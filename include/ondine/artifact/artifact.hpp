@@ -4,18 +4,21 @@
 //   artifact::Info info;  info.source = "model.onnx"; ...
 //   artifact::write(optimised_graph, info, "model.ondine");
 //   artifact::Artifact a = artifact::read("model.ondine");   // a.graph, a.info; weights mapped, not copied
+//   artifact::combine({"avx2.ondine", "native.ondine"}, "model.ondine");   // one file, two variants
 //
 // File layout (all integers little-endian):
 //   [0, 64)            header: magic "ONDINEAF", u32 format version, u32 header size (64), then u64 pairs
 //                      (offset, bytes) of the schema part and of the weight section, then the XXH3-64 of each
-//   [schema part]      a FlatBuffer of artifact/schema.fbs (the graph, its signature, the target), 64-aligned
-//   [weight section]   every constant tensor's bytes (weights, tensor attributes), each 64-byte aligned;
-//                      a tensor shared by several values is stored once; then the packed weights
+//   [schema part]      a FlatBuffer of artifact/schema.fbs, 64-aligned: the signature and one or more
+//                      variants, each a target (ISA, precision, threads) with its graph and packings
+//   [weight section]   every constant tensor's bytes (weights, tensor attributes) and packed weight, each
+//                      64-byte aligned; equal bytes are stored once (variants share their weights)
 // Reading maps the file (two processes running one artifact share its weight pages) and checks, before any
 // byte is used: the magic, the format version (a newer one is refused, naming both), every offset and
 // length against the file size, both checksums, the FlatBuffers verifier over the schema part (depth and
 // table limits), every enum value, and every tensor's offset, length and dims against the weight section
-// (the verifier does not know about it). Then the graph is rebuilt and verified like an imported one.
+// (the verifier does not know about it). Then a chooser (lower/artifact.hpp: the best variant this CPU
+// runs) picks a variant, and its graph is rebuilt and verified like an imported one.
 // Every failure is an ondine::Error naming the file and what is wrong.
 //
 // What is stored: the graph after the pass pipeline (its layout decisions included) and the weights as
@@ -34,6 +37,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,17 +56,20 @@
 namespace ondine::artifact {
 
 inline constexpr char kMagic[8] = {'O', 'N', 'D', 'I', 'N', 'E', 'A', 'F'};
-inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kFormatVersion = 2;  // 2: variants
 inline constexpr std::size_t kHeaderBytes = 64;
 inline constexpr std::size_t kAlignment = 64;
 
-// What the artifact says about itself (the header's version and the schema's Model and Target tables).
+// What the artifact says about itself and one variant (the header's version, the schema's Model table and
+// a Variant's Target).
 struct Info {
   std::uint32_t format_version = kFormatVersion;
   std::string ondine_version, onednn_version, source;
-  std::string isa, precision = "fp32", passes;
+  std::string isa, precision = "fp32", passes;  // the variant's target
   int threads = 0;
   bool requires_vnni = false;  // int8 layers with 8-bit weights: refused on CPUs without VNNI
+  std::string unpacked;        // why the variant stores no packed weights ("" when it does)
+  std::size_t packings = 0;                        // filled by read(): the variant's packed weights
   std::uint64_t file_bytes = 0, weight_bytes = 0;  // filled by read()
 };
 
@@ -79,12 +86,28 @@ struct Packing {
   std::size_t bytes = 0;
 };
 
+// An artifact as read: every variant's Info, and the graph and packings of the one chosen.
 struct Artifact {
   Graph graph;
-  Info info;
+  Info info;                                           // the chosen variant's
   std::vector<Packing> packings;                       // data and sources point into the mapping
   std::map<std::string, std::int64_t> packing_dims;  // the symbolic dims' sizes the packings were made for
   std::shared_ptr<void> mapping;                       // the mapped file (weights and packings point into it)
+  std::vector<Info> variants;                          // every variant, in file order
+  std::size_t variant = 0;                             // the chosen one's index
+};
+
+// Picks the variant to read from all of them (an index into the list); may throw an Error saying why none
+// fits. read() without one takes the first.
+using VariantChooser = std::function<std::size_t(const std::vector<Info>&)>;
+
+// One variant to write: its optimised graph, its target (`info`: isa, precision, threads, passes,
+// requires_vnni, unpacked; the first variant's versions and source stand for the file), its packings.
+struct VariantData {
+  const Graph* graph = nullptr;
+  Info info;
+  std::vector<Packing> packings;
+  std::map<std::string, std::int64_t> packing_dims;
 };
 
 namespace detail {
@@ -119,21 +142,26 @@ class Writer {
   std::vector<std::size_t> chunk_offsets;
   std::size_t weight_bytes = 0;
 
+  // The offset of `bytes` bytes at `data` in the weight section: where the same bytes already are (a
+  // tensor shared by several values, or equal weights of two variants), else appended.
+  std::size_t place(const void* data, std::size_t bytes) {
+    auto key = std::make_pair(data, bytes);
+    if (!bytes) return append(data, 0);
+    if (auto it = by_address_.find(key); it != by_address_.end()) return it->second;
+    const auto content = std::make_pair(static_cast<std::uint64_t>(XXH3_64bits(data, bytes)), bytes);
+    auto range = by_content_.equal_range(content);
+    for (auto it = range.first; it != range.second; ++it)
+      if (std::memcmp(chunks[it->second].first, data, bytes) == 0) return by_address_[key] = chunk_offsets[it->second];
+    by_content_.emplace(content, chunks.size());
+    return by_address_[key] = append(data, bytes);
+  }
+
   flatbuffers::Offset<fb::TensorData> tensor(const Tensor& t, const std::string& what) {
     if (t.dtype() == DType::String || t.dtype() == DType::Undefined)
       throw Error(what + " is a " + std::string(dtype_name(t.dtype())) + " tensor, which artifacts do not store");
     const std::size_t bytes = t.nbytes();
-    std::size_t offset;
-    auto key = std::make_pair(t.raw(), bytes);
-    if (auto it = shared_.find(key); it != shared_.end() && bytes) {
-      offset = it->second;  // a tensor shared by several values (clone() shares them): stored once
-    } else {
-      offset = align_up(weight_bytes);
-      chunks.emplace_back(t.raw(), bytes);
-      chunk_offsets.push_back(offset);
-      weight_bytes = offset + bytes;
-      shared_[key] = offset;
-    }
+    const std::size_t offset = place(t.raw(), bytes);
+    constants_[std::make_pair(t.raw(), bytes)] = offset;
     auto dims = fbb.CreateVector(t.dims());
     return fb::CreateTensorData(fbb, static_cast<fb::DType>(t.dtype()), dims, offset, bytes);
   }
@@ -218,18 +246,16 @@ class Writer {
     return fb::CreateGraph(fbb, gname, vals, ins, caps, outs, node_vec, opset_vec);
   }
 
-  // The stored form of `p`: its source found among the constants written so far (by address), its bytes
-  // appended to the weight section.
+  // The stored form of `p`: its source found among the constants written so far (by address: a source the
+  // lowering derived and freed may have left its address to anything but a live constant), its bytes placed
+  // in the weight section.
   flatbuffers::Offset<fb::Packing> packing(const Packing& p) {
     std::uint64_t source_offset = ~std::uint64_t{0};
-    if (auto it = shared_.find(std::make_pair(p.source, p.source_bytes)); p.source && it != shared_.end())
+    if (auto it = constants_.find(std::make_pair(p.source, p.source_bytes)); p.source && it != constants_.end())
       source_offset = it->second;
     std::vector<std::uint8_t> md(p.md.begin(), p.md.end());
     auto md_vec = fbb.CreateVector(md);
-    const std::size_t offset = align_up(weight_bytes);
-    chunks.emplace_back(p.data, p.bytes);
-    chunk_offsets.push_back(offset);
-    weight_bytes = offset + p.bytes;
+    const std::size_t offset = place(p.data, p.bytes);
     std::vector<std::int64_t> dims{static_cast<std::int64_t>(p.bytes)};
     auto data = fb::CreateTensorData(fbb, fb::DType::UInt8, fbb.CreateVector(dims), offset, p.bytes);
     return fb::CreatePacking(fbb, source_offset, p.source_bytes, p.source_layout, p.hash, p.check, md_vec, data);
@@ -251,7 +277,16 @@ class Writer {
   }
 
  private:
-  std::map<std::pair<const void*, std::size_t>, std::size_t> shared_;
+  std::size_t append(const void* data, std::size_t bytes) {
+    const std::size_t offset = align_up(weight_bytes);
+    chunks.emplace_back(data, bytes);
+    chunk_offsets.push_back(offset);
+    weight_bytes = offset + bytes;
+    return offset;
+  }
+  std::map<std::pair<const void*, std::size_t>, std::size_t> by_address_;  // any bytes placed
+  std::map<std::pair<const void*, std::size_t>, std::size_t> constants_;   // the graphs' constants
+  std::multimap<std::pair<std::uint64_t, std::size_t>, std::size_t> by_content_;  // (XXH3, bytes) -> chunk
 };
 
 // --- reading ---------------------------------------------------------------------------------------
@@ -464,30 +499,52 @@ inline bool is_artifact(const std::string& path) {
   return in.read(magic, sizeof magic) && std::memcmp(magic, kMagic, sizeof magic) == 0;
 }
 
-// Writes `g` (static or symbolic shapes; every constant's data goes to the weight section) and `info` to
-// `path`, through a temporary file renamed at the end, so a reader never sees half a file.
-// `packings` (optional): weights as oneDNN packed them for `packing_dims` (lower/artifact.hpp makes them).
-inline void write(const Graph& g, const Info& info, const std::string& path, const std::vector<Packing>& packings = {},
-                  const std::map<std::string, std::int64_t>& packing_dims = {}) {
+// Writes the variants (each graph with static or symbolic shapes; every constant's data and packed weight
+// goes to the weight section, equal bytes once) to `path`, through a temporary file renamed at the end, so
+// a reader never sees half a file. The variants must agree on the signature (input and output names and
+// dtypes); the first one's versions and source stand for the file.
+inline void write_variants(const std::vector<VariantData>& variants, const std::string& path) {
   namespace fb = detail::fb;
+  if (variants.empty() || !variants.front().graph) throw Error("an artifact needs a variant").in_file(path);
+  auto signature_of = [](const Graph& g) {
+    std::string out;
+    for (const auto* list : {&g.inputs(), &g.outputs()}) {
+      for (const Value* v : *list) out += v->name() + ":" + std::string(dtype_name(v->dtype())) + ",";
+      out += ";";
+    }
+    return out;
+  };
+  const Info& first = variants.front().info;
   detail::Writer w;
-  flatbuffers::Offset<fb::Graph> graph;
-  try {
-    graph = w.graph(g);
-  } catch (Error& e) {
-    throw e.in_file(path);
+  std::vector<flatbuffers::Offset<fb::Variant>> stored;
+  for (const VariantData& v : variants) {
+    if (!v.graph) throw Error("variant for " + v.info.isa + " has no graph").in_file(path);
+    if (signature_of(*v.graph) != signature_of(*variants.front().graph))
+      throw Error("the variant for " + v.info.isa + " has other inputs or outputs than the one for " + first.isa +
+                  " (variants of one artifact share a signature)")
+          .in_file(path);
+    flatbuffers::Offset<fb::Graph> graph;
+    try {
+      graph = w.graph(*v.graph);
+    } catch (Error& e) {
+      throw e.in_file(path);
+    }
+    std::vector<flatbuffers::Offset<fb::Packing>> packed;
+    for (const Packing& p : v.packings) packed.push_back(w.packing(p));
+    std::vector<flatbuffers::Offset<fb::Dim>> dims;
+    for (const auto& [symbol, size] : v.packing_dims) dims.push_back(fb::CreateDim(w.fbb, size, w.fbb.CreateString(symbol)));
+    auto packed_vec = w.fbb.CreateVector(packed);
+    auto dims_vec = w.fbb.CreateVector(dims);
+    const Info& info = v.info;
+    auto target = fb::CreateTarget(w.fbb, w.fbb.CreateString(info.isa), info.threads, w.fbb.CreateString(info.precision),
+                                   w.fbb.CreateString(info.passes), info.requires_vnni,
+                                   info.unpacked.empty() ? 0 : w.fbb.CreateString(info.unpacked));
+    stored.push_back(fb::CreateVariant(w.fbb, target, graph, packed_vec, dims_vec));
   }
-  std::vector<flatbuffers::Offset<fb::Packing>> packed;
-  for (const Packing& p : packings) packed.push_back(w.packing(p));
-  std::vector<flatbuffers::Offset<fb::Dim>> dims;
-  for (const auto& [symbol, size] : packing_dims) dims.push_back(fb::CreateDim(w.fbb, size, w.fbb.CreateString(symbol)));
-  auto packed_vec = w.fbb.CreateVector(packed);
-  auto dims_vec = w.fbb.CreateVector(dims);
-  auto signature = w.signature(g);
-  auto target = fb::CreateTarget(w.fbb, w.fbb.CreateString(info.isa), info.threads, w.fbb.CreateString(info.precision),
-                                 w.fbb.CreateString(info.passes), info.requires_vnni);
-  auto model = fb::CreateModel(w.fbb, w.fbb.CreateString(info.ondine_version), w.fbb.CreateString(info.onednn_version),
-                               w.fbb.CreateString(info.source), signature, target, graph, packed_vec, dims_vec);
+  auto signature = w.signature(*variants.front().graph);
+  auto variant_vec = w.fbb.CreateVector(stored);
+  auto model = fb::CreateModel(w.fbb, w.fbb.CreateString(first.ondine_version), w.fbb.CreateString(first.onednn_version),
+                               w.fbb.CreateString(first.source), signature, variant_vec);
   fb::FinishModelBuffer(w.fbb, model);
 
   const std::size_t schema_offset = kHeaderBytes, schema_bytes = w.fbb.GetSize();
@@ -524,25 +581,48 @@ inline void write(const Graph& g, const Info& info, const std::string& path, con
   }
 }
 
-// Maps and checks the artifact at `path` (see the header comment) and rebuilds its graph, whose constants
-// point into the mapping. Throws an Error naming the file.
-inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path);
+// Writes one variant: `g` compiled for `info`; `packings` (optional): weights as oneDNN packed them for
+// `packing_dims` (lower/artifact.hpp makes them).
+inline void write(const Graph& g, const Info& info, const std::string& path, const std::vector<Packing>& packings = {},
+                  const std::map<std::string, std::int64_t>& packing_dims = {}) {
+  write_variants({VariantData{&g, info, packings, packing_dims}}, path);
+}
 
-inline Artifact read(const std::string& path) {
+// Maps and checks the artifact at `path` (see the header comment), lets `choose` pick a variant (none: the
+// first) and rebuilds its graph, whose constants point into the mapping. Throws an Error naming the file.
+inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path,
+                           const VariantChooser& choose);
+
+inline Artifact read(const std::string& path, const VariantChooser& choose = {}) {
   std::shared_ptr<detail::Mapping> map = detail::map_file(path);
-  return read_bytes(map->data, map->bytes, map, path);
+  return read_bytes(map->data, map->bytes, map, path, choose);
 }
 
 // An artifact linked into the program (`ondine_add_model(... EMBED)`: its bytes in .rodata, 64-byte aligned),
 // checked as a file is; `name` stands for the file in errors. The bytes must outlive what is read from them.
-inline Artifact read_memory(const void* data, std::size_t size, const std::string& name) {
+inline Artifact read_memory(const void* data, std::size_t size, const std::string& name, const VariantChooser& choose = {}) {
   if (reinterpret_cast<std::uintptr_t>(data) % kAlignment != 0)
     throw Error("an embedded artifact must be 64-byte aligned").in_file(name);
-  return read_bytes(static_cast<const unsigned char*>(data), size, nullptr, name);
+  return read_bytes(static_cast<const unsigned char*>(data), size, nullptr, name, choose);
+}
+
+// Writes every variant of the artifacts at `paths`, in order, as one artifact at `out` (`ondine compile
+// --target avx2,native` compiles each target in its own process, then combines them). Equal weights are
+// stored once.
+inline void combine(const std::vector<std::string>& paths, const std::string& out) {
+  std::vector<Artifact> parts;
+  for (const std::string& path : paths) {
+    const std::size_t count = read(path).variants.size();
+    for (std::size_t i = 0; i < count; ++i) parts.push_back(read(path, [i](const std::vector<Info>&) { return i; }));
+  }
+  std::vector<VariantData> variants;
+  for (const Artifact& a : parts) variants.push_back(VariantData{&a.graph, a.info, a.packings, a.packing_dims});
+  write_variants(variants, out);
 }
 
 // The checks and the rebuilding of read(), on `size` bytes at `p` kept alive by `map` (null: static data).
-inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path) {
+inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path,
+                           const VariantChooser& choose) {
   namespace fb = detail::fb;
   auto fail = [&](const std::string& what) { return Error("not a valid Ondine artifact: " + what).in_file(path); };
   if (size < kHeaderBytes || std::memcmp(p, kMagic, sizeof kMagic) != 0)
@@ -550,9 +630,10 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
                                     : "not an Ondine artifact (no \"ONDINEAF\" magic)")
         .in_file(path);
   const std::uint32_t version = detail::get_u32(p + 8);
-  if (version > kFormatVersion || version == 0)
+  if (version != kFormatVersion)
     throw Error("artifact format version " + std::to_string(version) + "; this Ondine reads version " +
-                std::to_string(kFormatVersion) + (version > kFormatVersion ? ": recompile the model with this Ondine, or update Ondine" : ""))
+                std::to_string(kFormatVersion) + ": recompile the model with this Ondine" +
+                (version > kFormatVersion ? ", or update Ondine" : ""))
         .in_file(path);
   if (detail::get_u32(p + 12) != kHeaderBytes) throw fail("header size " + std::to_string(detail::get_u32(p + 12)));
   const std::uint64_t schema_offset = detail::get_u64(p + 16), schema_bytes = detail::get_u64(p + 24);
@@ -573,25 +654,40 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
   const fb::Model* model = fb::GetModel(p + schema_offset);
 
   Artifact a;
-  a.info.format_version = version;
-  a.info.ondine_version = detail::Reader::str(model->ondine_version());
-  a.info.onednn_version = detail::Reader::str(model->onednn_version());
-  a.info.source = detail::Reader::str(model->source());
-  if (const fb::Target* t = model->target()) {
-    a.info.isa = detail::Reader::str(t->isa());
-    a.info.threads = t->threads();
-    a.info.precision = detail::Reader::str(t->precision());
-    a.info.passes = detail::Reader::str(t->passes());
-    a.info.requires_vnni = t->requires_vnni();
+  if (model->variants()->size() == 0) throw fail("it has no variant");
+  for (const fb::Variant* v : *model->variants()) {
+    Info info;
+    info.format_version = version;
+    info.ondine_version = detail::Reader::str(model->ondine_version());
+    info.onednn_version = detail::Reader::str(model->onednn_version());
+    info.source = detail::Reader::str(model->source());
+    const fb::Target* t = v->target();
+    info.isa = detail::Reader::str(t->isa());
+    info.threads = t->threads();
+    info.precision = detail::Reader::str(t->precision());
+    info.passes = detail::Reader::str(t->passes());
+    info.requires_vnni = t->requires_vnni();
+    info.unpacked = detail::Reader::str(t->unpacked());
+    info.packings = v->packings() ? v->packings()->size() : 0;
+    info.file_bytes = size;
+    info.weight_bytes = weight_bytes;
+    a.variants.push_back(std::move(info));
   }
-  a.info.file_bytes = size;
-  a.info.weight_bytes = weight_bytes;
+  try {
+    a.variant = choose ? choose(a.variants) : 0;
+  } catch (Error& e) {
+    throw e.in_file(path);
+  }
+  if (a.variant >= a.variants.size()) throw Error("internal: variant " + std::to_string(a.variant) + " chosen of " +
+                                                  std::to_string(a.variants.size())).in_file(path);
+  a.info = a.variants[a.variant];
   a.mapping = map;
+  const fb::Variant* variant = model->variants()->Get(static_cast<flatbuffers::uoffset_t>(a.variant));
   detail::Reader reader(map, p + weights_offset, static_cast<std::size_t>(weight_bytes));
   try {
-    reader.graph(*model->graph(), a.graph);
-    if (model->packings())
-      for (const fb::Packing* q : *model->packings()) {
+    reader.graph(*variant->graph(), a.graph);
+    if (variant->packings())
+      for (const fb::Packing* q : *variant->packings()) {
         Packing out;
         const std::string what = "packed weight " + std::to_string(a.packings.size());
         Tensor data = reader.tensor(q->data(), what);
@@ -611,8 +707,8 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
         if (q->md()) out.md.assign(reinterpret_cast<const char*>(q->md()->data()), q->md()->size());
         a.packings.push_back(std::move(out));
       }
-    if (model->packing_dims())
-      for (const fb::Dim* d : *model->packing_dims()) a.packing_dims[detail::Reader::str(d->symbol())] = d->value();
+    if (variant->packing_dims())
+      for (const fb::Dim* d : *variant->packing_dims()) a.packing_dims[detail::Reader::str(d->symbol())] = d->value();
   } catch (Error& e) {
     throw e.in_file(path);
   }

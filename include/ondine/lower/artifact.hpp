@@ -24,9 +24,16 @@
 // the packed bytes used in place from the mapping, nothing copied) and the lowering takes a stored packing
 // wherever it asks for an equal memory descriptor; another ISA, thread count or shape that makes oneDNN
 // choose another layout packs that weight again from the plain one, and PackedWeights::packed_here() counts
-// those. Not yet: variants for several ISAs in one file.
+// those.
+// Variants: one file may hold the model compiled for several targets (`ondine compile --target
+// avx2,native`: each in its own process, since oneDNN's ISA can be capped only once per process, then
+// artifact::combine). Loading picks the best variant this CPU runs (choose_variant: the highest ISA not above
+// oneDNN's effective one) and refuses a file with none, naming the ISAs it has and the CPU's. A variant for an
+// ISA the compiling CPU lacks (AMX on a Zen 4) was compiled with that ISA's pass options but stores no
+// packed weights (Info::unpacked says why): its weights are packed at first load.
 #pragma once
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -61,20 +68,42 @@ inline bool has_int8_layers(const Graph& g) {
   return false;
 }
 
-// The Info of an artifact of `optimised` (the graph after `passes`) compiled on this CPU now.
+// The Info of an artifact of `optimised` (the graph after `passes`, run with the pass options of `target`:
+// set_isa_pass_options) compiled for `target`, by default this CPU's ISA.
 inline artifact::Info artifact_info(const Graph& optimised, const std::string& source, const std::string& passes,
-                                    int threads) {
+                                    int threads, const IsaInfo& target = effective_isa()) {
   artifact::Info info;
   info.onednn_version = onednn_version();
   info.source = source;
-  info.isa = effective_isa().name;
+  info.isa = target.name;
   info.threads = threads;
   info.precision = has_int8_layers(optimised) ? "int8" : "fp32";
   info.passes = passes;
-  // fuse-qdq keeps 8-bit weights only where this CPU has VNNI (run_passes); where it does not, the
+  // fuse-qdq keeps 8-bit weights only where the target has VNNI (run_passes); where it does not, the
   // pipeline limited them to 7 bits and any CPU runs the layers exactly.
-  info.requires_vnni = info.precision == "int8" && effective_isa().int8_vnni;
+  info.requires_vnni = info.precision == "int8" && target.int8_vnni;
   return info;
+}
+
+// The variant of an artifact this CPU runs best: the one for the highest ISA that oneDNN's effective ISA
+// here contains (isa_runs_on; the first of equals). An Error naming the variants' ISAs and the CPU's when
+// none fits.
+inline std::size_t choose_variant(const std::vector<artifact::Info>& variants) {
+  const IsaInfo here = effective_isa();
+  std::size_t best = variants.size();
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const CpuIsa isa = isa_from_name(variants[i].isa);
+    if (!isa_runs_on(isa, here.isa)) continue;
+    const CpuIsa best_isa = best < variants.size() ? isa_from_name(variants[best].isa) : CpuIsa::Unknown;
+    const bool higher = best_isa != isa && isa_runs_on(best_isa, isa);
+    if (best == variants.size() || higher) best = i;
+  }
+  if (best < variants.size()) return best;
+  std::string have;
+  for (const artifact::Info& v : variants) have += (have.empty() ? "" : ", ") + v.isa;
+  throw Error("no variant this CPU runs: the artifact was compiled for " + have + "; this CPU has " + here.name +
+              " (oneDNN's ISA here" + std::string(std::getenv("DNNL_MAX_CPU_ISA") ? ", capped by DNNL_MAX_CPU_ISA" : "") +
+              "): recompile with --target " + here.name + " or --target avx2");
 }
 
 // What compile() does to a graph before its passes, for any shapes: infer them, and make the weights that
@@ -99,15 +128,16 @@ inline void check_loadable(const artifact::Artifact& a, const std::string& path)
                 "--reduce-range")
         .in_file(path);
 }
-// The artifact at `path`, read, checked (artifact::read) and checked against this CPU and this oneDNN.
+// The artifact at `path`, read, checked (artifact::read), its best variant for this CPU chosen
+// (choose_variant) and checked against this CPU and this oneDNN.
 inline artifact::Artifact load_artifact(const std::string& path) {
-  artifact::Artifact a = artifact::read(path);
+  artifact::Artifact a = artifact::read(path, choose_variant);
   check_loadable(a, path);
   return a;
 }
 // The same for an artifact linked into the program (artifact::read_memory; `name` names it in errors).
 inline artifact::Artifact load_artifact_memory(const void* data, std::size_t size, const std::string& name) {
-  artifact::Artifact a = artifact::read_memory(data, size, name);
+  artifact::Artifact a = artifact::read_memory(data, size, name, choose_variant);
   check_loadable(a, name);
   return a;
 }
@@ -152,6 +182,7 @@ inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int 
 inline std::shared_ptr<PackedWeights> preload_packings(const artifact::Artifact& a) {
   auto packed = std::make_shared<PackedWeights>();
   packed->keep_alive(a.mapping);
+  packed->expect_stored();
   for (const artifact::Packing& p : a.packings) {
     if (p.md.size() != sizeof(dnnl_memory_desc_t)) continue;
     dnnl::memory::desc md;
@@ -176,24 +207,27 @@ inline CompileOptions artifact_options(CompileOptions options, const artifact::A
 }
 
 // Writes `optimised` with its weights packed as this CPU packs them (make_packings) for `dims` (symbolic dims
-// not given: 1) at info.threads threads; `packed = false` stores the plain weights only. A graph that does
-// not compile at those dims (a size of 1 its shapes reject) is written unpacked: the returned text says why
-// ("" when packed).
-inline std::string save_artifact(const Graph& optimised, const std::string& path, const artifact::Info& info,
+// not given: 1) at info.threads threads; `packed = false` stores the plain weights only (info.unpacked
+// should say why). A graph that does not compile at those dims (a size of 1 its shapes reject) is written
+// unpacked. Returns why the weights are not stored packed ("" when they are), as stored in the file.
+inline std::string save_artifact(const Graph& optimised, const std::string& path, artifact::Info info,
                                  std::map<std::string, std::int64_t> dims = {}, bool packed = true) {
   std::shared_ptr<PackedWeights> keep;
   std::vector<artifact::Packing> packings;
-  std::string why;
   if (packed) {
     try {
       packings = make_packings(optimised, info.threads, dims, keep);
+      info.unpacked.clear();
     } catch (const Error& e) {
-      why = std::string("weights not packed: compiling at the packing dims failed: ") + e.what();
+      info.unpacked = std::string("compiling at the packing dims failed: ") + e.what();
       dims.clear();
     }
+  } else {
+    dims.clear();
+    if (info.unpacked.empty()) info.unpacked = "written without packed weights";
   }
   artifact::write(optimised, info, path, packings, dims);
-  return why;
+  return info.unpacked;
 }
 
 }  // namespace ondine::lower

@@ -311,6 +311,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   const auto& table = lowering_table();
   for (Node* n : g->topo_order()) {
     if (L.fused.count(n)) continue;
+    L.current = n;
     try {
       auto it = table.find(n->op_key());
       bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && it->second(L, *n);

@@ -88,6 +88,47 @@ inline IsaInfo effective_isa() {
   return isa_info(isa);
 }
 
+// The ISA oneDNN spells `name` ("avx2", "avx512_core_vnni", ...); Unknown for any other text.
+inline CpuIsa isa_from_name(const std::string& name) {
+  for (CpuIsa isa : {CpuIsa::Sse41, CpuIsa::Avx, CpuIsa::Avx2, CpuIsa::Avx2Vnni, CpuIsa::Avx512Mic, CpuIsa::Avx512Mic4ops,
+                     CpuIsa::Avx512Core, CpuIsa::Avx512CoreVnni, CpuIsa::Avx512CoreBf16, CpuIsa::Avx512CoreAmx})
+    if (isa_info(isa).name == name) return isa;
+  return CpuIsa::Unknown;
+}
+
+// True when code compiled for `target` may run on a CPU whose oneDNN ISA is `cpu`: each level of the chain
+// sse41 < avx < avx2 < avx512_core < avx512_core_vnni < avx512_core_bf16 < avx512_core_amx contains the ones
+// before it; avx2_vnni sits between avx2 and avx512_core but needs VNNI, which avx512_core lacks; the Xeon
+// Phi levels (avx512_mic*) contain avx2 only.
+inline bool isa_runs_on(CpuIsa target, CpuIsa cpu) {
+  if (target == CpuIsa::Unknown || cpu == CpuIsa::Unknown) return false;
+  auto rank = [](CpuIsa isa) {
+    switch (isa) {
+      case CpuIsa::Sse41: return 1;
+      case CpuIsa::Avx: return 2;
+      case CpuIsa::Avx2: return 3;
+      case CpuIsa::Avx2Vnni: return 4;
+      case CpuIsa::Avx512Core: return 5;
+      case CpuIsa::Avx512CoreVnni: return 6;
+      case CpuIsa::Avx512CoreBf16: return 7;
+      case CpuIsa::Avx512CoreAmx: return 8;
+      default: return 0;
+    }
+  };
+  if (cpu == CpuIsa::Avx512Mic || cpu == CpuIsa::Avx512Mic4ops) return target == cpu || rank(target) <= 3;
+  if (target == CpuIsa::Avx512Mic || target == CpuIsa::Avx512Mic4ops) return target == cpu;
+  if (target == CpuIsa::Avx2Vnni) return cpu == CpuIsa::Avx2Vnni || isa_info(cpu).int8_vnni;
+  if (cpu == CpuIsa::Avx2Vnni) return rank(target) <= 4;
+  return rank(target) <= rank(cpu);
+}
+
+// The value of DNNL_MAX_CPU_ISA that caps oneDNN at `isa` ("AVX2", "AVX512_CORE_VNNI", ...).
+inline std::string max_cpu_isa_env(CpuIsa isa) {
+  std::string name = isa_info(isa).name;
+  for (char& c : name) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  return name;
+}
+
 // The CPU's vendor string from CPUID leaf 0 ("GenuineIntel", "AuthenticAMD", ...); "" elsewhere.
 inline std::string cpu_vendor() {
 #if defined(__x86_64__) || defined(__i386__)

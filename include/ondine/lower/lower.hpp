@@ -13,11 +13,12 @@
 
 namespace ondine::lower {
 
-// The pass options this CPU needs (true when it set some): without VNNI, fuse-qdq leaves int8 layers with
-// 8-bit weights in float. compile() sets them itself; whoever runs a pipeline for a compiled model outside
-// compile() (`ondine compile -o MODEL.ondine`) sets them with this.
-inline bool set_isa_pass_options(PassManager& pm) {
-  if (effective_isa().int8_vnni) return false;
+// The pass options the target ISA (by default this CPU's) needs (true when it set some): without VNNI,
+// fuse-qdq leaves int8 layers with 8-bit weights in float. compile() sets them itself; whoever runs a
+// pipeline for a compiled model outside compile() (`ondine compile -o MODEL.ondine --target ...`) sets
+// them with this.
+inline bool set_isa_pass_options(PassManager& pm, const IsaInfo& target = effective_isa()) {
+  if (target.int8_vnni) return false;
   limit_int8_fusion(pm);
   return true;
 }

@@ -16,15 +16,18 @@
 // Artifacts (lower/artifact.hpp) store the packings a compile made and preload them here: by the
 // address of their source constant in the mapped file (found without hashing it), or by the two hashes
 // for sources the lowering derived (transposed, gate-reordered); a preloaded packing is used only for an
-// equal descriptor, else the weight is packed again, which packed_here() counts.
+// equal descriptor, else the weight is packed again, which packed_here() counts and repacks() explains
+// (the step, and the layout stored beside the one oneDNN chose here, or that none was stored).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -44,8 +47,9 @@ class PackedWeights {
   // The packing of `source` into `want`: the one stored for equal bytes and an equal descriptor, else
   // `pack()`'s result, stored. `layout` tells apart two readings of the same bytes (0: row-major; a
   // transposed constant read through strides: another value).
+  // `step` names the step asking (for repacks()).
   dnnl::memory get(const Tensor& source, const dnnl::memory::desc& want, const std::function<dnnl::memory()>& pack,
-                   std::uint64_t layout = 0) {
+                   std::uint64_t layout = 0, const std::string& step = "") {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto range = by_address_.equal_range(source.raw());
@@ -69,10 +73,55 @@ class PackedWeights {
     dnnl::memory packed = pack();  // outside the lock: packing a large weight takes a while
     std::lock_guard<std::mutex> lock(mutex_);
     if (Entry* found = find(key, want)) return found->packed;  // another compile packed it meanwhile
+    if (preloaded_ || expect_stored_) repacks_.push_back({step, repack_reason(source, key, want, layout)});
     entries_.emplace(key.first, Entry{key.second, want, packed, source.raw(), source.nbytes(), layout, false});
     bytes_ += want.get_size();
     ++packed_here_;
     return packed;
+  }
+
+  // A weight an artifact did not answer for: the step that packed it, and why ("stored as aBcd16b, oneDNN
+  // chose ABcd16b16a here", or "not stored").
+  struct Repack {
+    std::string step, reason;
+  };
+  std::vector<Repack> repacks() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return repacks_;
+  }
+  // Records repacks() even with nothing preloaded (an artifact variant written without packed weights).
+  void expect_stored() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    expect_stored_ = true;
+  }
+
+  // oneDNN's way of writing a layout: one letter per dim, outermost first, upper case where the dim is also
+  // blocked, then the inner blocks ("ABcd16b16a"; "abcd" is row-major), after the data type.
+  static std::string layout_text(const dnnl::memory::desc& md) {
+    const dnnl_memory_desc_t& d = md.data;
+    std::string dt;
+    switch (d.data_type) {
+      case dnnl_f32: dt = "f32"; break;
+      case dnnl_bf16: dt = "bf16"; break;
+      case dnnl_s8: dt = "s8"; break;
+      case dnnl_u8: dt = "u8"; break;
+      case dnnl_s32: dt = "s32"; break;
+      default: dt = "dt" + std::to_string(static_cast<int>(d.data_type)); break;
+    }
+    if (d.format_kind != dnnl_blocked) return dt + ":opaque";
+    const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+    std::vector<int> order(static_cast<std::size_t>(d.ndims));
+    for (int i = 0; i < d.ndims; ++i) order[static_cast<std::size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return b.strides[x] > b.strides[y]; });
+    std::string out = dt + ":";
+    for (int i : order) {
+      bool blocked = false;
+      for (int k = 0; k < b.inner_nblks; ++k) blocked = blocked || b.inner_idxs[k] == i;
+      out += static_cast<char>((blocked ? 'A' : 'a') + i);
+    }
+    for (int k = 0; k < b.inner_nblks; ++k) out += std::to_string(b.inner_blks[k]) + static_cast<char>('a' + b.inner_idxs[k]);
+    if (d.extra.flags) out += "+comp";
+    return out;
   }
 
   // One packing, as an artifact stores it: its source's address (when the lowering packed a constant as
@@ -178,6 +227,18 @@ class PackedWeights {
     mix(tail ^ bytes);
     return {h1, h2};
   }
+  // Why `source` (hashes `key`) was packed here for `want`: a stored packing of it in another layout, or none.
+  std::string repack_reason(const Tensor& source, const Key& key, const dnnl::memory::desc& want, std::uint64_t layout) const {
+    std::string stored;
+    auto range = by_address_.equal_range(source.raw());
+    for (auto it = range.first; it != range.second && stored.empty(); ++it)
+      if (it->second.bytes == source.nbytes() && it->second.layout == layout) stored = layout_text(it->second.md);
+    auto hashed = entries_.equal_range(key.first);
+    for (auto it = hashed.first; it != hashed.second && stored.empty(); ++it)
+      if (it->second.preloaded && it->second.check == key.second) stored = layout_text(it->second.md);
+    if (stored.empty()) return "not stored (" + layout_text(want) + " here)";
+    return "stored as " + stored + ", oneDNN chose " + layout_text(want) + " here";
+  }
   Entry* find(const Key& key, const dnnl::memory::desc& want) {
     auto range = entries_.equal_range(key.first);
     for (auto it = range.first; it != range.second; ++it)
@@ -196,6 +257,8 @@ class PackedWeights {
   std::unordered_multimap<std::size_t, Entry> entries_;
   std::unordered_multimap<const void*, AddressEntry> by_address_;
   std::vector<std::shared_ptr<void>> owners_;
+  std::vector<Repack> repacks_;
+  bool expect_stored_ = false;
   std::size_t bytes_ = 0, hits_ = 0, preloaded_ = 0, preloaded_hits_ = 0, packed_here_ = 0;
 };
 

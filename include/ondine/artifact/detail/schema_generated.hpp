@@ -53,6 +53,9 @@ struct TargetBuilder;
 struct Packing;
 struct PackingBuilder;
 
+struct Variant;
+struct VariantBuilder;
+
 struct Model;
 struct ModelBuilder;
 
@@ -1241,7 +1244,8 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_THREADS = 6,
     VT_PRECISION = 8,
     VT_PASSES = 10,
-    VT_REQUIRES_VNNI = 12
+    VT_REQUIRES_VNNI = 12,
+    VT_UNPACKED = 14
   };
   const flatbuffers::String *isa() const {
     return GetPointer<const flatbuffers::String *>(VT_ISA);
@@ -1258,6 +1262,9 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   bool requires_vnni() const {
     return GetField<uint8_t>(VT_REQUIRES_VNNI, 0) != 0;
   }
+  const flatbuffers::String *unpacked() const {
+    return GetPointer<const flatbuffers::String *>(VT_UNPACKED);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_ISA) &&
@@ -1268,6 +1275,8 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyOffset(verifier, VT_PASSES) &&
            verifier.VerifyString(passes()) &&
            VerifyField<uint8_t>(verifier, VT_REQUIRES_VNNI, 1) &&
+           VerifyOffset(verifier, VT_UNPACKED) &&
+           verifier.VerifyString(unpacked()) &&
            verifier.EndTable();
   }
 };
@@ -1291,6 +1300,9 @@ struct TargetBuilder {
   void add_requires_vnni(bool requires_vnni) {
     fbb_.AddElement<uint8_t>(Target::VT_REQUIRES_VNNI, static_cast<uint8_t>(requires_vnni), 0);
   }
+  void add_unpacked(flatbuffers::Offset<flatbuffers::String> unpacked) {
+    fbb_.AddOffset(Target::VT_UNPACKED, unpacked);
+  }
   explicit TargetBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -1308,8 +1320,10 @@ inline flatbuffers::Offset<Target> CreateTarget(
     int32_t threads = 0,
     flatbuffers::Offset<flatbuffers::String> precision = 0,
     flatbuffers::Offset<flatbuffers::String> passes = 0,
-    bool requires_vnni = false) {
+    bool requires_vnni = false,
+    flatbuffers::Offset<flatbuffers::String> unpacked = 0) {
   TargetBuilder builder_(_fbb);
+  builder_.add_unpacked(unpacked);
   builder_.add_passes(passes);
   builder_.add_precision(precision);
   builder_.add_threads(threads);
@@ -1324,17 +1338,20 @@ inline flatbuffers::Offset<Target> CreateTargetDirect(
     int32_t threads = 0,
     const char *precision = nullptr,
     const char *passes = nullptr,
-    bool requires_vnni = false) {
+    bool requires_vnni = false,
+    const char *unpacked = nullptr) {
   auto isa__ = isa ? _fbb.CreateString(isa) : 0;
   auto precision__ = precision ? _fbb.CreateString(precision) : 0;
   auto passes__ = passes ? _fbb.CreateString(passes) : 0;
+  auto unpacked__ = unpacked ? _fbb.CreateString(unpacked) : 0;
   return ondine::artifact::fb::CreateTarget(
       _fbb,
       isa__,
       threads,
       precision__,
       passes__,
-      requires_vnni);
+      requires_vnni,
+      unpacked__);
 }
 
 struct Packing FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
@@ -1461,30 +1478,14 @@ inline flatbuffers::Offset<Packing> CreatePackingDirect(
       data);
 }
 
-struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
-  typedef ModelBuilder Builder;
+struct Variant FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef VariantBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
-    VT_ONDINE_VERSION = 4,
-    VT_ONEDNN_VERSION = 6,
-    VT_SOURCE = 8,
-    VT_SIGNATURE = 10,
-    VT_TARGET = 12,
-    VT_GRAPH = 14,
-    VT_PACKINGS = 16,
-    VT_PACKING_DIMS = 18
+    VT_TARGET = 4,
+    VT_GRAPH = 6,
+    VT_PACKINGS = 8,
+    VT_PACKING_DIMS = 10
   };
-  const flatbuffers::String *ondine_version() const {
-    return GetPointer<const flatbuffers::String *>(VT_ONDINE_VERSION);
-  }
-  const flatbuffers::String *onednn_version() const {
-    return GetPointer<const flatbuffers::String *>(VT_ONEDNN_VERSION);
-  }
-  const flatbuffers::String *source() const {
-    return GetPointer<const flatbuffers::String *>(VT_SOURCE);
-  }
-  const ondine::artifact::fb::Signature *signature() const {
-    return GetPointer<const ondine::artifact::fb::Signature *>(VT_SIGNATURE);
-  }
   const ondine::artifact::fb::Target *target() const {
     return GetPointer<const ondine::artifact::fb::Target *>(VT_TARGET);
   }
@@ -1499,15 +1500,7 @@ struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
-           VerifyOffset(verifier, VT_ONDINE_VERSION) &&
-           verifier.VerifyString(ondine_version()) &&
-           VerifyOffset(verifier, VT_ONEDNN_VERSION) &&
-           verifier.VerifyString(onednn_version()) &&
-           VerifyOffset(verifier, VT_SOURCE) &&
-           verifier.VerifyString(source()) &&
-           VerifyOffset(verifier, VT_SIGNATURE) &&
-           verifier.VerifyTable(signature()) &&
-           VerifyOffset(verifier, VT_TARGET) &&
+           VerifyOffsetRequired(verifier, VT_TARGET) &&
            verifier.VerifyTable(target()) &&
            VerifyOffsetRequired(verifier, VT_GRAPH) &&
            verifier.VerifyTable(graph()) &&
@@ -1517,6 +1510,106 @@ struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyOffset(verifier, VT_PACKING_DIMS) &&
            verifier.VerifyVector(packing_dims()) &&
            verifier.VerifyVectorOfTables(packing_dims()) &&
+           verifier.EndTable();
+  }
+};
+
+struct VariantBuilder {
+  typedef Variant Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_target(flatbuffers::Offset<ondine::artifact::fb::Target> target) {
+    fbb_.AddOffset(Variant::VT_TARGET, target);
+  }
+  void add_graph(flatbuffers::Offset<ondine::artifact::fb::Graph> graph) {
+    fbb_.AddOffset(Variant::VT_GRAPH, graph);
+  }
+  void add_packings(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings) {
+    fbb_.AddOffset(Variant::VT_PACKINGS, packings);
+  }
+  void add_packing_dims(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims) {
+    fbb_.AddOffset(Variant::VT_PACKING_DIMS, packing_dims);
+  }
+  explicit VariantBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<Variant> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<Variant>(end);
+    fbb_.Required(o, Variant::VT_TARGET);
+    fbb_.Required(o, Variant::VT_GRAPH);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<Variant> CreateVariant(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
+    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims = 0) {
+  VariantBuilder builder_(_fbb);
+  builder_.add_packing_dims(packing_dims);
+  builder_.add_packings(packings);
+  builder_.add_graph(graph);
+  builder_.add_target(target);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<Variant> CreateVariantDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
+    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
+    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Packing>> *packings = nullptr,
+    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims = nullptr) {
+  auto packings__ = packings ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Packing>>(*packings) : 0;
+  auto packing_dims__ = packing_dims ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Dim>>(*packing_dims) : 0;
+  return ondine::artifact::fb::CreateVariant(
+      _fbb,
+      target,
+      graph,
+      packings__,
+      packing_dims__);
+}
+
+struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ModelBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_ONDINE_VERSION = 4,
+    VT_ONEDNN_VERSION = 6,
+    VT_SOURCE = 8,
+    VT_SIGNATURE = 10,
+    VT_VARIANTS = 20
+  };
+  const flatbuffers::String *ondine_version() const {
+    return GetPointer<const flatbuffers::String *>(VT_ONDINE_VERSION);
+  }
+  const flatbuffers::String *onednn_version() const {
+    return GetPointer<const flatbuffers::String *>(VT_ONEDNN_VERSION);
+  }
+  const flatbuffers::String *source() const {
+    return GetPointer<const flatbuffers::String *>(VT_SOURCE);
+  }
+  const ondine::artifact::fb::Signature *signature() const {
+    return GetPointer<const ondine::artifact::fb::Signature *>(VT_SIGNATURE);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Variant>> *variants() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Variant>> *>(VT_VARIANTS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_ONDINE_VERSION) &&
+           verifier.VerifyString(ondine_version()) &&
+           VerifyOffset(verifier, VT_ONEDNN_VERSION) &&
+           verifier.VerifyString(onednn_version()) &&
+           VerifyOffset(verifier, VT_SOURCE) &&
+           verifier.VerifyString(source()) &&
+           VerifyOffset(verifier, VT_SIGNATURE) &&
+           verifier.VerifyTable(signature()) &&
+           VerifyOffsetRequired(verifier, VT_VARIANTS) &&
+           verifier.VerifyVector(variants()) &&
+           verifier.VerifyVectorOfTables(variants()) &&
            verifier.EndTable();
   }
 };
@@ -1537,17 +1630,8 @@ struct ModelBuilder {
   void add_signature(flatbuffers::Offset<ondine::artifact::fb::Signature> signature) {
     fbb_.AddOffset(Model::VT_SIGNATURE, signature);
   }
-  void add_target(flatbuffers::Offset<ondine::artifact::fb::Target> target) {
-    fbb_.AddOffset(Model::VT_TARGET, target);
-  }
-  void add_graph(flatbuffers::Offset<ondine::artifact::fb::Graph> graph) {
-    fbb_.AddOffset(Model::VT_GRAPH, graph);
-  }
-  void add_packings(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings) {
-    fbb_.AddOffset(Model::VT_PACKINGS, packings);
-  }
-  void add_packing_dims(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims) {
-    fbb_.AddOffset(Model::VT_PACKING_DIMS, packing_dims);
+  void add_variants(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Variant>>> variants) {
+    fbb_.AddOffset(Model::VT_VARIANTS, variants);
   }
   explicit ModelBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
@@ -1556,7 +1640,7 @@ struct ModelBuilder {
   flatbuffers::Offset<Model> Finish() {
     const auto end = fbb_.EndTable(start_);
     auto o = flatbuffers::Offset<Model>(end);
-    fbb_.Required(o, Model::VT_GRAPH);
+    fbb_.Required(o, Model::VT_VARIANTS);
     return o;
   }
 };
@@ -1567,15 +1651,9 @@ inline flatbuffers::Offset<Model> CreateModel(
     flatbuffers::Offset<flatbuffers::String> onednn_version = 0,
     flatbuffers::Offset<flatbuffers::String> source = 0,
     flatbuffers::Offset<ondine::artifact::fb::Signature> signature = 0,
-    flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
-    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings = 0,
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims = 0) {
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Variant>>> variants = 0) {
   ModelBuilder builder_(_fbb);
-  builder_.add_packing_dims(packing_dims);
-  builder_.add_packings(packings);
-  builder_.add_graph(graph);
-  builder_.add_target(target);
+  builder_.add_variants(variants);
   builder_.add_signature(signature);
   builder_.add_source(source);
   builder_.add_onednn_version(onednn_version);
@@ -1589,25 +1667,18 @@ inline flatbuffers::Offset<Model> CreateModelDirect(
     const char *onednn_version = nullptr,
     const char *source = nullptr,
     flatbuffers::Offset<ondine::artifact::fb::Signature> signature = 0,
-    flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
-    flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
-    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Packing>> *packings = nullptr,
-    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims = nullptr) {
+    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Variant>> *variants = nullptr) {
   auto ondine_version__ = ondine_version ? _fbb.CreateString(ondine_version) : 0;
   auto onednn_version__ = onednn_version ? _fbb.CreateString(onednn_version) : 0;
   auto source__ = source ? _fbb.CreateString(source) : 0;
-  auto packings__ = packings ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Packing>>(*packings) : 0;
-  auto packing_dims__ = packing_dims ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Dim>>(*packing_dims) : 0;
+  auto variants__ = variants ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Variant>>(*variants) : 0;
   return ondine::artifact::fb::CreateModel(
       _fbb,
       ondine_version__,
       onednn_version__,
       source__,
       signature,
-      target,
-      graph,
-      packings__,
-      packing_dims__);
+      variants__);
 }
 
 inline const ondine::artifact::fb::Model *GetModel(const void *buf) {

@@ -573,6 +573,7 @@ class Lowering {
   std::size_t scratchpad_bytes = 0;
   std::size_t constant_bytes = 0;
   std::set<const Node*> fused;  // nodes folded into an earlier primitive (post-ops); not lowered again
+  const Node* current = nullptr;  // the node being lowered (names the step in PackedWeights::repacks())
 
   const dnnl::engine& engine() const { return library->engine; }
 
@@ -752,7 +753,10 @@ class Lowering {
       return dst;
     };
     constant_bytes += want.get_size();
-    return options.packed_weights ? options.packed_weights->get(t, want, pack, layout) : pack();
+    return options.packed_weights
+               ? options.packed_weights->get(t, want, pack, layout,
+                                             current ? current->name() + " (" + current->op_type() + ")" : std::string())
+               : pack();
   }
   memory constant_memory(const std::vector<float>& values, const memory::desc& want) {
     return constant_memory(Tensor::from_vector<float>({static_cast<std::int64_t>(values.size())}, values), want);
