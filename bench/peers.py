@@ -45,7 +45,8 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "bert_pt": ("input_ids", "tokens", 128), "gpt_pt": ("input_ids", "tokens", 256),
           "vit_pt": ("pixels", "image", 0), "lstm_pt": ("input_ids", "tokens", 128),
           "gru_pt": ("input_ids", "tokens", 128), "stream_pt": ("frame", "stream", 0),
-          "ssd_pt": ("image", "detector", 0), "gated_pt": ("audio", "gated", 0)}
+          "ssd_pt": ("image", "detector", 0), "gated_pt": ("audio", "gated", 0),
+          "textdet_pt": ("image", "text", 640)}
 
 
 def model_path(models_dir, model):
@@ -73,7 +74,9 @@ def write_input(model, batch, directory):
     frame [batch, 512] and LSTM state h, c [2, batch, 64]); returns ["name=file", ...]."""
     name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
-    if kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
+    if kind == "text":  # [batch, 3, 640, 640] images in [0, 1] (a text detector's page)
+        arrays = {name: rng.random((batch, 3, seq, seq), dtype=np.float32)}
+    elif kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
         arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}
     elif kind == "gated":  # one second of 16 kHz audio per batch item, and the sample rate that picks the branch
         arrays = {name: rng.standard_normal((batch, 1, 16000), dtype=np.float32),
@@ -118,6 +121,9 @@ class Ondine:
             return float(done.stdout.split("median=")[1].split()[0])
         if model.split("-")[0].endswith("_pt") and INPUTS[model.split("-")[0]][1] == "tokens":
             extra += ["--dim", "batch", "--dim", f"seq={INPUTS[model.split('-')[0]][2]}"]
+        if INPUTS[model.split("-")[0]][1] == "text":
+            size = INPUTS[model.split("-")[0]][2]
+            extra += ["--dim", "batch", "--dim", f"height={size}", "--dim", f"width={size}"]
         subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",
                         str(a.warmup), "--runs", str(a.runs), "--json", self.json] + extra, check=True,
                        stdout=subprocess.DEVNULL)

@@ -812,6 +812,24 @@ def torch_gated_encoder(rng, bench=False):
     return spec
 
 
+def spread_init(net, conv_types):
+    """He-initialised convolutions (of conv_types) and batch norms with spread statistics, in module order:
+    with torchvision's own init (normal(0, 0.03), unit batch norms) a seeded CNN's signal fades through a
+    deep backbone, and every input gives nearly the same output."""
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        for module in net.modules():
+            if isinstance(module, conv_types):
+                nn.init.kaiming_normal_(module.weight, a=0.5)
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.1, 0.1)
+
+
 def torch_ssdlite_detector(rng, bench=False):
     import torch
     import torchvision
@@ -827,15 +845,8 @@ def torch_ssdlite_detector(rng, bench=False):
     # The builder's init (normal(0, 0.03), zero biases, unit batch norms) lets the signal fade through the
     # backbone: every image gets the same, nearly uniform scores. He-initialised convs and spread batch
     # norms and class logits give detections that depend on the image and NMS decisions that mean something.
+    spread_init(net, (nn.Conv2d,))
     with torch.no_grad():
-        for module in net.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, a=0.5)
-            if isinstance(module, nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.1, 0.1)
-                module.running_var.uniform_(0.5, 1.5)
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.1, 0.1)
         for block in net.head.classification_head.module_list:
             [c for c in block.modules() if isinstance(c, nn.Conv2d)][-1].weight.mul_(0.2)
 
@@ -867,6 +878,64 @@ def torch_ssdlite_detector(rng, bench=False):
     return spec
 
 
+def torch_text_detector(rng, bench=False):
+    import torch
+    import torchvision
+    from torch import nn
+    from torch.nn import functional as F
+
+    # A DBNet-like text detector, as OCR pipelines ship them: torchvision's MobileNetV3-Large backbone
+    # (width 0.5, 0.25 in the corpus; weights=None, seeded), an FPN over its stride 4/8/16/32 features, the four levels
+    # upsampled to 1/4 and concatenated, and DBNet's probability head: conv 3x3 + BN + ReLU, two 2x2
+    # ConvTranspose (each but the last with BN + ReLU) back to full resolution, Sigmoid. Corpus: 64x64 and
+    # 96x128 images; benchmark: 640x640.
+    width, inner = (0.5, 96) if bench else (0.25, 32)
+    backbone = torchvision.models.mobilenet_v3_large(weights=None, width_mult=width).features
+
+    class TextDetector(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = backbone
+            self.taps = [3, 6, 12, 16]  # the last block of stride 4, 8, 16 and 32
+            with torch.no_grad():
+                x, channels = torch.zeros(1, 3, 64, 64), []
+                for i, block in enumerate(self.backbone):
+                    x = block(x)
+                    if i in self.taps:
+                        channels.append(x.shape[1])
+            self.lateral = nn.ModuleList(nn.Conv2d(c, inner, 1, bias=False) for c in channels)
+            self.smooth = nn.ModuleList(nn.Conv2d(inner, inner // 4, 3, padding=1, bias=False) for _ in channels)
+            self.head = nn.Sequential(
+                nn.Conv2d(inner, inner // 4, 3, padding=1, bias=False), nn.BatchNorm2d(inner // 4), nn.ReLU(),
+                nn.ConvTranspose2d(inner // 4, inner // 4, 2, stride=2), nn.BatchNorm2d(inner // 4), nn.ReLU(),
+                nn.ConvTranspose2d(inner // 4, 1, 2, stride=2), nn.Sigmoid())
+
+        def forward(self, image):
+            features, x = [], image
+            for i, block in enumerate(self.backbone):
+                x = block(x)
+                if i in self.taps:
+                    features.append(x)
+            laterals = [conv(f) for conv, f in zip(self.lateral, features)]
+            for i in range(len(laterals) - 1, 0, -1):  # top-down: upsample and add
+                laterals[i - 1] = laterals[i - 1] + F.interpolate(laterals[i], scale_factor=2.0, mode="nearest")
+            levels = [conv(l) for conv, l in zip(self.smooth, laterals)]
+            levels = [levels[0]] + [F.interpolate(l, scale_factor=2.0 ** i, mode="nearest")
+                                    for i, l in enumerate(levels[1:], 1)]
+            return self.head(torch.cat(levels, dim=1))
+
+    module = TextDetector()
+    spread_init(module, (nn.Conv2d, nn.ConvTranspose2d))
+    shapes = [(1, 3, 640, 640), (1, 3, 480, 640)] if bench else [(1, 3, 64, 64), (2, 3, 96, 128)]
+    cases = [{"image": rng.random(shape, dtype=np.float32)} for shape in shapes]
+    spec = TorchSpec(module, 14, ["image"], ["probability"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "probability": {0: "batch", 2: "height", 3: "width"}},
+                     cases, f"DBNet-like text detector: torchvision mobilenet_v3_large(width_mult={width}, weights=None) "
+                            f"features, FPN ({inner} channels), ConvTranspose probability head")
+    spec.peak_range = (0.5, 1.0)  # a sigmoid map
+    return spec
+
+
 TORCH_MODELS = {
     "bert_encoder": torch_bert_encoder,
     "gpt_decoder": torch_gpt_decoder,
@@ -881,6 +950,7 @@ TORCH_MODELS = {
     "scripted_loop": torch_scripted_loop,
     "ssdlite_detector": torch_ssdlite_detector,
     "gated_encoder": torch_gated_encoder,
+    "text_detector": torch_text_detector,
 }
 
 
@@ -888,7 +958,7 @@ TORCH_MODELS = {
 # corpus model itself.
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
-               "gated_pt": "gated_encoder"}
+               "gated_pt": "gated_encoder", "textdet_pt": "text_detector"}
 
 
 def torch_seed(seed, name):

@@ -210,7 +210,9 @@ TEST_CASE("lower ops: ConvTranspose + residual Add + Relu fold into the deconvol
       Builder b;
       Value* x = b.input("x", {1, 8, 5, 5});
       Value* r = b.input("r", {1, 4, 10, 10});
-      Value* y = b.op("ConvTranspose", {x, b.weight({8, 4, 2, 2}), b.weight({4})}, {{"strides", Dims{2, 2}}});
+      // Kernel 3, stride 2 (overlapping: not deconv-as-conv's), pads to a 10x10 output.
+      Value* y = b.op("ConvTranspose", {x, b.weight({8, 4, 3, 3}), b.weight({4})},
+                      {{"strides", Dims{2, 2}}, {"pads", Dims{1, 1, 0, 0}}});
       y = b.op("Add", {y, r});
       y = b.op("Relu", {y});
       b.g.add_output(y);
@@ -428,6 +430,53 @@ TEST_CASE("lower ops: Resize declines what oneDNN computes differently, and stay
       }
     }
   }
+}
+
+TEST_CASE("lower ops: DepthToSpace in DCR and CRD modes is one oneDNN reorder from row-major and channels-last sources",
+          "[lower][ops]") {
+  for (const char* mode : {"DCR", "CRD"})
+    for (std::int64_t block : {2, 3}) {
+      INFO(mode << " block " << block);
+      // From a graph input (row-major), then from a 1x1 Conv the layout pass writes channels-last for it.
+      Builder b;
+      Value* x = b.input("x", {2, 3 * block * block, 4, 5});
+      b.g.add_output(b.op("DepthToSpace", {x}, {{"blocksize", block}, {"mode", std::string(mode)}}));
+      Value* conv = b.op("Conv", {x, b.weight({4 * block * block, 3 * block * block, 1, 1})});
+      b.g.add_output(b.op("DepthToSpace", {conv}, {{"blocksize", block}, {"mode", std::string(mode)}}));
+      for (const auto& passes : pipelines) {
+        INFO("passes " << passes);
+        Graph g = b.g.clone();
+        CompiledModel m = check_graph(g, 1e-6, with_passes(passes));
+        auto d2s = impls(m, "DepthToSpace");
+        REQUIRE(d2s.size() == 2);
+        for (const auto& impl : d2s) CHECK(impl != "reference");
+        // The conv writes channels-last, which DepthToSpace reads: the one Reorder is x's, into the conv.
+        if (passes == "default") CHECK(impls(m, "Reorder").size() == 1);
+      }
+    }
+}
+
+TEST_CASE("lower ops: a ConvTranspose with kernel == stride runs as a 1x1 Conv and DepthToSpace, within 1e-5",
+          "[lower][ops]") {
+  // The DBNet head's shape: 2x2 stride 2 with BN and ReLU (folded, then fused), and a last one to 1 channel
+  // with a Sigmoid; also 3x3 stride 3 without bias.
+  Builder b;
+  Value* x = b.input("x", {2, 8, 6, 7});
+  Value* y = b.op("ConvTranspose", {x, b.weight({8, 6, 2, 2}), b.weight({6})}, {{"strides", Dims{2, 2}}});
+  y = b.op("BatchNormalization", {y, b.floats({1.2f, 0.8f, 1.1f, 0.9f, 1.0f, 1.3f}),
+                                  b.floats({0.1f, -0.1f, 0.0f, 0.2f, -0.2f, 0.05f}),
+                                  b.floats({0.0f, 0.1f, -0.1f, 0.0f, 0.2f, 0.0f}), b.floats({1, 0.5f, 2, 1, 1.5f, 1})});
+  y = b.op("Relu", {y});
+  Value* p = b.op("Sigmoid", {b.op("ConvTranspose", {y, b.weight({6, 1, 2, 2}), b.weight({1})}, {{"strides", Dims{2, 2}}})});
+  b.g.add_output(p);
+  b.g.add_output(b.op("ConvTranspose", {x, b.weight({8, 4, 3, 3})}, {{"strides", Dims{3, 3}}, {"kernel_shape", Dims{3, 3}}}));
+  Graph g = b.g.clone();
+  CompiledModel m = check_graph(g, 1e-5, with_passes("default"));
+  INFO(m.to_text());
+  CHECK(impls(m, "ConvTranspose").empty());
+  CHECK(impls(m, "DepthToSpace").size() == 3);
+  CHECK(impls(m, "Relu").empty());  // a post-op of the first 1x1 Conv
+  CHECK(impls(m, "Sigmoid").empty());
 }
 
 }  // namespace test_lower_ops

@@ -1,4 +1,4 @@
-// The core passes: dce, remove-identity, fold-constants, fold-bn. For each: the structure after the
+// The core passes: dce, remove-identity, fold-constants, fold-bn, deconv-as-conv. For each: the structure after the
 // pass (op counts), the numbers (the reference executor gives the same outputs before and after on
 // seeded random inputs, within a stated tolerance), and the cases where the rewrite must not fire.
 #include <catch2/catch.hpp>
@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "ondine/passes/dce.hpp"
+#include "ondine/passes/deconv_as_conv.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/pass_manager.hpp"
 #include "ondine/passes/remove_identity.hpp"
+#include "ondine/ir/stats.hpp"
 #include "ondine/reference/executor.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
@@ -599,6 +601,95 @@ TEST_CASE("fold-bn does not fold a BN over a 3-D MatMul output into the MatMul",
   CHECK(mm->input(1) == w);
   CHECK(g.op_histogram() == std::map<std::string, std::size_t>{{"Add", 1}, {"MatMul", 1}, {"Mul", 1}});
   check_same_outputs(before, g, kFoldBnTolerance);
+}
+
+// deconv-as-conv: a ConvTranspose(x, W [Cin, C, b, b], B) with strides b, b as DepthToSpace(Conv1x1).
+Node* add_deconv(Graph& g, Value* x, Value* w, Value* b, const std::string& name, std::map<std::string, Attribute> attrs) {
+  std::vector<Value*> inputs{x, w};
+  if (b) inputs.push_back(b);
+  return g.add_node("ConvTranspose", inputs, {name}, std::move(attrs), name);
+}
+
+TEST_CASE("deconv-as-conv rewrites a ConvTranspose whose kernel equals its stride, moving its activation", "[passes][deconv-as-conv]") {
+  for (std::int64_t block : {1, 2, 3}) {
+    for (bool bias : {true, false}) {
+      INFO("block " << block << " bias " << bias);
+      Graph g;
+      Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("batch"), Dim(5), Dim(4), Dim(3)});
+      Value* y = add_deconv(g, x, constant(g, "w", {5, 3, block, block}, 1), bias ? constant(g, "b", {3}, 2) : nullptr,
+                            "up", {{"strides", Dims{block, block}}, {"pads", Dims{0, 0, 0, 0}}})->output(0);
+      Value* r = g.add_node("Relu", {y}, {"act"}, {}, "act")->output(0);
+      g.add_output(r);
+      infer_shapes(g);
+      Graph before = g.clone();
+      PassContext ctx;
+      CHECK(run_pass<DeconvAsConv>(g, &ctx));
+      std::map<std::string, std::size_t> want{{"Conv", 1}, {"Relu", 1}};
+      if (block > 1) want["DepthToSpace"] = 1;
+      CHECK(g.op_histogram() == want);
+      CHECK(g.find_value("act")->is_graph_output());  // the output keeps its name
+      Node* conv = g.nodes().front()->op_type() == "Conv" ? g.nodes().front() : nullptr;
+      for (Node* n : g.nodes())
+        if (n->op_type() == "Relu") CHECK(n->input(0)->producer()->op_type() == "Conv");  // moved before
+      (void)conv;
+      infer_shapes(g);
+      CHECK(g.find_value("act")->shape() == before.find_value("act")->shape());
+      std::map<std::string, std::int64_t> two{{"batch", 2}};
+      bind_dims(before, two);
+      bind_dims(g, two);
+      check_same_outputs(before, g, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("deconv-as-conv keeps an activation read twice after the DepthToSpace", "[passes][deconv-as-conv]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{1, 4, 3, 3});
+  Value* y = add_deconv(g, x, constant(g, "w", {4, 2, 2, 2}, 1), nullptr, "up", {{"strides", Dims{2, 2}}})->output(0);
+  g.add_output(g.add_node("Sigmoid", {y}, {"s"}, {}, "s")->output(0));
+  g.add_output(g.add_node("Tanh", {y}, {"t"}, {}, "t")->output(0));
+  infer_shapes(g);
+  Graph before = g.clone();
+  CHECK(run_pass<DeconvAsConv>(g));
+  CHECK(g.op_histogram() == std::map<std::string, std::size_t>{{"Conv", 1}, {"DepthToSpace", 1}, {"Sigmoid", 1}, {"Tanh", 1}});
+  check_same_outputs(before, g, 1e-6);
+}
+
+TEST_CASE("deconv-as-conv must not fire on overlapping, padded, grouped or runtime-weight deconvolutions", "[passes][deconv-as-conv]") {
+  struct Case {
+    const char* what;
+    Dims w;
+    std::map<std::string, Attribute> attrs;
+    bool weight_input = false;
+  };
+  const std::vector<Case> cases = {
+      {"stride 1, kernel 2 (overlapping)", {4, 2, 2, 2}, {}},
+      {"stride 2, kernel 3", {4, 2, 3, 3}, {{"strides", Dims{2, 2}}}},
+      {"pads", {4, 2, 2, 2}, {{"strides", Dims{2, 2}}, {"pads", Dims{1, 0, 0, 0}}}},
+      {"output_padding", {4, 2, 2, 2}, {{"strides", Dims{2, 2}}, {"output_padding", Dims{1, 1}}}},
+      {"group 2", {4, 1, 2, 2}, {{"strides", Dims{2, 2}}, {"group", std::int64_t{2}}}},
+      {"dilations 2", {4, 2, 2, 2}, {{"strides", Dims{2, 2}}, {"dilations", Dims{2, 2}}}},
+      {"non-square 2x1", {4, 2, 2, 1}, {{"strides", Dims{2, 1}}}},
+      {"auto_pad SAME_UPPER", {4, 2, 2, 2}, {{"strides", Dims{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}},
+      {"output_shape", {4, 2, 2, 2}, {{"strides", Dims{2, 2}}, {"output_shape", Dims{6, 6}}}},
+      {"weights computed at run time", {4, 2, 2, 2}, {{"strides", Dims{2, 2}}}, true},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{1, 4, 3, 3});
+    Value* w = c.weight_input ? g.add_input("w", DType::Float32, Shape::from(c.w)) : constant(g, "w", c.w, 1);
+    g.add_output(add_deconv(g, x, w, nullptr, "up", c.attrs)->output(0));
+    infer_shapes(g);
+    CHECK_FALSE(run_pass<DeconvAsConv>(g));
+    CHECK(g.count_ops("ConvTranspose") == 1);
+  }
+  // 3-D (a rank-5 input).
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{1, 4, 2, 2, 2});
+  g.add_output(add_deconv(g, x, constant(g, "w", {4, 2, 2, 2, 2}, 1), nullptr, "up", {{"strides", Dims{2, 2, 2}}})->output(0));
+  infer_shapes(g);
+  CHECK_FALSE(run_pass<DeconvAsConv>(g));
 }
 
 }  // namespace test_passes_core

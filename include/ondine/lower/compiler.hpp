@@ -90,6 +90,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["Concat"] = lower_concat;
     for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = lower_view;
     t["Transpose"] = lower_transpose;
+    t["DepthToSpace"] = lower_depth_to_space;
     t["Slice"] = lower_slice;
     for (const char* op : {"LSTM", "GRU", "RNN"}) t[op] = lower_recurrent;
     t["Identity"] = lower_identity;

@@ -123,17 +123,7 @@ inline std::string label(const Node& n) {
   return n.name().empty() && n.num_outputs() ? n.output(0)->name() : n.name();
 }
 
-// `to` takes over `from`'s readers and its name (a graph output keeps its name either way).
-inline void take_over(Graph& g, Value* from, Value* to) {
-  if (from->is_graph_output()) {
-    rewrite::replace_value(g, from, to);
-    return;
-  }
-  std::string name = from->name();
-  g.replace_all_uses(from, to);
-  g.rename_value(from, g.unique_name(name + ".unfolded"));
-  g.rename_value(to, name);
-}
+inline void take_over(Graph& g, Value* from, Value* to) { rewrite::take_over(g, from, to, "unfolded"); }
 
 // Gives `node` a new constant as input i (the old one may be shared; it is never written).
 inline void set_constant_input(Graph& g, Node& node, std::size_t i, const std::string& base, Tensor t) {

@@ -13,12 +13,14 @@
 // How each op is seen, as the lowering (lower/) treats it:
 //   - the conv family (Conv, ConvTranspose, ondine.FusedConv) chooses: its output takes the mode's
 //     layout, and its data input is reordered to it. Even when only row-major ops read the output: a
-//     conv run in plain NCHW is several times slower than the reorders around a blocked one;
+//     conv run in plain NCHW is several times slower than the reorders around a blocked one. In "auto",
+//     a conv read only by DepthToSpace writes ChannelsLast instead (deconv-as-conv makes such pairs),
+//     which DepthToSpace reads in place: one copy, not a Reorder and a copy;
 //   - ops created on their input's layout (pooling, BatchNormalization, eltwise activations, Identity,
 //     Dropout, Softmax, binary ops on same-shape operands, Concat on channels) inherit the layout of
 //     their data input; their other same-shape operands are reordered to it;
 //   - everything else (reference kernels, Reshape/Flatten/Squeeze/Unsqueeze views, Transpose,
-//     MatMul/Gemm, non-f32 values) reads and writes RowMajor.
+//     MatMul/Gemm, non-f32 values) reads and writes RowMajor; DepthToSpace reads ChannelsLast too.
 // Graph inputs and outputs are RowMajor: a graph output in another layout becomes a Reorder that
 // takes over the output's name (rewrite::replace_value). Constants keep Layout::Unset (the lowering
 // reorders weights once, at compile time).
@@ -150,6 +152,8 @@ inline std::optional<Layout> need_of(const Node& n, Role role, std::size_t i, co
     case Role::Reorder:
       return std::nullopt;
     case Role::RowMajor:
+      // DepthToSpace reads any unblocked layout through strides (lower/detail/shape_ops.hpp).
+      if (n.op_type() == "DepthToSpace" && i == 0 && v && v->layout() == Layout::ChannelsLast) return std::nullopt;
       return Layout::RowMajor;
     case Role::Chooses:
       if (i == 0) return out;
@@ -189,7 +193,9 @@ class Assigner {
       case Mode::Nhwc: return image_rank(v) ? Layout::ChannelsLast : Layout::Blocked;
       case Mode::Auto: break;
     }
-    return Layout::Blocked;
+    bool only_depth_to_space = v->has_uses() && !v->is_graph_output() && image_rank(v);
+    for (const Use& u : v->uses()) only_depth_to_space = only_depth_to_space && u.node->op_type() == "DepthToSpace" && u.index == 0;
+    return only_depth_to_space ? Layout::ChannelsLast : Layout::Blocked;
   }
 
   void assign(Node& n) {

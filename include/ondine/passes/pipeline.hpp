@@ -16,6 +16,7 @@
 #include "ondine/ir/pipeline_hook.hpp"
 #include "ondine/passes/cancel_transposes.hpp"
 #include "ondine/passes/dce.hpp"
+#include "ondine/passes/deconv_as_conv.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/fuse_attention.hpp"
@@ -32,7 +33,8 @@
 namespace ondine {
 
 // The pipeline for inference: clean up, fold, fuse into what oneDNN runs as one primitive, then
-// decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops; Gelu and
+// decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops (and into a
+// ConvTranspose before deconv-as-conv turns it into a Conv, whose activation fuse then takes); Gelu and
 // LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse; fuse-qdq runs before
 // fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
 // qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form;
@@ -41,7 +43,7 @@ namespace ondine {
 // after fold-constants (a causal mask built from the sequence length is a constant by then) and before
 // fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fuse-gelu,fuse-layernorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,fuse-gelu,fuse-layernorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -52,6 +54,7 @@ inline PassRegistry& pass_registry() {
         .add<FoldConstants>()
         .add<RemoveIdentity>()
         .add<FoldBatchNorm>()
+        .add<DeconvAsConv>()
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
         .add<FuseAttention>()

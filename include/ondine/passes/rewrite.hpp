@@ -42,6 +42,19 @@ inline void replace_value(Graph& g, Value* from, Value* to) {
   g.replace_all_uses(from, out);
 }
 
+// `to` takes over `from`'s readers and its name (a graph output keeps its name either way); `from` is
+// renamed NAME.<suffix>.
+inline void take_over(Graph& g, Value* from, Value* to, const std::string& suffix = "replaced") {
+  if (from->is_graph_output()) {
+    replace_value(g, from, to);
+    return;
+  }
+  const std::string name = from->name();
+  g.replace_all_uses(from, to);
+  g.rename_value(from, g.unique_name(name + "." + suffix));
+  g.rename_value(to, name);
+}
+
 // Removes the nodes of `nodes` whose outputs nothing reads any more (graph outputs are read), in any
 // order given: a node becomes removable once its readers among `nodes` are gone. Returns how many
 // were removed; then drops the values left orphaned (e.g. a folded weight).

@@ -126,6 +126,40 @@ inline bool lower_transpose(Lowering& L, const Node& n) {
   return true;
 }
 
+// DepthToSpace (DCR or CRD) as one reorder: y's bytes, seen as [N, C, H, b, W, b], read from x through
+// strides (x's channel dim split into its (block row, block column, channel) parts), so any unblocked source
+// (row-major, channels-last, a strided view) is read in place.
+inline bool lower_depth_to_space(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  memory::data_type dt;
+  if (!x || !y || !x->shape().is_static() || !y->shape().is_static() || !dnnl_dtype(x->dtype(), dt)) return false;
+  const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  const std::int64_t b = n.attr_int("blocksize", 0);
+  if (xd.size() != 4 || yd.size() != 4 || b < 1 || xd[1] % (b * b) != 0 || *y->shape().numel() == 0) return false;
+  const std::int64_t c = xd[1] / (b * b);
+  if (yd != Dims{xd[0], c, xd[2] * b, xd[3] * b}) return false;
+  const bool crd = n.attr_string("mode", "DCR") == "CRD";
+  auto [src, x_md] = view_source(L, x, dt);
+  const Dims s = md_strides(x_md);
+  // Channel of x for (channel c, block row i, block column j): CRD c*b*b + i*b + j, DCR i*b*C + j*C + c.
+  const Dims strides = crd ? Dims{s[0], b * b * s[1], s[2], b * s[1], s[3], s[1]}
+                           : Dims{s[0], s[1], s[2], b * c * s[1], s[3], c * s[1]};
+  const Dims six{xd[0], c, xd[2], b, xd[3], b};
+  memory::desc src_md(six, dt, strides);
+  src_md.data.offset0 = x_md.data.offset0;
+  const memory::desc dst_md = plain_md(six, dt);
+  dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr());
+  const memory::desc y_md = plain_md(yd, dt);
+  SlotId dst = L.new_value_slot(y, y_md);
+  L.define(y, dst, y_md);
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(),
+                   std::string(crd ? "CRD" : "DCR") + " block " + std::to_string(b) + " of '" + x->name() + "': " +
+                       strided_str(src_md)},
+                  &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
+  return true;
+}
+
 // Slice with constant parameters and positive steps as a strided view of its source starting at the
 // first element taken (the view's offset); copied like a Transpose's.
 inline bool lower_slice(Lowering& L, const Node& n) {
