@@ -116,7 +116,7 @@ TEST_CASE("artifact: a tensor shared by several values is stored once", "[artifa
   const std::string path = tmp_path("shared.ondine");
   artifact::write(g, {}, path);
   artifact::Artifact read = artifact::read(path);
-  CHECK(read.info.weight_bytes == 16u);
+  CHECK(read.info.weight_bytes == 64u);  // 16 bytes, stored once, padded to 64
   CHECK(read.graph.find_value("a")->constant().raw() == read.graph.find_value("b")->constant().raw());
 }
 
@@ -253,7 +253,7 @@ TEST_CASE("artifact: a tensor range outside the weight section is refused, check
     artifact::detail::put_u64(file.data() + 32, weights_at);
     artifact::detail::put_u64(file.data() + 40, weights.size());
     artifact::detail::put_u64(file.data() + 48, XXH3_64bits(fbb.GetBufferPointer(), fbb.GetSize()));
-    artifact::detail::put_u64(file.data() + 56, XXH3_64bits(weights.data(), weights.size()));
+    artifact::detail::put_u64(file.data() + 56, 0);  // reserved (each variant hashes the weights it reads)
     file.insert(file.end(), fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
     file.resize(weights_at, 0);
     file.insert(file.end(), weights.begin(), weights.end());
@@ -403,6 +403,20 @@ TEST_CASE("artifact: variants share the weight section, and the best one this CP
   CHECK(c.variants.size() == 2);
   CHECK(c.info.weight_bytes == single.info.weight_bytes);
   CHECK(c.info.isa == here.name);
+
+  // Each variant checks the weight bytes it reads: damage in one variant's packed weights refuses that
+  // variant and leaves the other one loadable.
+  const std::string packed = tmp_path("packed_native.ondine"), pair = tmp_path("pair.ondine");
+  lower::save_artifact(g, packed, native);
+  REQUIRE(!artifact::read(packed).packings.empty());
+  artifact::combine({packed, portable_only}, pair);  // the native variant's packings are the section's end
+  std::vector<unsigned char> bytes = read_bytes(pair);
+  bytes[bytes.size() - 1] ^= 0x01;
+  write_bytes(pair, bytes);
+  auto pick = [](std::size_t i) { return [i](const std::vector<artifact::Info>&) { return i; }; };
+  CHECK_NOTHROW(artifact::read(pair, pick(1)));
+  CHECK_THROWS_WITH(artifact::read(pair, pick(0)),
+                    Catch::Contains("checksum of the weights of its variant for " + native.isa));
 
   // No variant for this CPU: refused, naming what it has and what the CPU has.
   if (!here.amx) {

@@ -8,17 +8,20 @@
 //
 // File layout (all integers little-endian):
 //   [0, 64)            header: magic "ONDINEAF", u32 format version, u32 header size (64), then u64 pairs
-//                      (offset, bytes) of the schema part and of the weight section, then the XXH3-64 of each
+//                      (offset, bytes) of the schema part and of the weight section, the XXH3-64 of the
+//                      schema part, and 0 (each variant holds the XXH3-64 of the weight bytes it reads)
 //   [schema part]      a FlatBuffer of artifact/schema.fbs, 64-aligned: the signature and one or more
 //                      variants, each a target (ISA, precision, threads) with its graph and packings
 //   [weight section]   every constant tensor's bytes (weights, tensor attributes) and packed weight, each
-//                      64-byte aligned; equal bytes are stored once (variants share their weights)
+//                      64-byte aligned and zero-padded to 64; equal bytes are stored once (variants share
+//                      their weights)
 // Reading maps the file (two processes running one artifact share its weight pages) and checks, before any
-// byte is used: the magic, the format version (a newer one is refused, naming both), every offset and
-// length against the file size, both checksums, the FlatBuffers verifier over the schema part (depth and
+// byte is used: the magic, the format version (another one is refused, naming both), every offset and
+// length against the file size, the schema part's checksum, the FlatBuffers verifier over the schema part (depth and
 // table limits), every enum value, and every tensor's offset, length and dims against the weight section
 // (the verifier does not know about it). Then a chooser (lower/artifact.hpp: the best variant this CPU
-// runs) picks a variant, and its graph is rebuilt and verified like an imported one.
+// runs) picks a variant, its graph is rebuilt and verified like an imported one, and the checksum of the
+// weight bytes it reads is checked (so loading hashes one variant's packed weights, not every variant's).
 // Every failure is an ondine::Error naming the file and what is wrong.
 //
 // What is stored: the graph after the pass pipeline (its layout decisions included) and the weights as
@@ -40,6 +43,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -145,15 +150,31 @@ class Writer {
   // The offset of `bytes` bytes at `data` in the weight section: where the same bytes already are (a
   // tensor shared by several values, or equal weights of two variants), else appended.
   std::size_t place(const void* data, std::size_t bytes) {
-    auto key = std::make_pair(data, bytes);
-    if (!bytes) return append(data, 0);
-    if (auto it = by_address_.find(key); it != by_address_.end()) return it->second;
-    const auto content = std::make_pair(static_cast<std::uint64_t>(XXH3_64bits(data, bytes)), bytes);
-    auto range = by_content_.equal_range(content);
-    for (auto it = range.first; it != range.second; ++it)
-      if (std::memcmp(chunks[it->second].first, data, bytes) == 0) return by_address_[key] = chunk_offsets[it->second];
-    by_content_.emplace(content, chunks.size());
-    return by_address_[key] = append(data, bytes);
+    std::size_t offset = place_once(data, bytes);
+    if (bytes) used_.emplace(offset, bytes);
+    return offset;
+  }
+
+  // The XXH3-64 of the weight bytes placed since the last call (data_hash of schema.fbs: each range padded
+  // to 64 bytes, in offset order, each once), read from where they come from.
+  std::uint64_t take_data_hash() {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    static const unsigned char zeros[kAlignment] = {};
+    std::size_t done = 0;  // the end of what was hashed (ranges may overlap: equal bytes stored once)
+    for (const auto& [offset, bytes] : used_) {
+      const std::size_t end = align_up(offset + bytes);
+      if (end <= done) continue;
+      const std::size_t from = std::max(offset, done);
+      const auto chunk = chunk_at_.at(offset);
+      XXH3_64bits_update(state, static_cast<const unsigned char*>(chunk) + (from - offset), offset + bytes - from);
+      XXH3_64bits_update(state, zeros, end - (offset + bytes));
+      done = end;
+    }
+    const std::uint64_t hash = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    used_.clear();
+    return hash;
   }
 
   flatbuffers::Offset<fb::TensorData> tensor(const Tensor& t, const std::string& what) {
@@ -277,13 +298,27 @@ class Writer {
   }
 
  private:
+  std::size_t place_once(const void* data, std::size_t bytes) {
+    auto key = std::make_pair(data, bytes);
+    if (!bytes) return append(data, 0);
+    if (auto it = by_address_.find(key); it != by_address_.end()) return it->second;
+    const auto content = std::make_pair(static_cast<std::uint64_t>(XXH3_64bits(data, bytes)), bytes);
+    auto range = by_content_.equal_range(content);
+    for (auto it = range.first; it != range.second; ++it)
+      if (std::memcmp(chunks[it->second].first, data, bytes) == 0) return by_address_[key] = chunk_offsets[it->second];
+    by_content_.emplace(content, chunks.size());
+    return by_address_[key] = append(data, bytes);
+  }
   std::size_t append(const void* data, std::size_t bytes) {
     const std::size_t offset = align_up(weight_bytes);
     chunks.emplace_back(data, bytes);
     chunk_offsets.push_back(offset);
+    if (bytes) chunk_at_[offset] = data;
     weight_bytes = offset + bytes;
     return offset;
   }
+  std::set<std::pair<std::size_t, std::size_t>> used_;  // (offset, bytes) placed for the current variant
+  std::map<std::size_t, const void*> chunk_at_;          // offset -> the bytes stored there
   std::map<std::pair<const void*, std::size_t>, std::size_t> by_address_;  // any bytes placed
   std::map<std::pair<const void*, std::size_t>, std::size_t> constants_;   // the graphs' constants
   std::multimap<std::pair<std::uint64_t, std::size_t>, std::size_t> by_content_;  // (XXH3, bytes) -> chunk
@@ -363,6 +398,7 @@ class Reader {
       throw Error(what + ": its data [" + std::to_string(t->offset()) + ", +" + std::to_string(bytes) +
                   ") is outside the weight section of " + std::to_string(weight_bytes_) + " bytes");
     void* p = const_cast<unsigned char*>(weights_ + t->offset());
+    if (bytes) used_.emplace(t->offset(), bytes);
     return Tensor(dt, std::move(dims), bytes ? p : nullptr, map_);
   }
 
@@ -484,10 +520,33 @@ class Reader {
     if (auto problem = g.check()) throw Error("the stored graph is inconsistent: " + *problem);
   }
 
+  // The XXH3-64 of the weight bytes the tensors read so far (Writer::take_data_hash's rule); nullopt when a
+  // padded range passes the end of the weight section.
+  std::optional<std::uint64_t> data_hash() const {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    std::size_t done = 0;
+    bool inside = true;
+    for (const auto& [offset, bytes] : used_) {
+      const std::size_t end = align_up(offset + bytes);
+      if (end > weight_bytes_) inside = false;
+      if (!inside) break;
+      if (end <= done) continue;
+      const std::size_t from = std::max<std::size_t>(offset, done);
+      XXH3_64bits_update(state, weights_ + from, end - from);
+      done = end;
+    }
+    const std::uint64_t hash = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    if (!inside) return std::nullopt;
+    return hash;
+  }
+
  private:
   std::shared_ptr<void> map_;
   const unsigned char* weights_;
   std::size_t weight_bytes_;
+  mutable std::set<std::pair<std::size_t, std::size_t>> used_;  // (offset, bytes) of every tensor read
 };
 
 }  // namespace detail
@@ -539,7 +598,7 @@ inline void write_variants(const std::vector<VariantData>& variants, const std::
     auto target = fb::CreateTarget(w.fbb, w.fbb.CreateString(info.isa), info.threads, w.fbb.CreateString(info.precision),
                                    w.fbb.CreateString(info.passes), info.requires_vnni,
                                    info.unpacked.empty() ? 0 : w.fbb.CreateString(info.unpacked));
-    stored.push_back(fb::CreateVariant(w.fbb, target, graph, packed_vec, dims_vec));
+    stored.push_back(fb::CreateVariant(w.fbb, target, graph, packed_vec, dims_vec, w.take_data_hash()));
   }
   auto signature = w.signature(*variants.front().graph);
   auto variant_vec = w.fbb.CreateVector(stored);
@@ -549,8 +608,8 @@ inline void write_variants(const std::vector<VariantData>& variants, const std::
 
   const std::size_t schema_offset = kHeaderBytes, schema_bytes = w.fbb.GetSize();
   const std::size_t weights_offset = detail::align_up(schema_offset + schema_bytes);
-  // The weight section as it will be on disk (chunks at their offsets, zero padding between), hashed once.
-  std::vector<unsigned char> weights(w.weight_bytes, 0);
+  // The weight section as it will be on disk (chunks at their offsets, zero padding between and after).
+  std::vector<unsigned char> weights(detail::align_up(w.weight_bytes), 0);
   for (std::size_t i = 0; i < w.chunks.size(); ++i)
     if (w.chunks[i].second) std::memcpy(weights.data() + w.chunk_offsets[i], w.chunks[i].first, w.chunks[i].second);
   unsigned char header[kHeaderBytes] = {};
@@ -562,7 +621,7 @@ inline void write_variants(const std::vector<VariantData>& variants, const std::
   detail::put_u64(header + 32, weights_offset);
   detail::put_u64(header + 40, weights.size());
   detail::put_u64(header + 48, XXH3_64bits(w.fbb.GetBufferPointer(), schema_bytes));
-  detail::put_u64(header + 56, XXH3_64bits(weights.data(), weights.size()));
+  detail::put_u64(header + 56, 0);  // per variant: Variant.data_hash
 
   const std::string tmp = path + ".tmp";
   {
@@ -636,6 +695,7 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
                 (version > kFormatVersion ? ", or update Ondine" : ""))
         .in_file(path);
   if (detail::get_u32(p + 12) != kHeaderBytes) throw fail("header size " + std::to_string(detail::get_u32(p + 12)));
+  if (detail::get_u64(p + 56) != 0) throw fail("the header's reserved field is not zero");
   const std::uint64_t schema_offset = detail::get_u64(p + 16), schema_bytes = detail::get_u64(p + 24);
   const std::uint64_t weights_offset = detail::get_u64(p + 32), weight_bytes = detail::get_u64(p + 40);
   auto inside = [&](std::uint64_t off, std::uint64_t len) { return off >= kHeaderBytes && off <= size && len <= size - off; };
@@ -647,8 +707,6 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
                ") is outside the file of " + std::to_string(size) + " bytes (truncated?)");
   if (XXH3_64bits(p + schema_offset, schema_bytes) != detail::get_u64(p + 48))
     throw fail("the schema part's checksum does not match (the file is damaged)");
-  if (XXH3_64bits(p + weights_offset, weight_bytes) != detail::get_u64(p + 56))
-    throw fail("the weight section's checksum does not match (the file is damaged)");
   flatbuffers::Verifier verifier(p + schema_offset, schema_bytes, /*max_depth=*/128, /*max_tables=*/10000000);
   if (!fb::VerifyModelBuffer(verifier)) throw fail("the FlatBuffers verifier rejects the schema part");
   const fb::Model* model = fb::GetModel(p + schema_offset);
@@ -709,6 +767,12 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
       }
     if (variant->packing_dims())
       for (const fb::Dim* d : *variant->packing_dims()) a.packing_dims[detail::Reader::str(d->symbol())] = d->value();
+    const std::optional<std::uint64_t> hash = reader.data_hash();
+    if (!hash)
+      throw fail("a tensor's padded range passes the end of the weight section of " + std::to_string(weight_bytes) +
+                 " bytes (truncated?)");
+    if (*hash != variant->data_hash())
+      throw fail("the checksum of the weights of its variant for " + a.info.isa + " does not match (the file is damaged)");
   } catch (Error& e) {
     throw e.in_file(path);
   }

@@ -1484,7 +1484,8 @@ struct Variant FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_TARGET = 4,
     VT_GRAPH = 6,
     VT_PACKINGS = 8,
-    VT_PACKING_DIMS = 10
+    VT_PACKING_DIMS = 10,
+    VT_DATA_HASH = 12
   };
   const ondine::artifact::fb::Target *target() const {
     return GetPointer<const ondine::artifact::fb::Target *>(VT_TARGET);
@@ -1498,6 +1499,9 @@ struct Variant FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims() const {
     return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *>(VT_PACKING_DIMS);
   }
+  uint64_t data_hash() const {
+    return GetField<uint64_t>(VT_DATA_HASH, 0);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffsetRequired(verifier, VT_TARGET) &&
@@ -1510,6 +1514,7 @@ struct Variant FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyOffset(verifier, VT_PACKING_DIMS) &&
            verifier.VerifyVector(packing_dims()) &&
            verifier.VerifyVectorOfTables(packing_dims()) &&
+           VerifyField<uint64_t>(verifier, VT_DATA_HASH, 8) &&
            verifier.EndTable();
   }
 };
@@ -1530,6 +1535,9 @@ struct VariantBuilder {
   void add_packing_dims(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims) {
     fbb_.AddOffset(Variant::VT_PACKING_DIMS, packing_dims);
   }
+  void add_data_hash(uint64_t data_hash) {
+    fbb_.AddElement<uint64_t>(Variant::VT_DATA_HASH, data_hash, 0);
+  }
   explicit VariantBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -1548,8 +1556,10 @@ inline flatbuffers::Offset<Variant> CreateVariant(
     flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
     flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Packing>>> packings = 0,
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims = 0) {
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<ondine::artifact::fb::Dim>>> packing_dims = 0,
+    uint64_t data_hash = 0) {
   VariantBuilder builder_(_fbb);
+  builder_.add_data_hash(data_hash);
   builder_.add_packing_dims(packing_dims);
   builder_.add_packings(packings);
   builder_.add_graph(graph);
@@ -1562,7 +1572,8 @@ inline flatbuffers::Offset<Variant> CreateVariantDirect(
     flatbuffers::Offset<ondine::artifact::fb::Target> target = 0,
     flatbuffers::Offset<ondine::artifact::fb::Graph> graph = 0,
     const std::vector<flatbuffers::Offset<ondine::artifact::fb::Packing>> *packings = nullptr,
-    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims = nullptr) {
+    const std::vector<flatbuffers::Offset<ondine::artifact::fb::Dim>> *packing_dims = nullptr,
+    uint64_t data_hash = 0) {
   auto packings__ = packings ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Packing>>(*packings) : 0;
   auto packing_dims__ = packing_dims ? _fbb.CreateVector<flatbuffers::Offset<ondine::artifact::fb::Dim>>(*packing_dims) : 0;
   return ondine::artifact::fb::CreateVariant(
@@ -1570,7 +1581,8 @@ inline flatbuffers::Offset<Variant> CreateVariantDirect(
       target,
       graph,
       packings__,
-      packing_dims__);
+      packing_dims__,
+      data_hash);
 }
 
 struct Model FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
