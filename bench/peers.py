@@ -21,6 +21,9 @@ Runtime's fp32 of the same model. PyTorch and the passes-off column skip those r
 its static int8 form (two ondine.QLSTM: out/qdq/lstm_pt/lstm_pt.qlstm.onnx, written here by `ondine quantize`
 on 8 seeded token sequences when missing), which ONNX Runtime cannot run: its line compares with ONNX
 Runtime's fp32 only.
+With --bf16, Ondine also runs each model with --precision bf16 ("resnet50-bf16": convolutions in bfloat16, on
+CPUs with native bf16); ONNX Runtime has no bf16 on CPU and runs the same file in fp32, and a line per batch
+gives bf16 against ONNX Runtime's fp32 and Ondine's fp32.
 The PyTorch exports bert_pt, gpt_pt, vit_pt, lstm_pt, gru_pt and stream_pt (no PyTorch column) come from
 /usr/bin/python3 scripts/make_models.py --torch-bench; token models run at their sequence length (INPUTS).
 Make the models with: /usr/bin/python3 scripts/make_models.py --out models (and bench/check_qdq_vs_ort.sh)
@@ -109,7 +112,11 @@ class Ondine:
         a = self.args
         if self.passes is not None and model.endswith("-int8"):
             return None
+        if self.passes is not None and model.endswith("-bf16"):
+            return None
         extra = ["--passes", self.passes] if self.passes is not None else []
+        if model.endswith("-bf16"):
+            extra += ["--precision", "bf16"]
         if INPUTS[model.split("-")[0]][1] in ("detector", "gated"):
             # The detections (the work after NMS), or the branch taken, depend on the inputs: Ondine runs
             # on the same .npy as ONNX Runtime (`ondine run`: the median of --runs runs; the first one, which
@@ -167,7 +174,7 @@ class PyTorch:
 
     def measure(self, model, path, batch, input_spec):
         torch, a = self.torch, self.args
-        if model.endswith("-int8") or model.endswith("_pt"):
+        if model.endswith("-int8") or model.endswith("-bf16") or model.endswith("_pt"):
             return None  # (the *_pt models: no eager counterpart in torch_models.py)
         if model not in self.cache:
             torch.manual_seed(0)
@@ -202,6 +209,9 @@ def main():
                    help="also run Ondine with --passes none (shows what the pass pipeline gains)")
     p.add_argument("--int8", action="store_true", help="also the QDQ int8 models (out/qdq/, bench/check_qdq_vs_ort.sh)")
     p.add_argument("--qdq-dir", default=os.path.join(REPO, "out", "qdq"))
+    p.add_argument("--bf16", action="store_true",
+                   help="also Ondine with --precision bf16 on each model (\"resnet50-bf16\"; ONNX Runtime runs the "
+                        "same file in fp32: it has no bf16 on CPU); % of peak is of the fp32 peak")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",") if b]
@@ -237,6 +247,8 @@ def main():
             elif not os.path.exists(q):
                 sys.exit(f"peers: {q} missing; run bench/check_qdq_vs_ort.sh {m}")
             cases.append((m + "-int8", m, q))
+    if a.bf16:
+        cases += [(m + "-bf16", m, model_path(a.models_dir, m)) for m in models]
     ondine_exe = os.path.join(a.build, "examples", "ondine")
     peak_exe = os.path.join(a.build, "bench", "ondine_peak")
     for exe in (ondine_exe, peak_exe):
@@ -309,6 +321,11 @@ def main():
             row += [f"{gflops:.1f}", f"{100 * gflops / (peak_int8 if int8 else peak):.0f}%"]
             print("| " + " | ".join(row) + " |")
     for label, m, _ in cases:
+        if label.endswith("-bf16") and m in models:
+            for b in batches:
+                h, f = rates[(label, b)], rates[(m, b)]
+                print(f"{m} batch {b}: Ondine bf16 {h['ondine']:.1f}/s = {h['ondine'] / f['ort']:.2f}x ONNX Runtime fp32 "
+                      f"({f['ort']:.1f}/s), {h['ondine'] / f['ondine']:.2f}x Ondine fp32")
         if label.endswith("-int8") and m in models:
             for b in batches:
                 q, f = rates[(label, b)], rates[(m, b)]

@@ -246,6 +246,9 @@ std::size_t quantized_nodes(const Graph& g) {
   return n;
 }
 
+// --precision of run and bench (lower::CompileOptions::precision).
+lower::Precision g_precision = lower::Precision::Fp32;
+
 CheckBound check_bound(const Graph& g, std::optional<double> given) {
   CheckBound b;
   std::ostringstream rule;
@@ -268,6 +271,10 @@ CheckBound check_bound(const Graph& g, std::optional<double> given) {
     rule << "10% of max |reference|" << (b.output_step.empty() ? "" : " or 2 output quantization steps");
     b.why = "(int8 model, " + std::to_string(q) + " quantized node" + (q == 1 ? "" : "s") +
             ": oneDNN requantizes with its own rounding, so values may differ by a step; --tolerance T overrides)";
+  } else if (g_precision == lower::Precision::Bf16) {
+    b.relative = 3e-2;
+    rule << "3% of max |reference|";
+    b.why = "(--precision bf16: 8-bit mantissas in the convolutions; --tolerance T overrides)";
   } else {
     rule << "1e-4 of max |reference|";
     b.why = "(float model; --tolerance T overrides)";
@@ -345,6 +352,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.threads = threads;
   opts.passes = passes;
   opts.packed_weights = std::move(packed);
+  opts.precision = g_precision;
   auto model = std::make_shared<CompiledModel>(lower::compile(g, opts));
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
@@ -422,6 +430,14 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   for (auto& [impl, n] : model.implementation_histogram())
     std::cout << "  " << std::left << std::setw(40) << impl << std::right << std::setw(6) << n << "\n";
   std::cout << "steps:\n" << model.to_text();
+  // Slow paths: oneDNN's ref implementations and Ondine's reference kernels (bench --profile times them).
+  std::vector<StepInfo> slow;
+  for (const StepInfo& s : model.steps())
+    if (s.slow_path()) slow.push_back(s);
+  std::cout << "slow paths: " << (slow.empty() ? std::string("none") : std::to_string(slow.size()) + " step(s) on reference kernels:");
+  for (std::size_t i = 0; i < std::min<std::size_t>(slow.size(), 8); ++i)
+    std::cout << (i ? ";" : "") << " " << slow[i].op << " '" << slow[i].name << "' (" << slow[i].implementation << ")";
+  std::cout << (slow.size() > 8 ? "; ..." : "") << "\n";
   std::cout << lower::int8_plan(model).text();  // Q/DQ left, fp32 islands, predicted int8 vs fp32
 }
 
@@ -685,7 +701,8 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   std::string at;
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ",") + k + "=" + std::to_string(v);
   std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=" << (use_reference ? "reference" : "compiled")
-            << (use_reference ? "" : " isa=" + engine.isa) << " " << (at.empty() ? "" : at + " ")
+            << (use_reference ? "" : " isa=" + engine.isa + " precision=" + lower::precision_name(g_precision)) << " "
+            << (at.empty() ? "" : at + " ")
             << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default"))
             << ((use_reference && !passes_given) ? "" : " passes=" + passes_label(pipeline)) << " runs=" << ms.size()
             << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms load=" << file.load_ms << " ms";
@@ -1046,7 +1063,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   double rss = peak_rss_mib();
 
   bool passes_apply = !use_reference || passes_given;
-  std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa)
+  std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa + ", precision " + lower::precision_name(g_precision))
             << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs
             << (passes_apply ? ", passes " + passes_label(pipeline) : "") << "\n";
   std::cout << "FLOPs:   " << (flops ? human(*flops, "FLOP") : std::string("unknown")) << " per sample\n";
@@ -1063,6 +1080,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
     j["model"] = path;
     j["engine"] = use_reference ? "reference" : "compiled";
     j["isa"] = isa;
+    j["precision"] = lower::precision_name(g_precision);
     j["passes"] = passes_apply ? passes_label(pipeline) : std::string("none");
     j["threads"] = used_threads;
     j["warmup"] = warmup;
@@ -1153,6 +1171,11 @@ int main(int argc, char** argv) {
   run->add_option("--runs", runs, "timed runs for the benchmark line")->check(CLI::PositiveNumber);
   run->add_option("--threads", threads, "oneDNN threads (default: OpenMP's, i.e. OMP_NUM_THREADS or all cores)");
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
+  std::string precision = "fp32";
+  const std::string precision_help =
+      "fp32 (default) or bf16: convolutions in bfloat16 with float32 accumulation, bf16 activations between "
+      "them (needs native bf16: avx512_core_bf16 or AMX)";
+  run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
@@ -1182,6 +1205,7 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
+  bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
@@ -1200,6 +1224,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) ? 2 : 0;
   }
+  g_precision = precision == "bf16" ? lower::Precision::Bf16 : lower::Precision::Fp32;
   try {
     if (*inspect)
       return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads, inspect_passes,

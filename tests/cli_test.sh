@@ -36,6 +36,7 @@ conv=$data/node/test_basic_conv_with_padding/model.onnx
 det=$data/node/test_det_2d/model.onnx  # Det: not supported (yet)
 
 expect 0 'Relu +1' -- "$ondine" inspect "$relu"
+expect 0 'slow paths: none' -- "$ondine" inspect "$relu" --compiled
 expect 0 '"ops"' -- "$ondine" inspect "$relu" --json
 expect 0 'unsupported ops \(1\)' -- "$ondine" inspect "$det"
 expect 0 'y: float32\[3,4,5\]' -- "$ondine" run "$relu" --output-dir "$work/out"
@@ -340,6 +341,17 @@ expect 2 '--target is for artifacts' -- "$ondine" compile "$gpt/model.onnx" -o "
 head -c 1000 "$work/gpt.ondine" >"$work/cut.ondine"
 expect 1 'cut\.ondine: not a valid Ondine artifact: .*truncated' -- "$ondine" run "$work/cut.ondine"
 expect 1 'cut\.ondine' -- "$ondine" inspect "$work/cut.ondine"
+
+# --precision bf16: convolutions in bfloat16 where the CPU has native bf16 (checked against the reference within
+# 3% of the largest logit); refused, saying why, where oneDNN would emulate it.
+case $isa in
+  *bf16* | *amx*)
+    expect 0 'precision=bf16 .*' -- "$ondine" run "$mm" --precision bf16 --dim batch=4
+    expect 0 'check: logits .* ok' -- "$ondine" run "$mm" --precision bf16 --dim batch=4 --check
+    expect 0 '"precision": "bf16"' -- "$ondine" bench "$mm" --precision bf16 --runs 2 --warmup 1 --json /dev/stdout ;;
+esac
+expect 1 'precision bf16 needs a CPU with native bf16' -- env DNNL_MAX_CPU_ISA=AVX512_CORE_VNNI "$ondine" run "$mm" --precision bf16
+expect 2 'precision' -- "$ondine" run "$mm" --precision fp16
 
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate

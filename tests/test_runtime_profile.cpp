@@ -52,9 +52,34 @@ TEST_CASE("a profiled run accounts each step's time and the time outside steps",
     CHECK(text.find("Erf") != std::string::npos);
     CHECK(text.find("reference") != std::string::npos);
     CHECK(text.find("framework overhead") != std::string::npos);
+    CHECK(text.find("slow paths ") != std::string::npos);  // the Erf, named with its time
+    CHECK(text.find("Erf 'erf' reference") != std::string::npos);
     ctx.reset_profile();
     CHECK(ctx.profiled_runs() == 0);
   }
+}
+
+TEST_CASE("slow paths: Ondine's reference kernels and oneDNN's ref implementations, not its RNN kernels",
+          "[runtime][profile]") {
+  CHECK(StepInfo::is_slow_path("Erf", "reference"));
+  CHECK(StepInfo::is_slow_path("Concat", "ref:any"));
+  CHECK(StepInfo::is_slow_path("Add", "ref:any"));
+  CHECK_FALSE(StepInfo::is_slow_path("GRU", "ref:any"));  // oneDNN's GEMM-based GRU: fast, named "ref"
+  CHECK_FALSE(StepInfo::is_slow_path("LSTM", "ref:any"));
+  CHECK_FALSE(StepInfo::is_slow_path("Conv", "brgconv:avx512_core"));
+  CHECK_FALSE(StepInfo::is_slow_path("Concat", "simple:any"));
+  CHECK_FALSE(StepInfo::is_slow_path("Reshape", "view"));
+
+  // A model with none says so.
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape::from({1, 8, 8, 8}));
+  Value* w = g.add_constant("w", random_tensor({8, 8, 1, 1}, 1));
+  g.add_output(g.add_node("Conv", {x, w}, {"c"}, {}, "conv")->output(0));
+  CompiledModel model = lower::compile(g, lower::CompileOptions{});
+  ExecContext ctx = model.make_context();
+  ctx.profile = true;
+  model.run(ctx, {{"x", random_tensor({1, 8, 8, 8}, 2)}});
+  CHECK(model.profile_text(ctx).find("slow paths: none") != std::string::npos);
 }
 
 }  // namespace test_runtime_profile

@@ -27,6 +27,7 @@
 // were written) compiles with passes "none", and asking it for a pipeline is an error that says so.
 #pragma once
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -284,8 +285,19 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
 // yours: compile(g.clone()) shares g's weights, so the passes that rewrite weights copy them then).
 // Throws an Error naming the input when a graph input has symbolic dims, naming the node for an
 // unsupported op or a value without a static shape, naming the pass for a pass that fails.
+// Precision::Bf16 where oneDNN would emulate bf16 (no native bf16 in its effective ISA): an Error saying so.
+inline void check_precision(const CompileOptions& options) {
+  if (options.precision != Precision::Bf16 || effective_isa().bf16_native) return;
+  throw Error(std::string("precision bf16 needs a CPU with native bf16 (avx512_core_bf16 or avx512_core_amx); oneDNN "
+                          "runs ") +
+              effective_isa().name +
+              " here and would emulate bf16, slower than fp32: use precision fp32" +
+              (std::getenv("DNNL_MAX_CPU_ISA") ? " (DNNL_MAX_CPU_ISA caps the ISA)" : ""));
+}
+
 inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) {
   using namespace detail;
+  check_precision(options);
   check_static_shapes(graph);
   auto g = std::make_shared<Graph>(std::move(graph));
   g->verify();

@@ -35,6 +35,7 @@
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ondine/ir/tensor.hpp"
+#include "ondine/lower/detail/layout_name.hpp"
 
 namespace ondine::lower {
 
@@ -95,35 +96,19 @@ class PackedWeights {
     expect_stored_ = true;
   }
 
-  // oneDNN's way of writing a layout: one letter per dim, outermost first, upper case where the dim is also
-  // blocked, then the inner blocks ("ABcd16b16a"; "abcd" is row-major), after the data type.
+  // The layout a repack names: data type and oneDNN's notation ("f32:ABcd16b16a", "bf16:ab").
   static std::string layout_text(const dnnl::memory::desc& md) {
-    const dnnl_memory_desc_t& d = md.data;
-    std::string dt;
-    switch (d.data_type) {
-      case dnnl_f32: dt = "f32"; break;
-      case dnnl_bf16: dt = "bf16"; break;
-      case dnnl_s8: dt = "s8"; break;
-      case dnnl_u8: dt = "u8"; break;
-      case dnnl_s32: dt = "s32"; break;
-      default: dt = "dt" + std::to_string(static_cast<int>(d.data_type)); break;
+    std::string name = detail::layout_name(md);
+    if (auto colon = name.find(':'); colon != std::string::npos) name.erase(colon);
+    switch (md.data.data_type) {
+      case dnnl_f32: return "f32:" + name;
+      case dnnl_bf16: return "bf16:" + name;
+      case dnnl_s8: return "s8:" + name;
+      case dnnl_u8: return "u8:" + name;
+      case dnnl_s32: return "s32:" + name;
+      default: return name;
     }
-    if (d.format_kind != dnnl_blocked) return dt + ":opaque";
-    const dnnl_blocking_desc_t& b = d.format_desc.blocking;
-    std::vector<int> order(static_cast<std::size_t>(d.ndims));
-    for (int i = 0; i < d.ndims; ++i) order[static_cast<std::size_t>(i)] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return b.strides[x] > b.strides[y]; });
-    std::string out = dt + ":";
-    for (int i : order) {
-      bool blocked = false;
-      for (int k = 0; k < b.inner_nblks; ++k) blocked = blocked || b.inner_idxs[k] == i;
-      out += static_cast<char>((blocked ? 'A' : 'a') + i);
-    }
-    for (int k = 0; k < b.inner_nblks; ++k) out += std::to_string(b.inner_blks[k]) + static_cast<char>('a' + b.inner_idxs[k]);
-    if (d.extra.flags) out += "+comp";
-    return out;
   }
-
   // One packing, as an artifact stores it: its source's address (when the lowering packed a constant as
   // it is) and hashes, the descriptor, the packed memory.
   struct Record {

@@ -67,6 +67,16 @@ struct StepInfo {
   std::string implementation;  // the library's choice (oneDNN's impl_info_str, e.g. "brgconv:avx512_core"),
                                // "reference" for the reference kernel, "memcpy", ...
   std::string detail;          // layouts and shapes, e.g. "src acdb [1,64,56,56] -> dst acdb [1,64,56,56]"
+
+  // A slow path: Ondine's reference kernel, or one of oneDNN's reference implementations ("ref:any"), which run
+  // at a fraction of its jit kernels' speed (a binary op or concat in a layout no jit kernel takes). oneDNN
+  // also names its GEMM-based recurrent kernels "ref"; those are fast and not counted.
+  bool slow_path() const { return is_slow_path(op, implementation); }
+  static bool is_slow_path(const std::string& op, const std::string& implementation) {
+    if (implementation == "reference") return true;
+    if (implementation.rfind("ref", 0) != 0) return false;
+    return op != "LSTM" && op != "GRU" && op != "RNN" && op != "QLSTM";
+  }
 };
 
 class ExecContext;
@@ -354,7 +364,8 @@ class CompiledModel {
     if (!ctx.profiled_runs_) return "no profiled runs (set ExecContext::profile = true before running)\n";
     double runs = static_cast<double>(ctx.profiled_runs_), total = ctx.run_seconds_ / runs;
     std::map<std::pair<std::string, std::string>, std::pair<double, std::size_t>> by_kind;
-    double in_steps = 0, in_fallback = 0;
+    double in_steps = 0, in_fallback = 0, in_onednn_ref = 0;
+    std::vector<std::pair<double, std::string>> slow;  // the slow-path steps, by time
     for (std::size_t i = 0; i < p_->steps.size(); ++i) {
       const Step& s = *p_->steps[i];
       double t = ctx.step_seconds_[i] / runs;
@@ -363,6 +374,9 @@ class CompiledModel {
       ++e.second;
       in_steps += t;
       if (s.implementation() == "reference" || s.implementation() == "memcpy") in_fallback += t;
+      else if (StepInfo::is_slow_path(s.op(), s.implementation())) in_onednn_ref += t;
+      if (StepInfo::is_slow_path(s.op(), s.implementation()))
+        slow.emplace_back(t, s.op() + " '" + s.name() + "' " + s.implementation());
     }
     std::vector<std::pair<double, std::string>> rows;
     for (auto& [key, v] : by_kind) {
@@ -380,10 +394,25 @@ class CompiledModel {
     auto pct = [&](double t) { return total > 0 ? 100.0 * t / total : 0.0; };
     char tail[300];
     std::snprintf(tail, sizeof tail,
-                  "  library primitives %.1f%%, reference kernels and copies %.1f%%, outside steps (framework "
-                  "overhead) %.1f%%\n",
-                  pct(in_steps - in_fallback), pct(in_fallback), pct(outside));
+                  "  library primitives %.1f%% (oneDNN ref kernels %.1f%%), reference kernels and copies %.1f%%, "
+                  "outside steps (framework overhead) %.1f%%\n",
+                  pct(in_steps - in_fallback), pct(in_onednn_ref), pct(in_fallback), pct(outside));
     os << tail;
+    // Every slow path by name, the slowest first (five, then a count).
+    std::sort(slow.begin(), slow.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    double slow_total = 0;
+    for (auto& [t, what] : slow) slow_total += t;
+    if (slow.empty()) os << "  slow paths: none\n";
+    else {
+      char line[120];
+      std::snprintf(line, sizeof line, "  slow paths %.1f%% (%zu steps):", pct(slow_total), slow.size());
+      os << line;
+      for (std::size_t i = 0; i < std::min<std::size_t>(slow.size(), 5); ++i) {
+        std::snprintf(line, sizeof line, " %.3f ms", slow[i].first * 1e3);
+        os << (i ? ";" : "") << " " << slow[i].second << line;
+      }
+      os << (slow.size() > 5 ? "; ..." : "") << "\n";
+    }
     return os.str();
   }
 
@@ -460,4 +489,5 @@ class CompiledModel {
 namespace ondine {
 using runtime::CompiledModel;
 using runtime::ExecContext;
+using runtime::StepInfo;
 }  // namespace ondine

@@ -29,11 +29,22 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "oneapi/dnnl/dnnl_debug.h"
 #include "ondine/ir/graph.hpp"
+#include "ondine/lower/detail/layout_name.hpp"
 #include "ondine/lower/packed_weights.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/compiled_model.hpp"
 
 namespace ondine::lower {
+
+// The arithmetic the compute layers run in. Fp32: everything float32. Bf16: convolutions (Conv,
+// ondine.FusedConv) take bfloat16 sources and weights (packed once) and accumulate in float32; a
+// convolution read only by other convolutions writes bfloat16 (no conversion between them), any other
+// writes float32, so every other op and the graph's outputs see float32. Only where the CPU has native
+// bf16 (avx512_core_bf16, AMX): compile() refuses it elsewhere, since oneDNN would emulate it, slower
+// than fp32.
+enum class Precision { Fp32, Bf16 };
+
+inline const char* precision_name(Precision p) { return p == Precision::Bf16 ? "bf16" : "fp32"; }
 
 struct CompileOptions {
   // OpenMP threads oneDNN uses, both when primitives are created (their blocking depends on it) and
@@ -51,6 +62,7 @@ struct CompileOptions {
   // Packed constants shared with other compiles (lower/packed_weights.hpp); null: this compile's own.
   // ShapeCache sets one for all the shapes it compiles.
   std::shared_ptr<PackedWeights> packed_weights;
+  Precision precision = Precision::Fp32;
 };
 
 namespace detail {
@@ -146,26 +158,6 @@ inline std::string strided_str(const memory::desc& md) {
     strides += (i ? "," : "") + std::to_string(d.format_desc.blocking.strides[i]);
   }
   return dims + "] strides " + strides + "]" + (d.offset0 ? " +" + std::to_string(d.offset0) : "");
-}
-
-// oneDNN-verbose style layout names: outer dims by decreasing stride ("acdb" is NHWC), blocked dims
-// upper-case, then the inner blocks ("aBcd16b").
-inline std::string layout_name(const memory::desc& md) {
-  const dnnl_memory_desc_t& d = md.data;
-  if (d.ndims == 0) return "undef";
-  if (d.format_kind == dnnl_format_kind_any) return "any";
-  if (d.format_kind != dnnl_blocked) return "opaque";
-  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
-  std::vector<int> order(static_cast<std::size_t>(d.ndims));
-  for (int i = 0; i < d.ndims; ++i) order[static_cast<std::size_t>(i)] = i;
-  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return b.strides[x] > b.strides[y]; });
-  std::vector<bool> blocked(static_cast<std::size_t>(d.ndims), false);
-  for (int i = 0; i < b.inner_nblks; ++i) blocked[static_cast<std::size_t>(b.inner_idxs[i])] = true;
-  std::string s;
-  for (int i : order) s += static_cast<char>((blocked[static_cast<std::size_t>(i)] ? 'A' : 'a') + i);
-  for (int i = 0; i < b.inner_nblks; ++i)
-    s += std::to_string(b.inner_blks[i]) + static_cast<char>('a' + b.inner_idxs[i]);
-  return s;
 }
 
 inline std::string plain_layout_name(std::size_t rank) {
@@ -711,10 +703,29 @@ class Lowering {
     return slot;
   }
   // The value as row-major bytes (any dtype).
+  // A float32 value held in bfloat16 (Precision::Bf16) is converted back: row-major readers (the
+  // reference kernels, copies) read the value's own dtype.
   SlotId row_major_slot(const Value* v) {
     ValueState& st = state(v);
-    if (!st.has_md || is_row_major(st.md)) return st.slot;
-    return slot_in(v, plain_md(v->shape().sizes(), st.md.data_type()));
+    memory::data_type dt = st.md.data_type();
+    if (st.has_md && dt == memory::data_type::bf16 && v->dtype() == DType::Float32) dt = memory::data_type::f32;
+    if (!st.has_md || (is_row_major(st.md) && dt == st.md.data_type())) return st.slot;
+    return slot_in(v, plain_md(v->shape().sizes(), dt));
+  }
+
+  // Whether `v` may be held in bfloat16: Precision::Bf16, float32, not a graph output, and read only by
+  // convolutions as their source (or a FusedConv's Sum), which take it as it is.
+  bool bf16_activation(const Value* v) const {
+    if (options.precision != Precision::Bf16 || !v || v->dtype() != DType::Float32 || v->is_graph_output() ||
+        !v->has_uses())
+      return false;
+    for (const Use& u : v->uses()) {
+      const std::string& key = u.node->op_key();
+      bool conv_source = (key == "Conv" || key == "ondine.FusedConv") && u.index == 0;
+      bool fused_sum = key == "ondine.FusedConv" && u.index == 3;
+      if (!conv_source && !fused_sum) return false;
+    }
+    return true;
   }
 
   void add_reorder(const std::string& what, SlotId from, const memory::desc& from_md, SlotId to,
@@ -733,9 +744,11 @@ class Lowering {
   // read as the row-major form of `want`'s dims.
   // `source` (optional): how t's bytes are laid out when they are not row-major of want's dims (a
   // transposed constant read through strides, so the constant itself is packed, not a transposed copy).
+  // A float32 constant may be packed into a bfloat16 layout (Precision::Bf16 weights): the reorder converts.
   memory constant_memory(const Tensor& t, const memory::desc& want, const std::optional<memory::desc>& source = {}) {
     memory::data_type dt;
-    if (!dnnl_dtype(t.dtype(), dt) || dt != want.data_type())
+    const bool to_bf16 = t.dtype() == DType::Float32 && want.data_type() == memory::data_type::bf16;
+    if (!dnnl_dtype(t.dtype(), dt) || (dt != want.data_type() && !to_bf16))
       throw Error("internal: constant of " + std::string(dtype_name(t.dtype())) + " for a oneDNN layout of another type");
     if (t.numel() != md_numel(want))
       throw Error("internal: constant of " + std::to_string(t.numel()) + " elements for a layout of " +
@@ -745,7 +758,8 @@ class Lowering {
       for (int i = 0; i < source->data.ndims; ++i)
         layout = (layout ^ static_cast<std::uint64_t>(source->data.format_desc.blocking.strides[i] + 1)) * 0x100000001b3ull;
     auto pack = [&] {
-      memory src(source ? *source : plain_md(want.dims(), dt), engine(), const_cast<void*>(t.raw()));
+      memory::desc from = source ? *source : plain_md(want.dims(), dt);
+      memory src(from, engine(), const_cast<void*>(t.raw()));
       memory dst(want, engine());
       dnnl::stream s(engine());
       dnnl::reorder(src, dst).execute(s, src, dst);

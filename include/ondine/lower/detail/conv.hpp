@@ -54,8 +54,12 @@ inline bool lower_conv(Lowering& L, const Node& n) {
     weight_dims.insert(weight_dims.end(), kernel.begin(), kernel.end());
   }
 
-  memory::desc weights_md = const_w ? any_md(weight_dims) : plain_md(weight_dims);
-  memory::desc src_md = activation_md(x, xd), dst_md = activation_md(y, yd);
+  // Precision::Bf16: bfloat16 source and constant weights (f32 bias, f32 accumulation); the output in
+  // bfloat16 when only convolutions read it (Lowering::bf16_activation).
+  using dt = memory::data_type;
+  const bool bf16 = L.options.precision == Precision::Bf16 && const_w;
+  memory::desc weights_md = const_w ? any_md(weight_dims, bf16 ? dt::bf16 : dt::f32) : plain_md(weight_dims);
+  memory::desc src_md = activation_md(x, xd, bf16 ? dt::bf16 : dt::f32);
   bool is_fused_op = !n.domain().empty();
   std::optional<PostOpChain> planned = is_fused_op ? fused_post_ops(L, n, 3) : plan_post_ops(L, n, true);
   if (!planned) return decline_fused(L, n, "its Sum is not a float32 tensor of the output's shape");
@@ -63,6 +67,8 @@ inline bool lower_conv(Lowering& L, const Node& n) {
   bool fused = false;
   auto pd = choose_fusion<dnnl::convolution_forward::primitive_desc>(
       [&](bool with_chain) {
+        const Value* result = (with_chain ? chain : own).result;
+        memory::desc dst_md = activation_md(y, yd, bf16 && L.bf16_activation(result) ? dt::bf16 : dt::f32);
         dnnl::primitive_attr attr = Lowering::base_attr();
         attr.set_post_ops((with_chain ? chain : own).ops());
         auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
