@@ -274,7 +274,7 @@ CheckBound check_bound(const Graph& g, std::optional<double> given) {
   } else if (g_precision == lower::Precision::Bf16) {
     b.relative = 3e-2;
     rule << "3% of max |reference|";
-    b.why = "(--precision bf16: 8-bit mantissas in the convolutions; --tolerance T overrides)";
+    b.why = "(--precision bf16: 8-bit mantissas in the convolutions and matrix products; --tolerance T overrides)";
   } else {
     rule << "1e-4 of max |reference|";
     b.why = "(float model; --tolerance T overrides)";
@@ -1173,8 +1173,8 @@ int main(int argc, char** argv) {
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
   std::string precision = "fp32";
   const std::string precision_help =
-      "fp32 (default) or bf16: convolutions in bfloat16 with float32 accumulation, bf16 activations between "
-      "them (needs native bf16: avx512_core_bf16 or AMX)";
+      "fp32 (default) or bf16: convolutions and matrix products with constant weights in bfloat16 with float32 "
+      "accumulation, bf16 activations between convolutions (needs native bf16: avx512_core_bf16 or AMX)";
   run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,

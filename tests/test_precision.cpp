@@ -63,6 +63,14 @@ Graph residual_cnn() {
   return g;
 }
 
+// `g` with its shapes inferred, compiled with Precision::Bf16.
+CompiledModel compile_bf16(Graph& g) {
+  infer_shapes(g);
+  lower::CompileOptions options;
+  options.precision = lower::Precision::Bf16;
+  return lower::compile(g, options);
+}
+
 }  // namespace
 
 TEST_CASE("precision bf16: convolutions in bfloat16 within 3% of fp32, bf16 kept between them", "[lower][bf16]") {
@@ -115,16 +123,51 @@ TEST_CASE("precision bf16: a chain of convolutions passes bf16 from one to the n
     v = g.add_node("Relu", {v}, {"r" + std::to_string(i)}, {}, "r" + std::to_string(i))->output(0);
   }
   g.add_output(v);
-  infer_shapes(g);
-  lower::CompileOptions options;
-  options.precision = lower::Precision::Bf16;
-  CompiledModel model = lower::compile(g, options);
+  CompiledModel model = compile_bf16(g);
   INFO(model.to_text());
   std::size_t reorders = 0;
   for (const StepInfo& s : model.steps()) reorders += s.op == "Reorder";
   CHECK(reorders <= 2);  // the input into bf16 (and at most one out): none between the convolutions
   std::map<std::string, Tensor> in{{"x", random_tensor({1, 32, 10, 10}, 3)}};
   CHECK(relative_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
+}
+
+TEST_CASE("precision bf16: matrix products with constant weights in bfloat16, outputs float32", "[lower][bf16]") {
+  if (!lower::effective_isa().bf16_native) return;  // refusal: the first test
+  // An MLP block as transformers have it: MatMul + bias + Relu, then Gemm (transB) + residual Add, and a
+  // MatMul of two runtime values (no constant weights: stays float32).
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 8, 64});
+  Value* w1 = g.add_constant("w1", random_tensor({64, 128}, 1, 0.2f));
+  Value* b1 = g.add_constant("b1", random_tensor({128}, 2, 0.1f));
+  Value* h = g.add_node("MatMul", {x, w1}, {"h"}, {}, "fc1")->output(0);
+  h = g.add_node("Add", {h, b1}, {"hb"}, {}, "bias1")->output(0);
+  h = g.add_node("Relu", {h}, {"hr"}, {}, "act")->output(0);
+  Value* flat = g.add_node("Reshape", {h, g.add_constant("shape", Tensor::from_vector<std::int64_t>({2}, {16, 128}))},
+                           {"flat"}, {}, "flat")->output(0);
+  Value* w2 = g.add_constant("w2", random_tensor({64, 128}, 3, 0.2f));
+  Value* y = g.add_node("Gemm", {flat, w2}, {"y"}, {{"transB", std::int64_t{1}}}, "fc2")->output(0);
+  Value* xr = g.add_node("Reshape", {x, g.add_constant("shape2", Tensor::from_vector<std::int64_t>({2}, {16, 64}))},
+                         {"xr"}, {}, "xr")->output(0);
+  Value* out = g.add_node("Add", {y, xr}, {"out"}, {}, "residual")->output(0);
+  Value* scores = g.add_node("MatMul", {xr, g.add_node("Transpose", {xr}, {"xt"}, {}, "t")->output(0)}, {"scores"}, {},
+                             "scores")->output(0);
+  g.add_output(out);
+  g.add_output(scores);
+  CompiledModel model = compile_bf16(g);
+  INFO(model.to_text());
+  std::map<std::string, Tensor> in{{"x", random_tensor({2, 8, 64}, 9)}};
+  auto got = model.run(in);
+  auto want = ReferenceExecutor(g).run(in);
+  CHECK(relative_error(got.at("out"), want.at("out")) < 3e-2);
+  CHECK(relative_error(got.at("out"), want.at("out")) > 0);
+  CHECK(relative_error(got.at("scores"), want.at("scores")) < 1e-5);  // runtime operands: float32
+  std::size_t bf16_products = 0;
+  for (const StepInfo& s : model.steps())
+    if ((s.op.find("MatMul") != std::string::npos || s.op.find("Gemm") != std::string::npos) &&
+        s.detail.find(":bf16") != std::string::npos)
+      ++bf16_products;
+  CHECK(bf16_products == 2);
 }
 
 }  // namespace test_precision

@@ -37,9 +37,10 @@
 namespace ondine::lower {
 
 // The arithmetic the compute layers run in. Fp32: everything float32. Bf16: convolutions (Conv,
-// ondine.FusedConv) take bfloat16 sources and weights (packed once) and accumulate in float32; a
-// convolution read only by other convolutions writes bfloat16 (no conversion between them), any other
-// writes float32, so every other op and the graph's outputs see float32. Only where the CPU has native
+// ondine.FusedConv) and matrix products with constant weights (MatMul, Gemm and their fused forms) take
+// bfloat16 sources and weights (packed once) and accumulate in float32; a convolution read only by other
+// convolutions writes bfloat16 (no conversion between them), any other writes float32, so every other op
+// (attention's own products, normalisations, ...) and the graph's outputs see float32. Only where the CPU has native
 // bf16 (avx512_core_bf16, AMX): compile() refuses it elsewhere, since oneDNN would emulate it, slower
 // than fp32.
 enum class Precision { Fp32, Bf16 };

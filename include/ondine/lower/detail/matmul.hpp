@@ -69,9 +69,25 @@ struct MatmulPlan {
   }
 };
 
+// `md` with data type `dt`: the same dims and strides, or format_tag::any.
+inline memory::desc with_data_type(const memory::desc& md, memory::data_type dt) {
+  if (md.data.format_kind == dnnl_format_kind_any) return memory::desc(md.dims(), dt, memory::format_tag::any);
+  const dnnl_blocking_desc_t& blk = md.data.format_desc.blocking;
+  return memory::desc(md.dims(), dt, Dims(blk.strides, blk.strides + md.data.ndims));
+}
+
 // Builds the primitive from a plan: with the fused bias-Add and activations first, then alone.
+// Precision::Bf16 with constant weights: bf16 source (a converted copy of `a`) and weights (packed to bf16
+// once), f32 accumulation, bias, post-op operands and output.
 inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value* b, MatmulPlan& plan,
                         const std::string& detail_prefix) {
+  const bool bf16 = L.options.precision == Precision::Bf16 && plan.weights_constant && a &&
+                    a->dtype() == DType::Float32 && plan.src_md.data_type() == memory::data_type::f32 &&
+                    plan.weights.dtype() == DType::Float32;
+  if (bf16) {
+    plan.src_md = with_data_type(plan.src_md, memory::data_type::bf16);
+    plan.weights_md = with_data_type(plan.weights_md, memory::data_type::bf16);
+  }
   auto make_pd = [&](bool with_chain) {
     dnnl::primitive_attr attr = Lowering::base_attr();
     attr.set_post_ops(plan.post_ops(with_chain));
@@ -88,7 +104,7 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
     auto probe = make_pd(false);
     if (probe && is_row_major(probe.weights_desc())) {
       const memory::dim k = plan.weights_md.data.dims[0], nn = plan.weights_md.data.dims[1];
-      plan.weights_md = memory::desc({k, nn}, memory::data_type::f32, Dims{1, k});
+      plan.weights_md = memory::desc({k, nn}, plan.weights_md.data_type(), Dims{1, k});
     }
   }
   bool fused = false;
@@ -103,7 +119,8 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   const Value* result = plan.chain.result ? plan.chain.result : n.output(0);
   if (plan.bias_add && plan.chain.nodes.empty()) result = plan.bias_add->output(0);
 
-  std::vector<SlotArg> args{{DNNL_ARG_SRC, L.row_major_slot(a), pd.src_desc()}};
+  SlotId src = bf16 ? L.slot_in(a, plain_md(a->shape().sizes(), memory::data_type::bf16)) : L.row_major_slot(a);
+  std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
   std::vector<std::pair<int, memory>> consts;
   if (plan.weights_constant)
     consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(plan.weights, pd.weights_desc(), plan.weights_source));
