@@ -11,6 +11,7 @@
 
 #include "ondine/lower/lower.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_precision {
@@ -20,23 +21,9 @@ using Dims = std::vector<std::int64_t>;
 
 namespace {
 
+// U(-scale, scale) float32 values from their own seed.
 Tensor random_tensor(const Dims& dims, unsigned seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  Tensor t(DType::Float32, dims);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.dims() == want.dims());
-  double scale = 0, err = 0;
-  for (std::int64_t i = 0; i < want.numel(); ++i) {
-    scale = std::max(scale, std::abs(want.at_double(static_cast<std::size_t>(i))));
-    err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
-  }
-  REQUIRE(scale > 0);
-  return err / scale;
+  return test::uniform_tensor(dims, seed, -scale, scale);
 }
 
 // A small residual CNN: conv -> relu -> conv (+ x) -> relu -> maxpool -> conv -> global pool -> output, and the
@@ -91,7 +78,7 @@ TEST_CASE("precision bf16: convolutions in bfloat16 within 3% of fp32, bf16 kept
   INFO(model.to_text());
   for (const char* out : {"gap", "r1"}) {
     INFO(out);
-    double err = relative_error(got.at(out), want.at(out));
+    double err = test::rel_error(got.at(out), want.at(out));
     CHECK(err < 3e-2);
     CHECK(err > 0);  // bf16 rounding shows: the convolutions did run in bf16
   }
@@ -109,7 +96,7 @@ TEST_CASE("precision bf16: convolutions in bfloat16 within 3% of fp32, bf16 kept
   // fp32 stays bit-for-bit what it was: the default.
   lower::CompileOptions fp32;
   auto plain = lower::compile(g, fp32).run(in);
-  CHECK(relative_error(plain.at("gap"), want.at("gap")) < 1e-5);
+  CHECK(test::rel_error(plain.at("gap"), want.at("gap")) < 1e-5);
 }
 
 TEST_CASE("precision bf16: a chain of convolutions passes bf16 from one to the next", "[lower][bf16]") {
@@ -129,7 +116,7 @@ TEST_CASE("precision bf16: a chain of convolutions passes bf16 from one to the n
   for (const StepInfo& s : model.steps()) reorders += s.op == "Reorder";
   CHECK(reorders <= 2);  // the input into bf16 (and at most one out): none between the convolutions
   std::map<std::string, Tensor> in{{"x", random_tensor({1, 32, 10, 10}, 3)}};
-  CHECK(relative_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
+  CHECK(test::rel_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
 }
 
 TEST_CASE("precision bf16: matrix products with constant weights in bfloat16, outputs float32", "[lower][bf16]") {
@@ -159,9 +146,9 @@ TEST_CASE("precision bf16: matrix products with constant weights in bfloat16, ou
   std::map<std::string, Tensor> in{{"x", random_tensor({2, 8, 64}, 9)}};
   auto got = model.run(in);
   auto want = ReferenceExecutor(g).run(in);
-  CHECK(relative_error(got.at("out"), want.at("out")) < 3e-2);
-  CHECK(relative_error(got.at("out"), want.at("out")) > 0);
-  CHECK(relative_error(got.at("scores"), want.at("scores")) < 1e-5);  // runtime operands: float32
+  CHECK(test::rel_error(got.at("out"), want.at("out")) < 3e-2);
+  CHECK(test::rel_error(got.at("out"), want.at("out")) > 0);
+  CHECK(test::rel_error(got.at("scores"), want.at("scores")) < 1e-5);  // runtime operands: float32
   std::size_t bf16_products = 0;
   for (const StepInfo& s : model.steps())
     if ((s.op.find("MatMul") != std::string::npos || s.op.find("Gemm") != std::string::npos) &&

@@ -671,8 +671,9 @@ inline Artifact read_memory(const void* data, std::size_t size, const std::strin
 inline void combine(const std::vector<std::string>& paths, const std::string& out) {
   std::vector<Artifact> parts;
   for (const std::string& path : paths) {
-    const std::size_t count = read(path).variants.size();
-    for (std::size_t i = 0; i < count; ++i) parts.push_back(read(path, [i](const std::vector<Info>&) { return i; }));
+    parts.push_back(read(path));  // its first variant, and how many there are
+    const std::size_t count = parts.back().variants.size();
+    for (std::size_t i = 1; i < count; ++i) parts.push_back(read(path, [i](const std::vector<Info>&) { return i; }));
   }
   std::vector<VariantData> variants;
   for (const Artifact& a : parts) variants.push_back(VariantData{&a.graph, a.info, a.packings, a.packing_dims});

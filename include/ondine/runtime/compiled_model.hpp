@@ -373,10 +373,10 @@ class CompiledModel {
       e.first += t;
       ++e.second;
       in_steps += t;
+      const bool slow_path = StepInfo::is_slow_path(s.op(), s.implementation());
       if (s.implementation() == "reference" || s.implementation() == "memcpy") in_fallback += t;
-      else if (StepInfo::is_slow_path(s.op(), s.implementation())) in_onednn_ref += t;
-      if (StepInfo::is_slow_path(s.op(), s.implementation()))
-        slow.emplace_back(t, s.op() + " '" + s.name() + "' " + s.implementation());
+      else if (slow_path) in_onednn_ref += t;
+      if (slow_path) slow.emplace_back(t, s.op() + " '" + s.name() + "' " + s.implementation());
     }
     std::vector<std::pair<double, std::string>> rows;
     for (auto& [key, v] : by_kind) {
