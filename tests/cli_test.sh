@@ -335,6 +335,10 @@ if [ "$isa" != avx512_core_amx ]; then
   expect 0 'variant: avx512_core_amx .*packed at first load.*not on this CPU' -- "$ondine" inspect "$work/amx.ondine"
   expect 1 "amx\.ondine: no variant this CPU runs: the artifact was compiled for avx512_core_amx; this CPU has $isa" -- "$ondine" run "$work/amx.ondine"
 fi
+# A variant's process failing fails the compile, naming the variant, after the process's own error.
+if [ "$isa" != avx2 ]; then
+  expect 1 'compiling the avx2 variant failed \(its process said why above\)' -- "$ondine" compile "$work/nonexistent.onnx" -o "$work/x.ondine" --target avx2,native
+fi
 expect 2 '--target avx9: expected native, avx2' -- "$ondine" compile "$gpt/model.onnx" -o "$work/x.ondine" --target avx9
 expect 2 '--target is for artifacts' -- "$ondine" compile "$gpt/model.onnx" -o "$work/x.onnx" --target avx2
 

@@ -222,6 +222,10 @@ TEST_CASE("artifact: bad files are errors naming the file", "[artifact][bad-inpu
   newer[8] = 1;  // format 1 (one variant, no list): recompiled, not guessed at
   write_bytes(bad, newer);
   CHECK_THAT(read_error(bad), Catch::Contains("format version 1") && Catch::Contains("recompile"));
+  std::vector<unsigned char> reserved = bytes;  // the header's last field is reserved: zero
+  reserved[60] = 1;
+  write_bytes(bad, reserved);
+  CHECK_THAT(read_error(bad), Catch::Contains("reserved field is not zero"));
   CHECK_THAT(read_error(tmp_path("missing.ondine")), Catch::Contains("cannot open"));
 }
 
