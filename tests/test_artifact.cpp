@@ -4,6 +4,7 @@
 // range with valid checksums, int8 needing VNNI), each an error naming the file.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,8 @@
 #include "ondine/ondine.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "support.hpp"
+
+#include "../examples/cli/header.hpp"  // the header ondine_add_model generates
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_artifact {
@@ -430,6 +433,62 @@ TEST_CASE("artifact: variants share the weight section, and the best one this CP
                                                           Catch::Contains("avx512_core_amx") &&
                                                           Catch::Contains(here.name));
   }
+}
+
+TEST_CASE("artifact: the generated header sanitises ONNX names without collisions and compiles", "[artifact][aot]") {
+  // Names as exporters write them: dots, colons, leading digits, C++ keywords, and names that become the same
+  // identifier ("input.1" and "input_1"; "y.0" and "y:0"; "x" whose accessor type x_t is another input's name).
+  Graph g;
+  const Shape s{Dim::named("batch"), 3};
+  Value* in1 = g.add_input("input.1", DType::Float32, s);
+  Value* in1b = g.add_input("input_1", DType::Float32, s);
+  Value* num = g.add_input("4160", DType::Float32, s);
+  Value* kw = g.add_input("class", DType::Float32, s);
+  Value* x = g.add_input("x", DType::Float32, s);
+  Value* xt = g.add_input("x_t", DType::Int64, Shape{2});
+  g.add_output(g.add_node("Add", {in1, in1b}, {"y.0"})->output(0));
+  g.add_output(g.add_node("Mul", {num, kw}, {"y:0"})->output(0));
+  g.add_output(g.add_node("Relu", {x}, {"Outputs"})->output(0));
+  g.add_output(g.add_node("Identity", {xt}, {"result_"})->output(0));
+  infer_shapes(g);
+  const std::string path = tmp_path("odd_names.ondine");
+  artifact::write(g, {}, path);
+  artifact::Artifact a = artifact::read(path);
+  const std::string header = cli::generate_header(a.graph, a.info, "odd model", path, false);
+  INFO(header);
+  CHECK_THAT(header, Catch::Contains("class odd_model {"));
+  CHECK_THAT(header, Catch::Contains("using input_1_t = ondine::TypedTensor<float, 2>;"));
+  CHECK_THAT(header, Catch::Contains("static input_1_t make_input_1(std::int64_t batch)"));
+  CHECK_THAT(header, Catch::Contains("static input_1_2_t make_input_1_2(std::int64_t batch)"));
+  CHECK_THAT(header, Catch::Contains("make_v_4160(std::int64_t batch)"));
+  CHECK_THAT(header, Catch::Contains("make_class_(std::int64_t batch)"));
+  CHECK_THAT(header, Catch::Contains("using x_t_2 = ondine::TypedTensor<float, 2>;"));  // x_t is an input's
+  CHECK_THAT(header, Catch::Contains("static x_t_t make_x_t()"));
+  CHECK_THAT(header, Catch::Contains("ondine::TypedTensor<float, 2> y_0;"));
+  CHECK_THAT(header, Catch::Contains("ondine::TypedTensor<float, 2> y_0_2;"));
+  CHECK_THAT(header, Catch::Contains("ondine::TypedTensor<float, 2> Outputs_;"));
+  CHECK_THAT(header, Catch::Contains("ondine::TypedTensor<std::int64_t, 1> result__;"));
+  // The header and a use of it compile (syntax and types; the runtime is linked by the aot example).
+  std::ofstream(tmp_path("odd_model.hpp")) << header;
+  std::ofstream(tmp_path("odd_model_use.cpp"))
+      << "#include \"odd_model.hpp\"\n"
+         "int main() {\n"
+         "  odd_model m;\n"
+         "  odd_model::input_1_t a = odd_model::make_input_1(2);\n"
+         "  a(1, 2) = 1.0f;\n"
+         "  odd_model::Outputs o = m.run(a, odd_model::make_input_1_2(2), odd_model::make_v_4160(2),\n"
+         "                               odd_model::make_class_(2), odd_model::make_x(2), odd_model::make_x_t());\n"
+         "  float f = o.y_0(1, 2) + o.y_0_2.at(0, 0) + o.Outputs_(0, 0);\n"
+         "  std::int64_t i = o.result__(1);\n"
+         "  return static_cast<int>(f) + static_cast<int>(i);\n"
+         "}\n";
+  const std::string log = tmp_path("odd_model_use.log");
+  const std::string command = "c++ -std=c++17 -fsyntax-only -I" + std::string(ONDINE_TEST_DATA_DIR) +
+                              "/../../include " + tmp_path("odd_model_use.cpp") + " >" + log + " 2>&1";
+  const int rc = std::system(command.c_str());
+  std::ifstream in(log);
+  INFO(std::string(std::istreambuf_iterator<char>(in), {}));
+  CHECK(rc == 0);
 }
 
 }  // namespace test_artifact

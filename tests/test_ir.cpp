@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ondine/ir/graph.hpp"
+#include "ondine/ir/typed_tensor.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_ir {
@@ -150,6 +151,30 @@ TEST_CASE("tensors: shallow copies, deep clone, typed access checks dtype", "[ir
   REQUIRE_THROWS_AS(t.data<std::int64_t>(), Error);
   CHECK(t.reshaped({4}).dims() == std::vector<std::int64_t>{4});
   REQUIRE_THROWS_AS(t.reshaped({3}), Error);
+}
+
+TEST_CASE("typed tensors: element type and rank checked once and row-major access with a checked at()", "[ir]") {
+  TypedTensor<float, 3> t({2, 3, 4});
+  CHECK(t.size() == 24);
+  CHECK(t.dim(1) == 3);
+  t(1, 2, 3) = 5.0f;
+  CHECK(t.data()[1 * 12 + 2 * 4 + 3] == 5.0f);
+  CHECK(t.at(1, 2, 3) == 5.0f);
+  REQUIRE_THROWS_WITH(t.at(0, 3, 0), Catch::Contains("index (0, 3, 0)") && Catch::Contains("[2,3,4]"));
+  REQUIRE_THROWS_AS(t.at(-1, 0, 0), Error);
+  float sum = 0;
+  for (float x : t) sum += x;
+  CHECK(sum == 5.0f);
+  // A view shares storage with the Tensor it wraps; the wrong dtype or rank is refused.
+  Tensor raw = t.tensor();
+  CHECK(raw.data<float>()[23] == 5.0f);
+  TypedTensor<float, 3> view(raw);
+  view(0, 0, 0) = 1.0f;
+  CHECK(t(0, 0, 0) == 1.0f);
+  REQUIRE_THROWS_WITH((TypedTensor<std::int64_t, 3>(raw)), Catch::Contains("expected a tensor of int64 and rank 3, got float32[2,3,4]"));
+  REQUIRE_THROWS_AS((TypedTensor<float, 2>(raw)), Error);
+  TypedTensor<std::int64_t, 0> scalar(Tensor::scalar<std::int64_t>(7));
+  CHECK(scalar() == 7);
 }
 
 }  // namespace test_ir

@@ -3,10 +3,12 @@
 //
 // The header declares class NAME over ondine/runtime.hpp: a constructor loading the artifact (the file, or
 // with --embed the bytes linked into the program by the assembly file ondine_add_model writes), one
-// `make_<input>(dims...)` per input giving a tensor of its dtype and shape (symbolic dims are the arguments,
-// static ones fixed), `struct Outputs` with one member per output, and `run(inputs...)` taking the inputs in
-// the model's order. ONNX names become C++ identifiers: characters outside [A-Za-z0-9_] become '_', a
-// leading digit or a keyword gets a prefix or suffix, and names that collide get _2, _3, ...
+// typed, shaped accessor per input and output: `NAME::<input>_t`, an ondine::TypedTensor<element, rank>
+// (ir/typed_tensor.hpp), made by `make_<input>(dims...)` (symbolic dims are the arguments, static ones
+// fixed), `struct Outputs` with one TypedTensor member per output, and `run(inputs...)` taking the inputs in
+// the model's order. A value whose rank is not known when the header is written gets a plain ondine::Tensor.
+// ONNX names become C++ identifiers: characters outside [A-Za-z0-9_] become '_', a leading digit or a keyword
+// gets a prefix or suffix, and names that collide (with each other or an accessor type) get _2, _3, ...
 #pragma once
 
 #include <fstream>
@@ -37,7 +39,7 @@ inline bool is_keyword(const std::string& s) {
       "noexcept", "not", "nullptr", "operator", "or", "private", "protected", "public", "register", "return",
       "short", "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "try",
       "typedef", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "while", "xor",
-      "run", "model_", "Outputs"};  // and the generated class's own members
+      "run", "model_", "Outputs", "outputs_", "result_"};  // and the generated class's own names
   return words.count(s) != 0;
 }
 
@@ -54,23 +56,32 @@ inline std::string identifier(const std::string& s, std::set<std::string>& taken
   return unique;
 }
 
-inline std::string dtype_enum(DType t) {
+// The C++ element type of a tensor of `t` in a generated header; empty where there is none (strings).
+inline std::string element_type(DType t) {
   switch (t) {
-    case DType::Float32: return "Float32";
-    case DType::Float16: return "Float16";
-    case DType::BFloat16: return "BFloat16";
-    case DType::Float64: return "Float64";
-    case DType::Int8: return "Int8";
-    case DType::UInt8: return "UInt8";
-    case DType::Int16: return "Int16";
-    case DType::UInt16: return "UInt16";
-    case DType::Int32: return "Int32";
-    case DType::UInt32: return "UInt32";
-    case DType::Int64: return "Int64";
-    case DType::UInt64: return "UInt64";
-    case DType::Bool: return "Bool";
-    default: throw Error("no typed accessor for a tensor of " + std::string(dtype_name(t)));
+    case DType::Float32: return "float";
+    case DType::Float16: return "ondine::float16";
+    case DType::BFloat16: return "ondine::bfloat16";
+    case DType::Float64: return "double";
+    case DType::Int8: return "std::int8_t";
+    case DType::UInt8: return "std::uint8_t";
+    case DType::Int16: return "std::int16_t";
+    case DType::UInt16: return "std::uint16_t";
+    case DType::Int32: return "std::int32_t";
+    case DType::UInt32: return "std::uint32_t";
+    case DType::Int64: return "std::int64_t";
+    case DType::UInt64: return "std::uint64_t";
+    case DType::Bool: return "bool";
+    default: return "";
   }
+}
+
+// The accessor type of value `v`: ondine::TypedTensor<element, rank>, or plain ondine::Tensor where the rank
+// or the element type is not known when the header is written.
+inline std::string accessor_type(const Value* v) {
+  const std::string element = element_type(v->dtype());
+  if (element.empty() || !v->shape().rank_known()) return "ondine::Tensor";
+  return "ondine::TypedTensor<" + element + ", " + std::to_string(v->shape().rank()) + ">";
 }
 
 inline std::string quoted(const std::string& s) {
@@ -114,14 +125,21 @@ inline std::string generate_header(const Graph& g, const artifact::Info& info, c
     << "    options = ondine::lower::artifact_options(options, a);\n"
     << "    model_ = std::make_unique<ondine::lower::ShapeCache>(std::move(a.graph), options);\n  }\n\n";
 
-  std::vector<std::string> input_ids;
-  for (const Value* v : g.inputs()) {
-    std::set<std::string> arg_names;
-    std::string id = identifier(v->name(), taken);
-    input_ids.push_back(id);
+  // Per input: a type alias for its accessor and, where its rank is known, make_<input>(symbolic dims...).
+  // The inputs' names first, so that an accessor type never takes the name an input would have.
+  std::vector<std::string> input_ids, alias_ids;
+  for (const Value* v : g.inputs()) input_ids.push_back(identifier(v->name(), taken));
+  for (const std::string& id : input_ids) alias_ids.push_back(identifier(id + "_t", taken));
+  for (std::size_t i = 0; i < input_ids.size(); ++i) {
+    const Value* v = g.inputs()[i];
+    const std::string& id = input_ids[i];
+    const std::string type = accessor_type(v);
+    h << "  // " << quoted(v->name()) << ": " << Graph::value_type_str(v) << "\n"
+      << "  using " << alias_ids[i] << " = " << type << ";\n";
+    if (type == "ondine::Tensor") continue;  // no dims to make it from
+    std::set<std::string> arg_names = taken;  // a dim argument must not hide the class's names
     std::string params, dims;
     const Shape& s = v->shape();
-    if (!s.rank_known()) throw Error("input '" + v->name() + "' has no known rank: no typed accessor");
     for (std::size_t d = 0; d < s.rank(); ++d) {
       if (s[d].is_static()) {
         dims += (dims.empty() ? "" : ", ") + std::to_string(s[d].value);
@@ -131,28 +149,31 @@ inline std::string generate_header(const Graph& g, const artifact::Info& info, c
         dims += (dims.empty() ? "" : ", ") + arg;
       }
     }
-    h << "  // " << quoted(v->name()) << ": " << Graph::value_type_str(v) << "\n"
-      << "  static ondine::Tensor make_" << id << "(" << params << ") { return ondine::Tensor(ondine::DType::"
-      << dtype_enum(v->dtype()) << ", {" << dims << "}); }\n";
+    h << "  static " << alias_ids[i] << " make_" << id << "(" << params << ") { return " << alias_ids[i]
+      << "({" << dims << "}); }\n";
   }
   h << "\n  struct Outputs {\n";
   std::vector<std::string> output_ids;
   std::set<std::string> member_names;
   for (const Value* v : g.outputs()) {
     output_ids.push_back(identifier(v->name(), member_names));
-    h << "    ondine::Tensor " << output_ids.back() << ";  // " << quoted(v->name()) << ": "
+    h << "    " << accessor_type(v) << " " << output_ids.back() << ";  // " << quoted(v->name()) << ": "
       << Graph::value_type_str(v) << "\n";
   }
   h << "  };\n\n  // Runs the model (any number of threads at once); inputs in the model's order.\n  Outputs run(";
   for (std::size_t i = 0; i < input_ids.size(); ++i)
-    h << (i ? ", " : "") << "const ondine::Tensor& " << input_ids[i];
-  h << ") {\n    std::map<std::string, ondine::Tensor> out = model_->run({";
-  for (std::size_t i = 0; i < input_ids.size(); ++i)
-    h << (i ? ", " : "") << "{" << quoted(g.inputs()[i]->name()) << ", " << input_ids[i] << "}";
-  h << "});\n    Outputs o;\n";
+    h << (i ? ", " : "") << "const " << alias_ids[i] << "& " << input_ids[i];
+  h << ") {\n    std::map<std::string, ondine::Tensor> outputs_ = model_->run({";
+  for (std::size_t i = 0; i < input_ids.size(); ++i) {
+    const bool typed = accessor_type(g.inputs()[i]) != "ondine::Tensor";
+    h << (i ? ", " : "") << "{" << quoted(g.inputs()[i]->name()) << ", " << input_ids[i]
+      << (typed ? ".tensor()" : "") << "}";
+  }
+  h << "});\n    Outputs result_;\n";
   for (std::size_t i = 0; i < output_ids.size(); ++i)
-    h << "    o." << output_ids[i] << " = out.at(" << quoted(g.outputs()[i]->name()) << ");\n";
-  h << "    return o;\n  }\n\n private:\n  std::unique_ptr<ondine::lower::ShapeCache> model_;\n};\n";
+    h << "    result_." << output_ids[i] << " = decltype(result_." << output_ids[i] << ")(outputs_.at("
+      << quoted(g.outputs()[i]->name()) << "));\n";
+  h << "    return result_;\n  }\n\n private:\n  std::unique_ptr<ondine::lower::ShapeCache> model_;\n};\n";
   return h.str();
 }
 

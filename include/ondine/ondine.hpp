@@ -11,6 +11,7 @@
 #include "ondine/ir/npy.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/ir/stats.hpp"
+#include "ondine/ir/typed_tensor.hpp"
 #include "ondine/onnx/export.hpp"
 #include "ondine/onnx/import.hpp"
 #include "ondine/passes/pattern.hpp"

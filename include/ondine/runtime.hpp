@@ -20,6 +20,7 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/npy.hpp"
 #include "ondine/ir/stats.hpp"
+#include "ondine/ir/typed_tensor.hpp"
 #include "ondine/lower/artifact.hpp"
 #include "ondine/lower/compiler.hpp"
 #include "ondine/lower/shape_cache.hpp"
