@@ -49,7 +49,9 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "vit_pt": ("pixels", "image", 0), "lstm_pt": ("input_ids", "tokens", 128),
           "gru_pt": ("input_ids", "tokens", 128), "stream_pt": ("frame", "stream", 0),
           "ssd_pt": ("image", "detector", 0), "gated_pt": ("audio", "gated", 0),
-          "textdet_pt": ("image", "text", 640)}
+          "textdet_pt": ("image", "text", 640), "efficientnet_pt": ("image", "image", 0),
+          "mobilenetv2_pt": ("image", "image", 0), "convnext_pt": ("image", "image", 0),
+          "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512)}
 
 
 def model_path(models_dir, model):
@@ -77,7 +79,7 @@ def write_input(model, batch, directory):
     frame [batch, 512] and LSTM state h, c [2, batch, 64]); returns ["name=file", ...]."""
     name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
-    if kind == "text":  # [batch, 3, 640, 640] images in [0, 1] (a text detector's page)
+    if kind in ("text", "segment"):  # [batch, 3, size, size] images in [0, 1] (a page, a street scene)
         arrays = {name: rng.random((batch, 3, seq, seq), dtype=np.float32)}
     elif kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
         arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}

@@ -936,6 +936,47 @@ def torch_text_detector(rng, bench=False):
     return spec
 
 
+def torch_vision_net(arch, rng, bench=False):
+    """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
+    (efficientnet_b0, mobilenet_v2, convnext_tiny: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
+    deeplabv3_mobilenet_v3_large: 21-class segmenters at 512x512). Benchmark size only: their weights (9 to
+    110 MB) stay out of the repository's corpus."""
+    import torch
+    import torchvision
+    from torch import nn
+
+    segmenter = arch.startswith(("lraspp", "deeplabv3"))
+    if segmenter:
+        net = getattr(torchvision.models.segmentation, arch)(weights=None, weights_backbone=None, num_classes=21)
+    else:
+        net = getattr(torchvision.models, arch)(weights=None)
+    spread_init(net, (nn.Conv2d,))
+
+    class Segmenter(nn.Module):
+        """The segmentation map alone (torchvision returns a dict {"out": ...})."""
+
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, image):
+            return self.net(image)["out"]
+
+    module = Segmenter() if segmenter else net
+    size = 512 if segmenter else 224
+    shapes = [(1, 3, size, size), (2, 3, size, size)]
+    cases = [{"image": rng.random(shape, dtype=np.float32)} for shape in shapes]
+    output = "scores" if segmenter else "logits"
+    axes = {"image": {0: "batch"}, output: {0: "batch"}}
+    spec = TorchSpec(module, 14, ["image"], [output], axes, cases,
+                     f"torchvision {arch}(weights=None), seeded He init, {size}x{size}")
+    return spec
+
+
+VISION_NETS = {"efficientnet_b0": "efficientnet_pt", "mobilenet_v2": "mobilenetv2_pt", "convnext_tiny": "convnext_pt",
+               "lraspp_mobilenet_v3_large": "lraspp_pt", "deeplabv3_mobilenet_v3_large": "deeplab_pt"}
+
+
 TORCH_MODELS = {
     "bert_encoder": torch_bert_encoder,
     "gpt_decoder": torch_gpt_decoder,
@@ -959,6 +1000,7 @@ TORCH_MODELS = {
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
                "gated_pt": "gated_encoder", "textdet_pt": "text_detector"}
+TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 
 def torch_seed(seed, name):
@@ -993,7 +1035,11 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
     import torch
 
     torch.manual_seed(torch_seed(seed, name))
-    builder = TORCH_MODELS[TORCH_BENCH[name]] if bench else TORCH_MODELS[name]
+    if bench and TORCH_BENCH[name] in VISION_NETS:
+        arch = TORCH_BENCH[name]
+        builder = lambda rng, bench: torch_vision_net(arch, rng, bench)  # noqa: E731
+    else:
+        builder = TORCH_MODELS[TORCH_BENCH[name]] if bench else TORCH_MODELS[name]
     spec = builder(model_rng(seed, name, "inputs"), bench=True) if bench else builder(model_rng(seed, name, "inputs"))
     module = spec.module.eval()
     model_dir = os.path.join(out_dir, name)

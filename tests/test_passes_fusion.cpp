@@ -15,6 +15,7 @@
 #include <random>
 
 #include "ondine/ir/fused_ops.hpp"
+#include "ondine/lower/detail/silu.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
@@ -240,8 +241,8 @@ TEST_CASE("fused ops: the chain attributes round-trip and are validated", "[fusi
   fused::write_activations(*n, {});
   CHECK_FALSE(n->has_attr("activations"));
 
-  n->set_attr("activations", std::vector<std::string>{"Relu", "Swish"});
-  CHECK(error_of([&] { fused::read_activations(*n); }).find("unknown activation 'Swish'") != std::string::npos);
+  n->set_attr("activations", std::vector<std::string>{"Relu", "Mish"});
+  CHECK(error_of([&] { fused::read_activations(*n); }).find("unknown activation 'Mish'") != std::string::npos);
   n->set_attr("activations", std::vector<std::string>{"Relu"});
   n->set_attr("activation_alpha", std::vector<float>{0, 0});
   CHECK(error_of([&] { fused::read_activations(*n); }).find("activation_alpha has 2") != std::string::npos);
@@ -306,6 +307,8 @@ TEST_CASE("fused ops: activation semantics match the ONNX ops' reference kernels
   CHECK(fused::apply(Activation{"Gelu"}, 1.0) == Approx(0.8413447460685429));
   CHECK(fused::apply(Activation{"Gelu"}, -2.0) == Approx(-0.04550026389635842));
   CHECK(fused::apply(Activation{"GeluTanh"}, 1.0) == Approx(0.8411919906082768));
+  CHECK(fused::apply(Activation{"Swish", 1.0f}, 2.0) == Approx(2.0 / (1.0 + std::exp(-2.0))));  // SiLU
+  CHECK(fused::apply(Activation{"Swish", 0.5f}, -3.0) == Approx(-3.0 / (1.0 + std::exp(1.5))));
   CHECK(fused::apply(Activation{"Clip", -1.0f, 6.0f}, 7.5) == 6.0);
   CHECK(fused::apply(Activation{"Clip", -1.0f, 6.0f}, -3.0) == -1.0);
   CHECK(fused::apply(std::vector<Activation>{{"Relu"}, {"Clip", 0.0f, 1.0f}}, 3.0) == 1.0);
@@ -650,6 +653,58 @@ TEST_CASE("fuse: a fused node takes further activations, so the pass can run aga
   check_untouched(c.g, "fuse");
 }
 
+TEST_CASE("fuse: SiLU written as Mul(y, Sigmoid(y)) joins the chain as Swish (1e-5)", "[fusion][post-ops]") {
+  // EfficientNet's blocks, as torchvision exports them: conv -> Sigmoid and Mul(conv, sigmoid), in either
+  // operand order, then more (a second SiLU after a residual-free conv, a Relu).
+  Builder b;
+  Value* x = b.input("x", {1, 8, 10, 10});
+  Value* c = b.conv(x, 8, 8, 3);
+  Value* y = b.op("Mul", {c, b.op("Sigmoid", {c})});
+  Value* c2 = b.conv(y, 8, 8, 1);
+  y = b.op("Mul", {b.op("Sigmoid", {c2}), c2});
+  b.g.add_output(b.op("Relu", {y}));
+  Graph f = run_passes(b.g, "fuse", 1e-5);
+  REQUIRE(count(f, "FusedConv") == 2);
+  CHECK(f.num_nodes() == 2);
+  std::vector<std::string> chains;
+  for (Node* n : f.nodes()) chains.push_back(fused::activations_str(fused::read_activations(*n)));
+  std::sort(chains.begin(), chains.end());
+  CHECK(chains == std::vector<std::string>{"Swish", "Swish+Relu"});
+}
+
+TEST_CASE("fuse: SiLU must not fire", "[fusion][post-ops][must-not-fire]") {
+  SECTION("the conv output has a third reader") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Mul", {c, b.op("Sigmoid", {c})}));
+    b.g.add_output(b.op("Relu", {c}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("the sigmoid is read elsewhere too") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    Value* s = b.op("Sigmoid", {c});
+    b.g.add_output(b.op("Mul", {c, s}));
+    b.g.add_output(s);
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("a gate from another value (squeeze-and-excitation, not SiLU)") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    Value* gate = b.op("Sigmoid", {b.input("g", {1, 4, 6, 6})});
+    b.g.add_output(b.op("Mul", {c, gate}));
+    b.g.add_output(b.op("Sigmoid", {c}));
+    check_untouched(b.g, "fuse");
+  }
+  SECTION("Mul(y, y) beside a Sigmoid of y") {
+    Builder b;
+    Value* c = b.conv(b.input("x", {1, 4, 6, 6}), 4, 4, 3);
+    b.g.add_output(b.op("Mul", {c, c}));
+    b.g.add_output(b.op("Sigmoid", {c}));
+    check_untouched(b.g, "fuse");
+  }
+}
+
 TEST_CASE("fuse: must not fire", "[fusion][post-ops][must-not-fire]") {
   SECTION("the conv output has a second consumer") {
     Builder b;
@@ -713,6 +768,7 @@ TEST_CASE("compiled: FusedConv with Sum and every activation matches the referen
       {{"HardSwish"}, {"HardSigmoid", 0.2f, 0.5f}},
       {{"Elu", 0.7f}, {"Gelu"}},
       {{"GeluTanh"}, {"Clip", 0.0f, std::numeric_limits<float>::infinity()}},
+      {{"Swish", 0.5f}, {"Tanh"}},  // Swish twice with two alphas: declined (repeats_eltwise_alg)
   };
   for (auto& chain : chains) {
     INFO(fused::activations_str(chain));
@@ -723,12 +779,69 @@ TEST_CASE("compiled: FusedConv with Sum and every activation matches the referen
                            {{"pads", Dims{1, 1, 1, 1}}}, "fused", fused::kDomain);
     fused::write_activations(*n, chain);
     b.g.add_output(n->output(0));
-    CompiledModel m = check_compiled(b.g, 1e-4);
+    std::vector<std::string> log;
+    CompiledModel m = check_compiled(b.g, 1e-4, &log);
+    for (const std::string& line : log) UNSCOPED_INFO(line);
     INFO(m.to_text());
     CHECK(count_steps(m, "FusedConv", "brgconv") == 1);
     CHECK(count_steps(m, "Conv") == 1);  // the shortcut, with its Relu as a post-op
     CHECK_FALSE(any_reference_step(m));
   }
+}
+
+TEST_CASE("silu kernels: each kernel this CPU runs matches x * sigmoid(alpha x) within 4e-6 with tails",
+          "[fusion][lower][silu]") {
+  namespace silu = lower::detail::silu;
+  const lower::IsaInfo isa = lower::effective_isa();
+  std::vector<silu::Kernel> kernels{silu::Kernel::Scalar};
+  if (lower::isa_runs_on(lower::CpuIsa::Avx2, isa.isa)) kernels.push_back(silu::Kernel::Avx2);
+  if (isa.avx512) kernels.push_back(silu::Kernel::Avx512);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-40.0f, 40.0f);
+  for (silu::Kernel k : kernels) {
+    INFO(silu::kernel_name(k));
+    for (float alpha : {1.0f, 0.5f, 1.702f}) {
+      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{37}, std::size_t{4099}}) {
+        std::vector<float> x(n);
+        for (float& v : x) v = u(rng);
+        x[0] = n > 1 ? -1000.0f : 0.0f;  // saturates to -0, not NaN
+        if (n > 2) x[1] = 1000.0f;
+        std::vector<float> y = x;
+        silu::run(k, y.data(), n, alpha);
+        for (std::size_t i = 0; i < n; ++i) {
+          const double want = x[i] / (1.0 + std::exp(-static_cast<double>(alpha) * x[i]));
+          INFO("x = " << x[i] << " alpha " << alpha);
+          REQUIRE(std::isfinite(y[i]));
+          // Relative 4e-6 where it matters; far in the negative tail (|y| < 1e-9) the float32 product
+          // alpha x log2(e) alone carries a few 1e-6 of relative error into exp.
+          CHECK(std::fabs(y[i] - want) <= 4e-6 * std::fabs(want) + 1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("compiled: a conv's trailing Swish runs as Ondine's kernel after the primitive (1e-4)", "[fusion][lower][silu]") {
+  // Conv -> Sigmoid/Mul (SiLU) through the default passes: one FusedConv [Swish], lowered as the conv and an
+  // in-place Swish step; a Swish followed by more activations stays a oneDNN post-op.
+  Builder b;
+  Value* x = b.input("x", {1, 8, 12, 12});
+  Value* c = b.conv(x, 16, 8, 3);
+  Value* y = b.op("Mul", {c, b.op("Sigmoid", {c})});
+  Value* c2 = b.conv(y, 16, 16, 1);
+  y = b.op("Mul", {b.op("Sigmoid", {c2}), c2});
+  b.g.add_output(b.op("Tanh", {y}));
+  CompiledModel m = check_compiled(b.g, 1e-4, nullptr, "default");
+  INFO(m.to_text());
+  std::size_t swish_steps = 0;
+  for (const auto& s : m.steps()) {
+    if (s.op != "Swish") continue;
+    ++swish_steps;
+    CHECK(s.implementation.rfind("ondine:", 0) == 0);
+    CHECK(s.detail.rfind("in place", 0) == 0);
+  }
+  CHECK(swish_steps == 1);  // the second conv's Swish is followed by Tanh: a post-op
+  CHECK_FALSE(any_reference_step(m));
 }
 
 TEST_CASE("compiled: a Sum whose other readers ran before is overwritten in place, else copied (1e-4)", "[fusion][lower]") {

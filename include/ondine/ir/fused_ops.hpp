@@ -13,7 +13,8 @@
 // order), "activation_alpha" and "activation_beta" (one float each, 0 when the activation has no
 // parameter). The names and their parameters:
 //   Relu, LeakyRelu(alpha), Clip(alpha = min, beta = max), Sigmoid, Tanh, HardSwish,
-//   HardSigmoid(alpha, beta), Elu(alpha), Gelu (erf form), GeluTanh (tanh approximation).
+//   HardSigmoid(alpha, beta), Elu(alpha), Gelu (erf form), GeluTanh (tanh approximation),
+//   Swish(alpha) = x * Sigmoid(alpha * x) (SiLU at alpha 1, as exporters write it: Mul(x, Sigmoid(x))).
 //
 // Shape inference (ir/infer/fused.hpp), the reference kernels (reference/fused.hpp), the passes that
 // create these ops (passes/fuse_*.hpp) and the oneDNN lowering (lower/) all read the chain through
@@ -43,7 +44,8 @@ struct Activation {
 
 inline const std::vector<std::string>& activation_names() {
   static const std::vector<std::string> names{"Relu",      "LeakyRelu",   "Clip", "Sigmoid", "Tanh",
-                                              "HardSwish", "HardSigmoid", "Elu",  "Gelu",    "GeluTanh"};
+                                              "HardSwish", "HardSigmoid", "Elu",  "Gelu",    "GeluTanh",
+                                              "Swish"};
   return names;
 }
 inline bool is_activation_name(const std::string& op) {
@@ -156,6 +158,7 @@ inline double apply(const Activation& a, double x) {
   if (op == "HardSwish") return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5));
   if (op == "HardSigmoid") return std::max(0.0, std::min(1.0, a.alpha * x + static_cast<double>(a.beta)));
   if (op == "Elu") return x < 0 ? a.alpha * std::expm1(x) : x;
+  if (op == "Swish") return x * apply(Activation{"Sigmoid"}, a.alpha * x);
   // Gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); the tanh form approximates Phi.
   if (op == "Gelu") return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
   if (op == "GeluTanh") {

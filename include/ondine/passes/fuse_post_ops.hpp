@@ -6,12 +6,13 @@
 //   MatMul(A, B) + c          -> FusedMatMul(A, B, Bias = c as [N])     c constant, only along the last axis
 //   Conv/MatMul(...) + s      -> Fused*(..., Sum = s)                   s not constant, the output's shape
 //   act(Fused*(...))          -> Fused* with act appended to "activations"
-// where act is Relu, LeakyRelu, Clip (constant bounds), Sigmoid, Tanh, HardSwish, HardSigmoid, Elu or
-// ondine.Gelu (fused::as_activation). A Gemm takes only activations. A node fused already takes
+// where act is Relu, LeakyRelu, Clip (constant bounds), Sigmoid, Tanh, HardSwish, HardSigmoid, Elu,
+// ondine.Gelu (fused::as_activation), or SiLU as exporters write it, Mul(y, Sigmoid(y)) with y read by
+// those two nodes only (Swish with alpha 1). A Gemm takes only activations. A node fused already takes
 // more: activations always, Bias and Sum while it has no activations yet (they come before them),
 // so running the pass again, or after another pass exposed more, extends what is there.
 // Preconditions: the producing op and every absorbed op compute float32; every intermediate value
-// has exactly one reader and is not a graph output (rewrite::single_use); the Add of a residual is
+// has exactly one reader (SiLU's y: the Sigmoid and the Mul) and is not a graph output (rewrite::single_use); the Add of a residual is
 // not a broadcast (its operands have the same shape). Otherwise the graph is left as it is. The
 // fused node keeps the producing node's name; its output keeps the name of the last value absorbed
 // (a graph output keeps its name).
@@ -73,6 +74,23 @@ inline Node* sole_add(Value* v, Value*& other) {
   other = add->input(0) == v ? add->input(1) : add->input(0);
   if (!other || other == v || !is_f32(add->output(0)) || !(add->output(0)->shape() == v->shape())) return nullptr;
   return add;
+}
+
+// SiLU after `v`: the Mul(v, Sigmoid(v)) when v's readers are exactly that Sigmoid and that Mul (either
+// operand order) and the Sigmoid's result has no other reader; nullptr otherwise. `sigmoid` gets the Sigmoid.
+inline Node* silu_after(Value* v, Node*& sigmoid) {
+  if (v->is_graph_output() || v->uses().size() != 2) return nullptr;
+  Node* a = v->uses()[0].node;
+  Node* b = v->uses()[1].node;
+  if (a->op_type() != "Sigmoid") std::swap(a, b);
+  if (a == b || a->op_type() != "Sigmoid" || !a->domain().empty() || a->num_outputs() != 1) return nullptr;
+  if (b->op_type() != "Mul" || !b->domain().empty() || b->num_inputs() != 2 || b->num_outputs() != 1) return nullptr;
+  Value* s = a->output(0);
+  if (!rewrite::single_use(s) || s->uses()[0].node != b) return nullptr;
+  if (!((b->input(0) == v && b->input(1) == s) || (b->input(0) == s && b->input(1) == v))) return nullptr;
+  if (!is_f32(b->output(0)) || !(b->output(0)->shape() == v->shape())) return nullptr;
+  sigmoid = a;
+  return b;
 }
 
 // a and b have one shape, known to be equal: each dim the same size or the same named symbol.
@@ -148,7 +166,16 @@ struct FusePostOps {
       }
     }
     // act(Fused*(...)) -> Fused* with act appended to the chain.
-    while (rewrite::single_use(cur)) {
+    for (;;) {
+      Node* sigmoid = nullptr;
+      if (Node* mul = silu_after(cur, sigmoid)) {
+        p.activations.push_back({"Swish", 1.0f, 0.0f});
+        absorbed.push_back(sigmoid);
+        absorbed.push_back(mul);
+        cur = mul->output(0);
+        continue;
+      }
+      if (!rewrite::single_use(cur)) break;
       Node* next = cur->uses()[0].node;
       auto act = fused::as_activation(*next);
       if (!act || next->input(0) != cur || !is_f32(next->output(0)) || !(next->output(0)->shape() == cur->shape()))

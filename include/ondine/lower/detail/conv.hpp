@@ -22,7 +22,9 @@
 
 namespace ondine::lower::detail {
 
-inline bool lower_conv(Lowering& L, const Node& n) {
+// own_swish: a trailing Swish of the node's own chain may run as Ondine's kernel after the primitive
+// (take_trailing_swish); false when the first attempt found the output not dense.
+inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   namespace geo = ::ondine::infer::detail_nn;
   const Value* x = n.input(0);
   const Value* w = n.input(1);
@@ -63,7 +65,10 @@ inline bool lower_conv(Lowering& L, const Node& n) {
   bool is_fused_op = !n.domain().empty();
   std::optional<PostOpChain> planned = is_fused_op ? fused_post_ops(L, n, 3) : plan_post_ops(L, n, true);
   if (!planned) return decline_fused(L, n, "its Sum is not a float32 tensor of the output's shape");
-  PostOpChain chain = *planned, own = chain.own_part(y);
+  PostOpChain chain = *planned;
+  std::optional<float> swish;
+  if (own_swish && !(bf16 && L.bf16_activation(chain.result))) swish = take_trailing_swish(chain);
+  PostOpChain own = chain.own_part(y);
   bool fused = false;
   auto pd = choose_fusion<dnnl::convolution_forward::primitive_desc>(
       [&](bool with_chain) {
@@ -83,6 +88,7 @@ inline bool lower_conv(Lowering& L, const Node& n) {
       !chain.nodes.empty(), fused);
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
   if (!fused) chain = own;
+  if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false);  // nothing created yet
 
   SlotId src = L.slot_in(x, pd.src_desc());
   std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
@@ -104,7 +110,10 @@ inline bool lower_conv(Lowering& L, const Node& n) {
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), read_too});
   L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
                   pd.scratchpad_desc(), std::move(args), std::move(consts));
+  if (swish) add_silu_step(L, n, dst, pd.dst_desc(), *swish);
   return true;
 }
+
+inline bool lower_conv(Lowering& L, const Node& n) { return lower_conv_with(L, n, true); }
 
 }  // namespace ondine::lower::detail

@@ -17,6 +17,8 @@
 
 #include "ondine/ir/fused_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/silu.hpp"
+#include "ondine/lower/isa.hpp"
 
 namespace ondine::lower::detail {
 
@@ -57,6 +59,7 @@ inline EltwiseSpec eltwise_of(const fused::Activation& a) {
   if (op == "HardSwish") return one(A::eltwise_hardswish);
   if (op == "Gelu") return one(A::eltwise_gelu_erf);
   if (op == "GeluTanh") return one(A::eltwise_gelu_tanh);
+  if (op == "Swish") return one(A::eltwise_swish, a.alpha);  // x * logistic(alpha * x)
   if (op == "HardSigmoid") {  // max(0, min(1, alpha * x + beta))
     s.ops.push_back({A::eltwise_linear, a.alpha, a.beta});
     return one(A::eltwise_clip_v2, 0.0f, 1.0f);
@@ -289,6 +292,69 @@ inline std::optional<PostOpChain> fused_post_ops(Lowering& L, const Node& n, std
   chain.own_eltwise = chain.eltwise.size();
   extend_with_activations(L, chain);
   return chain;
+}
+
+// --- Swish after a primitive, by Ondine's kernel (silu.hpp says why) ---------------------------------
+
+// Takes a Swish off the end of `chain` when it is the fused node's own last activation and the only
+// oneDNN algorithm of that entry; returns its alpha. The caller then runs SiluStep on the primitive's
+// output instead (its float32 output: a bf16 one keeps the post-op).
+inline std::optional<float> take_trailing_swish(PostOpChain& chain) {
+  if (chain.eltwise.empty() || chain.eltwise.size() != chain.own_eltwise) return std::nullopt;
+  const EltwiseSpec& last = chain.eltwise.back();
+  if (last.ops.size() != 1 || last.ops[0].alg != dnnl::algorithm::eltwise_swish) return std::nullopt;
+  float alpha = last.ops[0].alpha;
+  chain.eltwise.pop_back();
+  --chain.own_eltwise;
+  return alpha;
+}
+
+// True when `md` covers its bytes densely from offset 0 (an in-place pass over get_size() bytes touches
+// this tensor only, padding included: not a strided view into a larger buffer).
+inline bool is_dense(const memory::desc& md) {
+  std::size_t padded = 1;
+  for (int i = 0; i < md.data.ndims; ++i) padded *= static_cast<std::size_t>(md.data.padded_dims[i]);
+  return md.data.offset0 == 0 && md.get_size() == padded * dnnl_data_type_size(md.data.data_type);
+}
+
+// y = x * sigmoid(alpha x) in place over a dense float32 slot (any layout: the op is elementwise and
+// maps a blocked layout's zero padding to zero), split over the run's OpenMP threads.
+class SiluStep : public runtime::Step {
+ public:
+  SiluStep(runtime::StepInfo info, SlotId slot, std::size_t count, float alpha, silu::Kernel kernel)
+      : Step(std::move(info), {slot}, {slot}), slot_(slot), count_(count), alpha_(alpha), kernel_(kernel) {}
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    float* p = static_cast<float*>(ctx.ptr(slot_));
+    constexpr std::size_t kPerThread = std::size_t{1} << 14;  // below this a second thread costs more than it saves
+    const int threads = static_cast<int>(
+        std::min<std::size_t>(static_cast<std::size_t>(omp_get_max_threads()), (count_ + kPerThread - 1) / kPerThread));
+    if (threads <= 1) return silu::run(kernel_, p, count_, alpha_);
+#pragma omp parallel num_threads(threads)
+    {
+      // Chunks of whole 64-byte lines, so no two threads write one cache line.
+      const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), k = static_cast<std::size_t>(threads);
+      const std::size_t lines = (count_ + 15) / 16;
+      const std::size_t begin = std::min(count_, lines * t / k * 16), end = std::min(count_, lines * (t + 1) / k * 16);
+      if (end > begin) silu::run(kernel_, p + begin, end - begin, alpha_);
+    }
+  }
+
+ private:
+  SlotId slot_;
+  std::size_t count_;
+  float alpha_;
+  silu::Kernel kernel_;
+};
+
+// Appends a SiluStep over `dst` (laid out as `md`) for the Swish take_trailing_swish took off `n`'s chain.
+inline void add_silu_step(Lowering& L, const Node& n, SlotId dst, const memory::desc& md, float alpha) {
+  const IsaInfo isa = effective_isa();
+  const silu::Kernel kernel = silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa));
+  std::string detail = "in place on " + layout_name(md) + (alpha == 1.0f ? "" : " alpha " + std::to_string(alpha));
+  L.add_step(std::make_unique<SiluStep>(runtime::StepInfo{n.name() + ":swish", "Swish", silu::kernel_name(kernel), detail},
+                                        dst, md.get_size() / sizeof(float), alpha, kernel));
 }
 
 // A fused node that oneDNN cannot take runs its reference kernel (correct, slow): say so.

@@ -1,0 +1,136 @@
+// ondine/lower/detail/silu.hpp - Swish / SiLU, y = x * sigmoid(alpha * x), in place over float32 memory:
+// Ondine's own kernels for AVX-512 and AVX2 (+FMA), and a scalar one.
+//
+// Why not oneDNN's eltwise_swish post-op: measured on Zen 4 (2026-11-26), oneDNN 2.6's swish injector costs
+// about 0.8 ns per element (exp by its full-range polynomial, then a division), three times what the
+// convolution itself spends per output element of EfficientNet's expansion convs; as a separate pass over
+// the convolution's output (still in cache) this kernel costs 0.27 ns per element: a 1x1 conv 16->96 at
+// 112x112 takes 0.72 ms with it against 1.41 ms with the post-op (one thread).
+//
+// Accuracy: exp(-alpha x) as 2^n * p(f) with a degree-6 polynomial for 2^f on f in [-0.5, 0.5] (relative
+// error ~2e-7), the exponent clamped to +-126 (x * sigmoid saturates long before), and 1 / (1 + e) by
+// rcp14 and one Newton step; largest relative error 1.8e-6 over [-30, 30], exact signs, silu(0) = 0.
+//
+// The functions are compiled for their ISA with target attributes (the rest of the library keeps the
+// host's flags) and chosen when the model is compiled, by oneDNN's effective ISA, so DNNL_MAX_CPU_ISA
+// caps them too.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ONDINE_SILU_X86 1
+#endif
+
+namespace ondine::lower::detail::silu {
+
+enum class Kernel { Scalar, Avx2, Avx512 };
+
+inline const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::Avx512: return "ondine:avx512";
+    case Kernel::Avx2: return "ondine:avx2";
+    case Kernel::Scalar: break;
+  }
+  return "ondine:scalar";
+}
+
+// The degree-6 polynomial of 2^f on [-0.5, 0.5] (its coefficients, lowest degree first after 1).
+inline constexpr float kC1 = 0.693147182f, kC2 = 0.240226507f, kC3 = 0.0555041086f, kC4 = 0.00961812911f,
+                       kC5 = 0.00133335581f, kC6 = 0.000154035304f;
+inline constexpr float kMinusLog2e = -1.44269504088896341f;
+
+inline void run_scalar(float* p, std::size_t n, float alpha) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = p[i];
+    p[i] = x / (1.0f + std::exp(-alpha * x));
+  }
+}
+
+#ifdef ONDINE_SILU_X86
+
+__attribute__((target("avx512f"))) inline __m512 silu16(__m512 x, __m512 alpha) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 t = _mm512_mul_ps(_mm512_mul_ps(x, alpha), _mm512_set1_ps(kMinusLog2e));  // -alpha x log2(e)
+  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(126.0f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(kC6), f, _mm512_set1_ps(kC5));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(kC4));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(kC3));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(kC2));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(kC1));
+  q = _mm512_fmadd_ps(q, f, one);
+  const __m512 d = _mm512_add_ps(one, _mm512_scalef_ps(q, n));  // 1 + exp(-alpha x)
+  __m512 r = _mm512_rcp14_ps(d);
+  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));  // one Newton step: 1 / d
+  return _mm512_mul_ps(x, r);
+}
+
+__attribute__((target("avx512f"))) inline void run_avx512(float* p, std::size_t n, float alpha) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, silu16(_mm512_loadu_ps(p + i), a));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(p + i, m, silu16(_mm512_maskz_loadu_ps(m, p + i), a));
+  }
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 silu8(__m256 x, __m256 alpha) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 t = _mm256_mul_ps(_mm256_mul_ps(x, alpha), _mm256_set1_ps(kMinusLog2e));
+  t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(126.0f));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(t, n);
+  __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(kC6), f, _mm256_set1_ps(kC5));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(kC4));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(kC3));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(kC2));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(kC1));
+  q = _mm256_fmadd_ps(q, f, one);
+  // 2^n for integer n in [-126, 126]: the exponent field set directly.
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 d = _mm256_add_ps(one, _mm256_mul_ps(q, _mm256_castsi256_ps(bits)));
+  __m256 r = _mm256_rcp_ps(d);
+  r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));
+  r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));  // rcp_ps has 12 bits: two steps
+  return _mm256_mul_ps(x, r);
+}
+
+__attribute__((target("avx2,fma"))) inline void run_avx2(float* p, std::size_t n, float alpha) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, silu8(_mm256_loadu_ps(p + i), a));
+  if (i < n) run_scalar(p + i, n - i, alpha);
+}
+
+#endif  // ONDINE_SILU_X86
+
+// The kernel for oneDNN's effective ISA (avx512 / avx2 flags of lower::IsaInfo).
+inline Kernel choose(bool avx512, bool avx2) {
+#ifdef ONDINE_SILU_X86
+  if (avx512) return Kernel::Avx512;
+  if (avx2) return Kernel::Avx2;
+#else
+  (void)avx512;
+  (void)avx2;
+#endif
+  return Kernel::Scalar;
+}
+
+// x * sigmoid(alpha x) over p[0, n), with kernel k (which the CPU must support).
+inline void run(Kernel k, float* p, std::size_t n, float alpha) {
+#ifdef ONDINE_SILU_X86
+  if (k == Kernel::Avx512) return run_avx512(p, n, alpha);
+  if (k == Kernel::Avx2) return run_avx2(p, n, alpha);
+#else
+  (void)k;
+#endif
+  run_scalar(p, n, alpha);
+}
+
+}  // namespace ondine::lower::detail::silu
