@@ -5,8 +5,9 @@
 //                  [--dim batch=1] [--seed N] [--tolerance T] [--target native,avx2 (with -o OUT.ondine)]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
 //              [--threads N] [--reference] [--check] [--tolerance T] [--passes P]
+//              [--precision fp32|bf16 [--keep-fp32 GLOB]...]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
-//                [--passes P]
+//                [--passes P] [--precision fp32|bf16 [--keep-fp32 GLOB]...] [--profile]
 //   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method M] [--max-samples N] [--exclude ..] [--include ..]
 //                   [--keep-fp32-ends] [--activations u8|s8] [--save-calibration FILE] [--passes P]
@@ -246,8 +247,9 @@ std::size_t quantized_nodes(const Graph& g) {
   return n;
 }
 
-// --precision of run and bench (lower::CompileOptions::precision).
+// --precision and --keep-fp32 of run and bench (lower::CompileOptions::precision, keep_fp32).
 lower::Precision g_precision = lower::Precision::Fp32;
+std::vector<std::string> g_keep_fp32;
 
 CheckBound check_bound(const Graph& g, std::optional<double> given) {
   CheckBound b;
@@ -321,6 +323,7 @@ struct Engine {
   std::string name;       // "compiled" or "reference"
   std::string isa;        // the compiled model's ISA; empty for the reference executor
   double compile_ms = 0;  // time lower::compile took
+  std::string precision;  // the compile log's "precision: ..." line (--precision bf16), else empty
   std::function<std::map<std::string, Tensor>(const std::map<std::string, Tensor>&)> run;
   // Compiled engine only: `runs` profiled runs, then CompiledModel::profile_text.
   std::function<std::string(const std::map<std::string, Tensor>&, int runs)> profile;
@@ -353,7 +356,14 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.passes = passes;
   opts.packed_weights = std::move(packed);
   opts.precision = g_precision;
+  opts.keep_fp32 = g_keep_fp32;
+  auto precision_line = std::make_shared<std::string>();  // outlives this call: staged models compile later
+  if (g_precision != lower::Precision::Fp32)
+    opts.log = [precision_line](const std::string& line) {
+      if (line.rfind("precision: ", 0) == 0) *precision_line = line;
+    };
   auto model = std::make_shared<CompiledModel>(lower::compile(g, opts));
+  engine.precision = *precision_line;
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
   engine.name = "compiled";
@@ -708,6 +718,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
             << " median=" << ms[ms.size() / 2] << " ms min=" << ms.front() << " ms load=" << file.load_ms << " ms";
   if (!use_reference) std::cout << " compile=" << engine.compile_ms << " ms";
   std::cout << "\n";
+  if (!engine.precision.empty()) std::cout << engine.precision << "\n";
   if (check && !use_reference) {
     // Every optimisation (passes and lowering) is checked against the oracle: the imported graph on
     // the reference executor, same inputs.
@@ -1003,6 +1014,7 @@ std::vector<std::int64_t> bench_batches(const Graph& g, const BatchDims& dims, s
 struct BenchResult {
   std::int64_t batch = 0;
   double compile_ms = 0, median_ms = 0, p90_ms = 0, samples_per_s = 0, peak_rss_mib = 0;
+  std::string precision;  // Engine::precision
 };
 
 BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batch, bool use_reference, int threads,
@@ -1022,6 +1034,7 @@ BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batc
   BenchResult r;
   r.batch = batch;
   r.compile_ms = engine.compile_ms;
+  r.precision = engine.precision;
   r.median_ms = quantile(ms, 0.5);
   r.p90_ms = quantile(ms, 0.9);
   r.samples_per_s = r.median_ms > 0 ? static_cast<double>(batch) * 1000.0 / r.median_ms : 0;
@@ -1066,6 +1079,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa + ", precision " + lower::precision_name(g_precision))
             << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs
             << (passes_apply ? ", passes " + passes_label(pipeline) : "") << "\n";
+  if (!results.empty() && !results.front().precision.empty()) std::cout << results.front().precision << "\n";
   std::cout << "FLOPs:   " << (flops ? human(*flops, "FLOP") : std::string("unknown")) << " per sample\n";
   std::cout << std::right << std::setw(7) << "batch" << std::setw(13) << "median ms" << std::setw(11) << "p90 ms"
             << std::setw(13) << "samples/s" << std::setw(13) << "compile ms" << "\n";
@@ -1176,6 +1190,9 @@ int main(int argc, char** argv) {
       "fp32 (default) or bf16: convolutions and matrix products with constant weights in bfloat16 with float32 "
       "accumulation, bf16 activations between convolutions (needs native bf16: avx512_core_bf16 or AMX)";
   run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
+  const std::string keep_fp32_help =
+      "with --precision bf16: nodes whose name matches this glob ('*', '?') stay fp32 (repeatable)";
+  run->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
@@ -1206,6 +1223,7 @@ int main(int argc, char** argv) {
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
   bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
+  bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
@@ -1225,6 +1243,10 @@ int main(int argc, char** argv) {
     return app.exit(e) ? 2 : 0;
   }
   g_precision = precision == "bf16" ? lower::Precision::Bf16 : lower::Precision::Fp32;
+  if (!g_keep_fp32.empty() && g_precision != lower::Precision::Bf16) {
+    std::cerr << "ondine: error: --keep-fp32 needs --precision bf16 (everything is fp32 already)\n";
+    return 2;
+  }
   try {
     if (*inspect)
       return cmd_inspect(model, dims, json, print_graph, dot_file, compiled, threads, inspect_passes,

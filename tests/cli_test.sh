@@ -33,7 +33,7 @@ case $isa in
   *) vnni=0 ;;
 esac
 conv=$data/node/test_basic_conv_with_padding/model.onnx
-det=$data/node/test_det_2d/model.onnx  # Det: not supported (yet)
+det=$data/node/test_gridsample/model.onnx  # GridSample: not supported (yet)
 
 expect 0 'Relu +1' -- "$ondine" inspect "$relu"
 expect 0 'slow paths: none' -- "$ondine" inspect "$relu" --compiled
@@ -58,7 +58,7 @@ head -c 4096 /dev/urandom >"$work/garbage.onnx"
 expect 1 "garbage\.onnx" -- "$ondine" inspect "$work/garbage.onnx"
 
 # Unsupported op: named with its node before anything runs.
-expect 1 "unsupported op.*Det" -- "$ondine" run "$det"
+expect 1 "unsupported op.*GridSample" -- "$ondine" run "$det"
 
 # Wrong input shape / name / dim binding.
 expect 1 "input 'x' has shape \[3,4,5\], the model expects \[1,1,5,5\]" -- "$ondine" run "$conv" --input x="$work/out/y.npy"
@@ -352,8 +352,11 @@ case $isa in
   *bf16* | *amx*)
     expect 0 'precision=bf16 .*' -- "$ondine" run "$mm" --precision bf16 --dim batch=4
     expect 0 'check: logits .* ok' -- "$ondine" run "$mm" --precision bf16 --dim batch=4 --check
-    expect 0 '"precision": "bf16"' -- "$ondine" bench "$mm" --precision bf16 --runs 2 --warmup 1 --json /dev/stdout ;;
+    expect 0 '"precision": "bf16"' -- "$ondine" bench "$mm" --precision bf16 --runs 2 --warmup 1 --json /dev/stdout
+    expect 0 'precision: bf16 in [0-9]+ of [0-9]+ .*kept fp32: ' -- "$ondine" run "$mm" --precision bf16 --dim batch=4 --keep-fp32 '*'
+    expect 0 'precision: bf16 in [0-9]+ of [0-9]+ convolutions' -- "$ondine" bench "$mm" --precision bf16 --runs 2 --warmup 1 ;;
 esac
+expect 2 'keep-fp32 needs --precision bf16' -- "$ondine" run "$mm" --keep-fp32 'conv*'
 expect 1 'precision bf16 needs a CPU with native bf16' -- env DNNL_MAX_CPU_ISA=AVX512_CORE_VNNI "$ondine" run "$mm" --precision bf16
 expect 2 'precision' -- "$ondine" run "$mm" --precision fp16
 

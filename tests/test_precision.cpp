@@ -119,6 +119,56 @@ TEST_CASE("precision bf16: a chain of convolutions passes bf16 from one to the n
   CHECK(test::rel_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
 }
 
+TEST_CASE("precision bf16: glob patterns of keep_fp32", "[lower][bf16]") {
+  using lower::glob_match;
+  CHECK(glob_match("c2", "c2"));
+  CHECK_FALSE(glob_match("c2", "c21"));
+  CHECK(glob_match("c*", "c21"));
+  CHECK(glob_match("*/head/*", "/model/head/Conv"));
+  CHECK_FALSE(glob_match("*/head/*", "/model/heads"));
+  CHECK(glob_match("c?", "c3"));
+  CHECK_FALSE(glob_match("c?", "c"));
+  CHECK(glob_match("*", ""));
+  CHECK(glob_match("a*b*c", "axxbyyc"));
+  CHECK_FALSE(glob_match("a*b*c", "axxbyy"));
+}
+
+TEST_CASE("precision bf16: keep_fp32 keeps the matching convolutions float32 and says so", "[lower][bf16]") {
+  if (!lower::effective_isa().bf16_native) return;  // refusal: the first test
+  // The chain of four 1x1 convolutions with c1 and c2 kept fp32: those two read and write float32; the
+  // activations between c0 and c1, and c2 and c3, are converted; the plan's log names them.
+  Graph g;
+  Value* v = g.add_input("x", DType::Float32, Shape{1, 32, 10, 10});
+  for (int i = 0; i < 4; ++i) {
+    Value* w = g.add_constant("w" + std::to_string(i), random_tensor({32, 32, 1, 1}, 10 + i, 0.3f));
+    v = g.add_node("Conv", {v, w}, {"c" + std::to_string(i)}, {}, "c" + std::to_string(i))->output(0);
+    v = g.add_node("Relu", {v}, {"r" + std::to_string(i)}, {}, "r" + std::to_string(i))->output(0);
+  }
+  g.add_output(v);
+  infer_shapes(g);
+  lower::CompileOptions options;
+  options.precision = lower::Precision::Bf16;
+  options.keep_fp32 = {"c1", "c?x", "c2"};  // one pattern matches nothing
+  std::vector<std::string> log;
+  options.log = [&](const std::string& line) { log.push_back(line); };
+  CompiledModel model = lower::compile(g, options);
+  INFO(model.to_text());
+  std::map<std::string, std::string> conv_detail;
+  for (const StepInfo& s : model.steps())
+    if (s.op.find("Conv") != std::string::npos) conv_detail[s.name] = s.detail;
+  REQUIRE(conv_detail.size() == 4);
+  CHECK(conv_detail["c0"].find("bf16") != std::string::npos);
+  CHECK(conv_detail["c1"].find("bf16") == std::string::npos);
+  CHECK(conv_detail["c2"].find("bf16") == std::string::npos);
+  CHECK(conv_detail["c3"].find("bf16") != std::string::npos);
+  bool said = false;
+  for (const std::string& line : log)
+    said |= line == "precision: bf16 in 2 of 4 convolutions and matrix products with constant weights; kept fp32: 'c1' 'c2'";
+  CHECK(said);
+  std::map<std::string, Tensor> in{{"x", random_tensor({1, 32, 10, 10}, 3)}};
+  CHECK(test::rel_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
+}
+
 TEST_CASE("precision bf16: matrix products with constant weights in bfloat16, outputs float32", "[lower][bf16]") {
   if (!lower::effective_isa().bf16_native) return;  // refusal: the first test
   // An MLP block as transformers have it: MatMul + bias + Relu, then Gemm (transB) + residual Add, and a

@@ -357,6 +357,17 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
         << program->memory.arena_bytes << " B (peak " << program->memory.peak_bytes << " B, sum "
         << program->memory.total_bytes << " B), scratchpad " << program->memory.scratchpad_bytes << " B";
     options.log(sum.str());
+    if (options.precision == Precision::Bf16) {
+      // Which convolutions and matrix products compute in bfloat16, and which stay float32 (keep_fp32).
+      std::ostringstream bf16;
+      bf16 << "precision: bf16 in " << L.bf16_nodes.size() << " of " << L.bf16_nodes.size() + L.kept_fp32_nodes.size()
+           << " convolutions and matrix products with constant weights";
+      if (!L.kept_fp32_nodes.empty()) {
+        bf16 << "; kept fp32:";
+        for (const Node* n : L.kept_fp32_nodes) bf16 << " '" << n->name() << "'";
+      }
+      options.log(bf16.str());
+    }
     std::istringstream int8(int8_plan(model).text());  // Q/DQ left, fp32 islands, predicted int8 vs fp32
     for (std::string line; std::getline(int8, line);) options.log(line);
   }

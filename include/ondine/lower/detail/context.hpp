@@ -64,7 +64,31 @@ struct CompileOptions {
   // ShapeCache sets one for all the shapes it compiles.
   std::shared_ptr<PackedWeights> packed_weights;
   Precision precision = Precision::Fp32;
+  // Under Precision::Bf16: nodes whose name matches one of these patterns ('*' any run of characters,
+  // '?' one) stay float32, with float32 activations around them (a sensitive head, a first layer).
+  std::vector<std::string> keep_fp32;
 };
+
+// `text` matches the glob `pattern`: '*' any run of characters (also none), '?' exactly one.
+inline bool glob_match(const std::string& pattern, const std::string& text) {
+  std::size_t p = 0, t = 0, star = std::string::npos, resume = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = t;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      t = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
 
 namespace detail {
 
@@ -714,8 +738,27 @@ class Lowering {
     return slot_in(v, plain_md(v->shape().sizes(), dt));
   }
 
+  // Whether conv/matmul `n`, which could compute in bfloat16 (`eligible`: float32 with constant weights),
+  // does: runs_bf16(n). Under Precision::Bf16 the choice is recorded for the plan's precision summary.
+  bool choose_bf16(const Node& n, bool eligible) {
+    if (options.precision != Precision::Bf16 || !eligible) return false;
+    const bool bf16 = runs_bf16(n);
+    std::vector<const Node*>& list = bf16 ? bf16_nodes : kept_fp32_nodes;
+    if (std::find(list.begin(), list.end(), &n) == list.end()) list.push_back(&n);  // once per node (retries)
+    return bf16;
+  }
+  std::vector<const Node*> bf16_nodes, kept_fp32_nodes;
+
+  // Whether node `n` computes in bfloat16: Precision::Bf16 and not kept float32 (CompileOptions::keep_fp32).
+  bool runs_bf16(const Node& n) const {
+    if (options.precision != Precision::Bf16) return false;
+    for (const std::string& pattern : options.keep_fp32)
+      if (glob_match(pattern, n.name())) return false;
+    return true;
+  }
+
   // Whether `v` may be held in bfloat16: Precision::Bf16, float32, not a graph output, and read only by
-  // convolutions as their source (or a FusedConv's Sum), which take it as it is.
+  // convolutions computing in bfloat16 as their source (or a FusedConv's Sum), which take it as it is.
   bool bf16_activation(const Value* v) const {
     if (options.precision != Precision::Bf16 || !v || v->dtype() != DType::Float32 || v->is_graph_output() ||
         !v->has_uses())
@@ -724,7 +767,7 @@ class Lowering {
       const std::string& key = u.node->op_key();
       bool conv_source = (key == "Conv" || key == "ondine.FusedConv") && u.index == 0;
       bool fused_sum = key == "ondine.FusedConv" && u.index == 3;
-      if (!conv_source && !fused_sum) return false;
+      if ((!conv_source && !fused_sum) || !runs_bf16(*u.node)) return false;
     }
     return true;
   }

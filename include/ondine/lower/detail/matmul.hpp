@@ -81,9 +81,9 @@ inline memory::desc with_data_type(const memory::desc& md, memory::data_type dt)
 // once), f32 accumulation, bias, post-op operands and output.
 inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value* b, MatmulPlan& plan,
                         const std::string& detail_prefix) {
-  const bool bf16 = L.options.precision == Precision::Bf16 && plan.weights_constant && a &&
-                    a->dtype() == DType::Float32 && plan.src_md.data_type() == memory::data_type::f32 &&
-                    plan.weights.dtype() == DType::Float32;
+  const bool bf16 = L.choose_bf16(n, plan.weights_constant && a && a->dtype() == DType::Float32 &&
+                                         plan.src_md.data_type() == memory::data_type::f32 &&
+                                         plan.weights.dtype() == DType::Float32);
   if (bf16) {
     plan.src_md = with_data_type(plan.src_md, memory::data_type::bf16);
     plan.weights_md = with_data_type(plan.weights_md, memory::data_type::bf16);
