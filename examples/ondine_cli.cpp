@@ -5,9 +5,9 @@
 //                  [--dim batch=1] [--seed N] [--tolerance T] [--target native,avx2 (with -o OUT.ondine)]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
 //              [--threads N] [--reference] [--check] [--tolerance T] [--passes P]
-//              [--precision fp32|bf16 [--keep-fp32 GLOB]...]
+//              [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
-//                [--passes P] [--precision fp32|bf16 [--keep-fp32 GLOB]...] [--profile]
+//                [--passes P] [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]] [--profile]
 //   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method M] [--max-samples N] [--exclude ..] [--include ..]
 //                   [--keep-fp32-ends] [--activations u8|s8] [--save-calibration FILE] [--passes P]
@@ -250,6 +250,8 @@ std::size_t quantized_nodes(const Graph& g) {
 // --precision and --keep-fp32 of run and bench (lower::CompileOptions::precision, keep_fp32).
 lower::Precision g_precision = lower::Precision::Fp32;
 std::vector<std::string> g_keep_fp32;
+// --max-error with --precision bf16: the bound on the outputs against fp32 (lower/error_bound.hpp).
+std::optional<double> g_max_error;
 
 CheckBound check_bound(const Graph& g, std::optional<double> given) {
   CheckBound b;
@@ -333,8 +335,10 @@ struct Engine {
 // `reference_passes` (then it runs the optimised graph, which checks the passes without the lowering).
 // `packed`: weight packings shared with other engines of the same model (bench's batch sizes), as a
 // lower::ShapeCache shares them between shapes.
+// `sample`: the inputs --max-error measures the bf16 error on.
 Engine make_engine(const Graph& g, bool use_reference, int threads, const std::string& passes,
-                   bool reference_passes = false, std::shared_ptr<lower::PackedWeights> packed = nullptr) {
+                   bool reference_passes = false, std::shared_ptr<lower::PackedWeights> packed = nullptr,
+                   const std::map<std::string, Tensor>* sample = nullptr) {
   Engine engine;
   if (use_reference) {
     std::shared_ptr<ReferenceExecutor> exec;
@@ -362,8 +366,22 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
     opts.log = [precision_line](const std::string& line) {
       if (line.rfind("precision: ", 0) == 0) *precision_line = line;
     };
-  auto model = std::make_shared<CompiledModel>(lower::compile(g, opts));
-  engine.precision = *precision_line;
+  std::shared_ptr<CompiledModel> model;
+  if (g_max_error && sample) {
+    lower::Bf16BoundOptions bo;
+    bo.max_error = *g_max_error;
+    bo.progress = [](const std::string& what) { std::cerr << "bf16 bound: " << what << "\n"; };
+    lower::Bf16BoundResult r = lower::compile_bf16_within(g, opts, {*sample}, bo);
+    model = std::make_shared<CompiledModel>(std::move(r.model));
+    std::ostringstream line;
+    line << "bf16 error bound " << std::defaultfloat << *g_max_error << ": error " << r.error << " (all bf16: "
+         << r.initial_error << ")" << (r.met ? "" : " NOT MET") << ", " << r.kept.size() << " node(s) kept fp32 for it";
+    for (const std::string& name : r.kept) line << " '" << name << "'";
+    engine.precision = line.str() + "\n" + *precision_line;
+  } else {
+    model = std::make_shared<CompiledModel>(lower::compile(g, opts));
+    engine.precision = *precision_line;
+  }
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
   engine.name = "compiled";
@@ -689,7 +707,8 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
-  Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value(), file.packed);
+  Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value(), file.packed,
+                              &inputs);
   if (file.packed && !use_reference) {
     std::cout << "packed weights: " << file.packings << " stored, " << file.packed->preloaded_hits()
               << " used as stored, " << file.packed->packed_here() << " packed at load\n";
@@ -1024,7 +1043,7 @@ BenchResult bench_batch(const Graph& g, const BatchDims& dims, std::int64_t batc
   Graph bound = bind_batch(g, dims, batch);
   std::map<std::string, Tensor> inputs;
   fill_random_inputs(bound, inputs, seed);
-  Engine engine = make_engine(bound, use_reference, threads, passes, passes_given, packed);
+  Engine engine = make_engine(bound, use_reference, threads, passes, passes_given, packed, &inputs);
   isa = engine.isa;
   std::string label = "batch " + std::to_string(batch);
   time_runs(engine, inputs, warmup, path, label + " warmup");
@@ -1193,6 +1212,10 @@ int main(int argc, char** argv) {
   const std::string keep_fp32_help =
       "with --precision bf16: nodes whose name matches this glob ('*', '?') stay fp32 (repeatable)";
   run->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
+  const std::string max_error_help =
+      "with --precision bf16: keep the most sensitive nodes fp32, one at a time, until the outputs are within E "
+      "(max |bf16 - fp32| / max |fp32| per output) of the fp32 compile's on the run's inputs";
+  run->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
@@ -1224,6 +1247,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
   bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
+  bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
@@ -1243,8 +1267,9 @@ int main(int argc, char** argv) {
     return app.exit(e) ? 2 : 0;
   }
   g_precision = precision == "bf16" ? lower::Precision::Bf16 : lower::Precision::Fp32;
-  if (!g_keep_fp32.empty() && g_precision != lower::Precision::Bf16) {
-    std::cerr << "ondine: error: --keep-fp32 needs --precision bf16 (everything is fp32 already)\n";
+  if ((!g_keep_fp32.empty() || g_max_error) && g_precision != lower::Precision::Bf16) {
+    std::cerr << "ondine: error: " << (g_max_error ? "--max-error" : "--keep-fp32")
+              << " needs --precision bf16 (everything is fp32 already)\n";
     return 2;
   }
   try {

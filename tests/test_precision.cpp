@@ -169,6 +169,55 @@ TEST_CASE("precision bf16: keep_fp32 keeps the matching convolutions float32 and
   CHECK(test::rel_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
 }
 
+TEST_CASE("precision bf16: under an error bound the most sensitive nodes are kept fp32 until it holds", "[lower][bf16]") {
+  if (!lower::effective_isa().bf16_native) return;  // refusal: the first test
+  Graph g = residual_cnn();
+  infer_shapes(g);
+  std::vector<std::map<std::string, Tensor>> samples{{{"x", random_tensor({2, 16, 12, 12}, 5)}}};
+  lower::CompileOptions options;
+  SECTION("a loose bound: all bf16, nothing ranked") {
+    lower::Bf16BoundOptions bo;
+    bo.max_error = 0.5;
+    lower::Bf16BoundResult r = lower::compile_bf16_within(g, options, samples, bo);
+    CHECK(r.met);
+    CHECK(r.kept.empty());
+    CHECK(r.ranking.empty());
+    CHECK(r.initial_error > 0);  // bf16 shows
+    CHECK(r.model.bf16_nodes().size() == 3);
+  }
+  SECTION("a bound bf16 cannot meet: nodes kept one at a time, worst first, until it holds") {
+    lower::Bf16BoundOptions bo;
+    bo.max_error = 1e-7;
+    std::vector<std::string> progress;
+    bo.progress = [&](const std::string& line) { progress.push_back(line); };
+    lower::Bf16BoundResult r = lower::compile_bf16_within(g, options, samples, bo);
+    CHECK(r.ranking.size() == 3);
+    for (std::size_t i = 1; i < r.ranking.size(); ++i) CHECK(r.ranking[i - 1].second >= r.ranking[i].second);
+    CHECK(r.met);
+    CHECK(r.kept.size() == 3);  // every conv: the fp32 compile itself, error 0
+    CHECK(r.error == 0.0);
+    CHECK(r.model.bf16_nodes().empty());
+    CHECK(progress.size() == 6);  // ranking 1/3 .. 3/3, fallback 1 .. 3
+    CHECK_THAT(progress.front(), Catch::StartsWith("ranking 1/3 '"));
+  }
+  SECTION("max_fallbacks stops early and says the bound is not met") {
+    lower::Bf16BoundOptions bo;
+    bo.max_error = 1e-7;
+    bo.max_fallbacks = 1;
+    lower::Bf16BoundResult r = lower::compile_bf16_within(g, options, samples, bo);
+    CHECK(r.kept.size() == 1);
+    CHECK(r.kept.front() == r.ranking.front().first);
+    CHECK_FALSE(r.met);
+    CHECK(r.error <= r.initial_error * 1.5);
+  }
+  SECTION("bad bounds and no samples are errors") {
+    lower::Bf16BoundOptions bo;
+    bo.max_error = -1;
+    CHECK_THROWS_WITH(lower::compile_bf16_within(g, options, samples, bo), Catch::Contains("finite number >= 0"));
+    CHECK_THROWS_WITH(lower::compile_bf16_within(g, options, {}), Catch::Contains("at least one sample"));
+  }
+}
+
 TEST_CASE("precision bf16: matrix products with constant weights in bfloat16, outputs float32", "[lower][bf16]") {
   if (!lower::effective_isa().bf16_native) return;  // refusal: the first test
   // An MLP block as transformers have it: MatMul + bias + Relu, then Gemm (transB) + residual Add, and a

@@ -343,6 +343,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   plan_arena(*program, L);
   program->memory.scratchpad_bytes = L.scratchpad_bytes;
   program->memory.constant_bytes = L.constant_bytes;
+  for (const Node* n : L.bf16_nodes) program->bf16_nodes.push_back(n->name());
 
   CompiledModel model(program);
   if (options.log) {

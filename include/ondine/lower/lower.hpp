@@ -4,10 +4,12 @@
 //
 //   ondine::CompiledModel model = ondine::lower::compile(graph, {/*threads*/ 4});  // the default pipeline
 //
-// ondine/runtime.hpp is the compiler without the pass layer, for artifacts whose passes already ran.
+// lower/error_bound.hpp adds bf16 under an error bound (compile_bf16_within). ondine/runtime.hpp is the
+// compiler without the pass layer, for artifacts whose passes already ran.
 #pragma once
 
 #include "ondine/lower/compiler.hpp"
+#include "ondine/lower/error_bound.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/passes/pipeline.hpp"
 

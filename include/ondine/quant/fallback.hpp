@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "ondine/error.hpp"
+#include "ondine/ir/error_bound.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/passes/pass.hpp"
 #include "ondine/quant/calibration.hpp"
@@ -92,50 +93,9 @@ struct FallbackResult {
   bool met = false;
 };
 
-// Graph outputs, one map per sample.
-using SampleOutputs = std::vector<std::map<std::string, Tensor>>;
-
-// The error of `test` against `reference` on g's float outputs (see the header comment).
-inline double output_error(const Graph& g, const SampleOutputs& reference, const SampleOutputs& test) {
-  if (reference.size() != test.size() || reference.empty())
-    throw Error("output_error: " + std::to_string(reference.size()) + " reference runs and " +
-                std::to_string(test.size()) + " test runs");
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  double worst = 0.0;
-  bool any = false;
-  for (Value* out : g.outputs()) {
-    double diff = 0.0, peak = 0.0;
-    bool floating = true;
-    for (std::size_t s = 0; s < reference.size() && floating; ++s) {
-      auto get = [&](const std::map<std::string, Tensor>& run, const char* which) -> const Tensor& {
-        auto it = run.find(out->name());
-        if (it == run.end())
-          throw Error("output_error: the " + std::string(which) + " run " + std::to_string(s + 1) + " lacks output '" +
-                      out->name() + "'");
-        return it->second;
-      };
-      const Tensor& f = get(reference[s], "reference");
-      const Tensor& q = get(test[s], "test");
-      floating = is_floating(f.dtype()) && is_floating(q.dtype());
-      if (!floating) break;
-      if (f.dims() != q.dims())
-        throw Error("output_error: output '" + out->name() + "' has shape " + dims_str(q.dims()) + ", expected " +
-                    dims_str(f.dims()));
-      for (std::int64_t i = 0; i < f.numel(); ++i) {
-        auto k = static_cast<std::size_t>(i);
-        double a = f.at_double(k), b = q.at_double(k), d = std::abs(b - a);
-        if (std::isnan(d)) diff = inf;
-        else diff = std::max(diff, d);
-        peak = std::max(peak, std::abs(a));
-      }
-    }
-    if (!floating) continue;
-    any = true;
-    worst = std::max(worst, diff == 0.0 ? 0.0 : peak > 0.0 ? diff / peak : inf);
-  }
-  if (!any) throw Error("output_error: graph '" + g.name + "' has no float output to measure the error on");
-  return worst;
-}
+// output_error() and SampleOutputs live in ir/error_bound.hpp, shared with the bf16 bound (lower/).
+using ::ondine::output_error;
+using ::ondine::SampleOutputs;
 
 namespace detail::fallback {
 
@@ -353,15 +313,17 @@ inline FallbackResult quantize_with_fallback(const Graph& fp32, const Calibratio
                                                                 : samples.size());
   r.ranking = layer_sensitivity(fp32, r.graph, std::vector<Sample>(samples.begin(), samples.begin() + ranked));
   r.error = r.initial_error = output_error(fp32, reference, detail::fallback::run_all(r.graph, samples));
-  for (const LayerSensitivity& layer : r.ranking) {
-    if (r.error <= fo.max_error || (fo.max_fallbacks && r.steps.size() >= fo.max_fallbacks)) break;
-    fallback[layer.output] = r.steps.size() + 1;
-    FallbackStep step{layer, r.error, 0.0};
-    quantize(r);
-    r.error = step.error_after = output_error(fp32, reference, detail::fallback::run_all(r.graph, samples));
-    r.steps.push_back(step);
-    if (fo.progress) fo.progress(r.steps.size(), step);
-  }
+  keep_worst_first(
+      r.ranking.size(), fo.max_error, fo.max_fallbacks, r.error,
+      [&](std::size_t i) {
+        fallback[r.ranking[i].output] = fallback.size() + 1;
+        quantize(r);
+        return output_error(fp32, reference, detail::fallback::run_all(r.graph, samples));
+      },
+      [&](std::size_t i, double before, double after) {
+        r.steps.push_back(FallbackStep{r.ranking[i], before, after});
+        if (fo.progress) fo.progress(r.steps.size(), r.steps.back());
+      });
   r.met = r.error <= fo.max_error;
   return r;
 }

@@ -167,6 +167,8 @@ struct Program {
   MemoryStats memory;
   std::string isa;                // the ISA the library dispatches to, e.g. "avx512_core_vnni"
   int threads = 0;                // default thread count of a run (0: the library's default)
+  // Reduced precision: the nodes computing in bfloat16 (names, in lowering order; empty in fp32).
+  std::vector<std::string> bf16_nodes;
   std::function<std::unique_ptr<ContextBackend>()> make_backend;
   std::shared_ptr<void> library;  // library objects every context shares (e.g. the engine)
 };
@@ -270,6 +272,7 @@ class CompiledModel {
   bool empty() const { return !p_; }
   const Program& program() const { return *p_; }
   const std::string& isa() const { return p_->isa; }
+  const std::vector<std::string>& bf16_nodes() const { return p_->bf16_nodes; }
   const std::vector<TensorInfo>& inputs() const { return p_->inputs; }
   const std::vector<TensorInfo>& outputs() const { return p_->outputs; }
   const MemoryStats& memory() const { return p_->memory; }

@@ -1,0 +1,106 @@
+// ondine/lower/error_bound.hpp - bfloat16 under an error bound: compile in bf16, measure the outputs against
+// the float32 compile on a few samples, and while the error exceeds the bound keep one more node float32,
+// worst first (the loop and the error measure are the int8 fallback's: ir/error_bound.hpp).
+//
+//   lower::CompileOptions options;                       // precision is set to Bf16 here
+//   auto r = lower::compile_bf16_within(graph, options, samples, 0.01);
+//   r.model            the compiled model of the last step, ready to run
+//   r.kept             the nodes kept float32 for the bound, in order (CompileOptions::keep_fp32 gets them)
+//   r.initial_error, r.error, r.met
+//
+// The ranking (only when the first bf16 compile misses the bound): each node that computes in bf16 is
+// compiled alone in bf16, every other one float32, and the output error it then causes is its
+// sensitivity; largest first. That costs one compile and one run per sample per node (ResNet-50: 54 such
+// compiles), which `progress` reports. Nodes the caller keeps float32 (options.keep_fp32) stay so.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ondine/error.hpp"
+#include "ondine/ir/error_bound.hpp"
+#include "ondine/ir/graph.hpp"
+#include "ondine/lower/compiler.hpp"
+
+namespace ondine::lower {
+
+struct Bf16BoundResult {
+  CompiledModel model;                                  // compiled with the nodes of `kept` float32
+  std::vector<std::pair<std::string, double>> ranking;  // bf16 nodes, worst first, with their alone-error
+  std::vector<std::string> kept;                        // nodes kept float32 for the bound, in order
+  double initial_error = 0.0, error = 0.0;
+  bool met = false;
+};
+
+struct Bf16BoundOptions {
+  double max_error = 0.01;
+  std::size_t max_fallbacks = 0;  // keep at most this many nodes float32 (0: no limit)
+  // Long work shows progress: called with what is being done ("ranking 3/54 'conv3'", "fallback 2: ...").
+  std::function<void(const std::string&)> progress;
+};
+
+namespace detail::bf16_bound {
+
+inline SampleOutputs run_all(const CompiledModel& model, const std::vector<std::map<std::string, Tensor>>& samples) {
+  SampleOutputs out;
+  for (const auto& s : samples) out.push_back(model.run(s));
+  return out;
+}
+
+}  // namespace detail::bf16_bound
+
+// Compiles `graph` with Precision::Bf16, keeping nodes float32 until the outputs on `samples` are within
+// bo.max_error of the float32 compile's (see the header comment).
+inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions options,
+                                           const std::vector<std::map<std::string, Tensor>>& samples,
+                                           const Bf16BoundOptions& bo = {}) {
+  using detail::bf16_bound::run_all;
+  if (samples.empty()) throw Error("the bf16 error bound needs at least one sample to measure the error on");
+  if (!(bo.max_error >= 0.0) || !std::isfinite(bo.max_error))
+    throw Error("the error bound must be a finite number >= 0, got " + std::to_string(bo.max_error));
+  CompileOptions fp32 = options;
+  fp32.precision = Precision::Fp32;
+  const SampleOutputs reference = run_all(compile(graph, fp32), samples);
+  options.precision = Precision::Bf16;
+  const std::vector<std::string> user_kept = options.keep_fp32;
+
+  Bf16BoundResult r{compile(graph, options), {}, {}, 0.0, 0.0, false};
+  r.error = r.initial_error = output_error(graph, reference, run_all(r.model, samples));
+  if (r.error > bo.max_error) {
+    const std::vector<std::string> candidates = r.model.bf16_nodes();
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      if (bo.progress)
+        bo.progress("ranking " + std::to_string(i + 1) + "/" + std::to_string(candidates.size()) + " '" +
+                    candidates[i] + "'");
+      CompileOptions alone = options;
+      for (std::size_t j = 0; j < candidates.size(); ++j)
+        if (j != i) alone.keep_fp32.push_back(candidates[j]);
+      r.ranking.emplace_back(candidates[i], output_error(graph, reference, run_all(compile(graph, alone), samples)));
+    }
+    std::stable_sort(r.ranking.begin(), r.ranking.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+  }
+  keep_worst_first(
+      r.ranking.size(), bo.max_error, bo.max_fallbacks, r.error,
+      [&](std::size_t i) {
+        r.kept.push_back(r.ranking[i].first);
+        options.keep_fp32 = user_kept;
+        options.keep_fp32.insert(options.keep_fp32.end(), r.kept.begin(), r.kept.end());
+        r.model = compile(graph, options);
+        return output_error(graph, reference, run_all(r.model, samples));
+      },
+      [&](std::size_t i, double before, double after) {
+        if (bo.progress)
+          bo.progress("fallback " + std::to_string(r.kept.size()) + ": '" + r.ranking[i].first + "' fp32, error " +
+                      std::to_string(before) + " -> " + std::to_string(after));
+      });
+  r.met = r.error <= bo.max_error;
+  return r;
+}
+
+}  // namespace ondine::lower
