@@ -275,7 +275,7 @@ CheckBound check_bound(const Graph& g, std::optional<double> given) {
     rule << "10% of max |reference|" << (b.output_step.empty() ? "" : " or 2 output quantization steps");
     b.why = "(int8 model, " + std::to_string(q) + " quantized node" + (q == 1 ? "" : "s") +
             ": oneDNN requantizes with its own rounding, so values may differ by a step; --tolerance T overrides)";
-  } else if (g_precision == lower::Precision::Bf16) {
+  } else if (lower::resolved_precision(g_precision) == lower::Precision::Bf16) {
     b.relative = 3e-2;
     rule << "3% of max |reference|";
     b.why = "(--precision bf16: 8-bit mantissas in the convolutions and matrix products; --tolerance T overrides)";
@@ -367,7 +367,10 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
       if (line.rfind("precision: ", 0) == 0) *precision_line = line;
     };
   std::shared_ptr<CompiledModel> model;
-  if (g_max_error && sample) {
+  if (lower::resolved_precision(g_precision) == lower::Precision::Fp32 && g_precision == lower::Precision::Auto) {
+    model = std::make_shared<CompiledModel>(lower::compile(g, opts));
+    engine.precision = "precision: auto is fp32 here (oneDNN runs " + lower::effective_isa().name + ", no native bf16)";
+  } else if (g_max_error && sample) {
     lower::Bf16BoundOptions bo;
     bo.max_error = *g_max_error;
     bo.progress = [](const std::string& what) { std::cerr << "bf16 bound: " << what << "\n"; };
@@ -1206,9 +1209,10 @@ int main(int argc, char** argv) {
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
   std::string precision = "fp32";
   const std::string precision_help =
-      "fp32 (default) or bf16: convolutions and matrix products with constant weights in bfloat16 with float32 "
-      "accumulation, bf16 activations between convolutions (needs native bf16: avx512_core_bf16 or AMX)";
-  run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
+      "fp32 (default), bf16: convolutions and matrix products with constant weights in bfloat16 with float32 "
+      "accumulation, bf16 activations between convolutions (needs native bf16: avx512_core_bf16 or AMX), or auto: "
+      "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32";
+  run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   const std::string keep_fp32_help =
       "with --precision bf16: nodes whose name matches this glob ('*', '?') stay fp32 (repeatable)";
   run->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
@@ -1245,7 +1249,7 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
-  bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16"}));
+  bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   bool bench_profile = false;
@@ -1266,10 +1270,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) ? 2 : 0;
   }
-  g_precision = precision == "bf16" ? lower::Precision::Bf16 : lower::Precision::Fp32;
-  if ((!g_keep_fp32.empty() || g_max_error) && g_precision != lower::Precision::Bf16) {
+  g_precision = precision == "bf16" ? lower::Precision::Bf16
+                : precision == "auto" ? lower::Precision::Auto
+                                      : lower::Precision::Fp32;
+  if (g_precision == lower::Precision::Auto && !g_max_error) g_max_error = 0.01;  // auto is verified
+  if ((!g_keep_fp32.empty() || g_max_error) && g_precision == lower::Precision::Fp32) {
     std::cerr << "ondine: error: " << (g_max_error ? "--max-error" : "--keep-fp32")
-              << " needs --precision bf16 (everything is fp32 already)\n";
+              << " needs --precision bf16 or auto (everything is fp32 already)\n";
     return 2;
   }
   try {

@@ -357,10 +357,14 @@ case $isa in
     expect 0 'precision: bf16 in [0-9]+ of [0-9]+ convolutions' -- "$ondine" bench "$mm" --precision bf16 --runs 2 --warmup 1
     # --max-error: a loose bound keeps everything bf16; a bound of 0 keeps fp32 what bf16 changes, worst first.
     expect 0 'bf16 error bound 0.5: error .* 0 node\(s\) kept fp32' -- "$ondine" run "$mm" --precision bf16 --max-error 0.5
-    expect 0 'bf16 error bound 0: error 0 .* [1-9][0-9]* node\(s\) kept fp32 for it' -- "$ondine" run "$mm" --precision bf16 --max-error 0 ;;
+    expect 0 'bf16 error bound 0: error 0 .* [1-9][0-9]* node\(s\) kept fp32 for it' -- "$ondine" run "$mm" --precision bf16 --max-error 0
+    # auto: bf16 here, checked against fp32 with the default bound.
+    expect 0 'bf16 error bound 0.01: error ' -- "$ondine" run "$mm" --precision auto ;;
 esac
-expect 2 'keep-fp32 needs --precision bf16' -- "$ondine" run "$mm" --keep-fp32 'conv*'
-expect 2 'max-error needs --precision bf16' -- "$ondine" run "$mm" --max-error 0.01
+# auto without native bf16 is fp32, said so (no refusal).
+expect 0 'precision: auto is fp32 here \(oneDNN runs avx2' -- env DNNL_MAX_CPU_ISA=AVX2 "$ondine" run "$mm" --precision auto
+expect 2 'keep-fp32 needs --precision bf16 or auto' -- "$ondine" run "$mm" --keep-fp32 'conv*'
+expect 2 'max-error needs --precision bf16 or auto' -- "$ondine" run "$mm" --max-error 0.01
 expect 1 'precision bf16 needs a CPU with native bf16' -- env DNNL_MAX_CPU_ISA=AVX512_CORE_VNNI "$ondine" run "$mm" --precision bf16
 expect 2 'precision' -- "$ondine" run "$mm" --precision fp16
 

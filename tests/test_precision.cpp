@@ -119,6 +119,20 @@ TEST_CASE("precision bf16: a chain of convolutions passes bf16 from one to the n
   CHECK(test::rel_error(model.run(in).at(v->name()), ReferenceExecutor(g).run(in).at(v->name())) < 3e-2);
 }
 
+TEST_CASE("precision auto: bf16 where the CPU has native bf16 and fp32 elsewhere without refusal", "[lower][bf16]") {
+  const bool native = lower::effective_isa().bf16_native;
+  CHECK(lower::resolved_precision(lower::Precision::Auto) == (native ? lower::Precision::Bf16 : lower::Precision::Fp32));
+  CHECK(lower::resolved_precision(lower::Precision::Fp32) == lower::Precision::Fp32);
+  Graph g = residual_cnn();
+  infer_shapes(g);
+  lower::CompileOptions options;
+  options.precision = lower::Precision::Auto;
+  CompiledModel model = lower::compile(g, options);
+  CHECK(model.bf16_nodes().size() == (native ? 3u : 0u));
+  std::map<std::string, Tensor> in{{"x", random_tensor({2, 16, 12, 12}, 4)}};
+  CHECK(test::rel_error(model.run(in).at("gap"), ReferenceExecutor(g).run(in).at("gap")) < 3e-2);
+}
+
 TEST_CASE("precision bf16: glob patterns of keep_fp32", "[lower][bf16]") {
   using lower::glob_match;
   CHECK(glob_match("c2", "c2"));
@@ -197,7 +211,7 @@ TEST_CASE("precision bf16: under an error bound the most sensitive nodes are kep
     CHECK(r.kept.size() == 3);  // every conv: the fp32 compile itself, error 0
     CHECK(r.error == 0.0);
     CHECK(r.model.bf16_nodes().empty());
-    CHECK(progress.size() == 6);  // ranking 1/3 .. 3/3, fallback 1 .. 3
+    REQUIRE(progress.size() == 6);  // ranking 1/3 .. 3/3, fallback 1 .. 3
     CHECK_THAT(progress.front(), Catch::StartsWith("ranking 1/3 '"));
   }
   SECTION("max_fallbacks stops early and says the bound is not met") {

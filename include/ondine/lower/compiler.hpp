@@ -295,8 +295,19 @@ inline void check_precision(const CompileOptions& options) {
               (std::getenv("DNNL_MAX_CPU_ISA") ? " (DNNL_MAX_CPU_ISA caps the ISA)" : ""));
 }
 
+// Precision::Auto as what it means on this CPU: Bf16 with native bf16, else Fp32.
+inline Precision resolved_precision(Precision p) {
+  if (p != Precision::Auto) return p;
+  return effective_isa().bf16_native ? Precision::Bf16 : Precision::Fp32;
+}
+
 inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) {
   using namespace detail;
+  if (options.precision == Precision::Auto) {
+    CompileOptions resolved = options;
+    resolved.precision = resolved_precision(options.precision);
+    return compile(std::move(graph), resolved);
+  }
   check_precision(options);
   check_static_shapes(graph);
   auto g = std::make_shared<Graph>(std::move(graph));

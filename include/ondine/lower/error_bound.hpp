@@ -2,7 +2,7 @@
 // the float32 compile on a few samples, and while the error exceeds the bound keep one more node float32,
 // worst first (the loop and the error measure are the int8 fallback's: ir/error_bound.hpp).
 //
-//   lower::CompileOptions options;                       // precision is set to Bf16 here
+//   lower::CompileOptions options;                       // Bf16 here; Auto: Bf16 where native, else Fp32
 //   auto r = lower::compile_bf16_within(graph, options, samples, 0.01);
 //   r.model            the compiled model of the last step, ready to run
 //   r.kept             the nodes kept float32 for the bound, in order (CompileOptions::keep_fp32 gets them)
@@ -65,6 +65,8 @@ inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions op
     throw Error("the error bound must be a finite number >= 0, got " + std::to_string(bo.max_error));
   CompileOptions fp32 = options;
   fp32.precision = Precision::Fp32;
+  if (options.precision == Precision::Auto && resolved_precision(options.precision) == Precision::Fp32)
+    return Bf16BoundResult{compile(graph, fp32), {}, {}, 0.0, 0.0, true};
   const SampleOutputs reference = run_all(compile(graph, fp32), samples);
   options.precision = Precision::Bf16;
   const std::vector<std::string> user_kept = options.keep_fp32;

@@ -42,10 +42,13 @@ namespace ondine::lower {
 // convolutions writes bfloat16 (no conversion between them), any other writes float32, so every other op
 // (attention's own products, normalisations, ...) and the graph's outputs see float32. Only where the CPU has native
 // bf16 (avx512_core_bf16, AMX): compile() refuses it elsewhere, since oneDNN would emulate it, slower
-// than fp32.
-enum class Precision { Fp32, Bf16 };
+// than fp32. Auto: Bf16 where the CPU has native bf16, else Fp32 (compile() resolves it; an error bound
+// verifies it: lower/error_bound.hpp, `--precision auto` in the tool).
+enum class Precision { Fp32, Bf16, Auto };
 
-inline const char* precision_name(Precision p) { return p == Precision::Bf16 ? "bf16" : "fp32"; }
+inline const char* precision_name(Precision p) {
+  return p == Precision::Bf16 ? "bf16" : p == Precision::Auto ? "auto" : "fp32";
+}
 
 struct CompileOptions {
   // OpenMP threads oneDNN uses, both when primitives are created (their blocking depends on it) and
