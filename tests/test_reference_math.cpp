@@ -284,6 +284,49 @@ TEST_CASE("Cast truncates float to int and rounds to float16", "[math][cast]") {
   expect_node_error([&] { infer_shapes(g); }, "Cast", "string");
 }
 
+TEST_CASE("CastLike takes its target type from the second input", "[math][cast]") {
+  Tensor x = f32({3}, {1.9f, -2.5f, 300.0f});
+  OpResult r = run({"CastLike", {x, t<std::int8_t>({1}, {0})}, {}, 15});
+  CHECK(r.inferred_type == DType::Int8);
+  CHECK(r.inferred_shape == Shape{3});
+  CHECK(values<std::int8_t>(r.output) == std::vector<std::int8_t>{1, -2, 127});  // as Cast: truncate, saturate
+  OpResult h = run({"CastLike", {t<double>({1}, {1.0 + 1.0 / 2048 + 1e-12}), t<float16>({2}, {float16(0.f), float16(0.f)})}, {}, 15});
+  CHECK(h.inferred_type == DType::Float16);
+  CHECK(h.output.data<float16>()[0].bits == 0x3c01);
+  // Before opset 19 a cast to bfloat16 truncates, as Cast does: 0x3f80ff00 keeps its high half (nearest
+  // would give 0x3f81).
+  OpResult b = run({"CastLike", {f32({1}, {1.0f + 255.0f / 32768}), t<bfloat16>({1}, {bfloat16(0.f)})}, {}, 15});
+  CHECK(b.output.data<bfloat16>()[0].bits == 0x3f80);
+}
+
+TEST_CASE("Shrink: hard and soft shrinkage", "[math][unary]") {
+  Tensor x = f32({5}, {-2, -0.5f, 0.2f, 0.7f, 2});
+  // Defaults lambd 0.5, bias 0: values within [-0.5, 0.5] become 0.
+  check_close(as_doubles(run({"Shrink", {x}, {}, 9}).output), {-2, 0, 0, 0.7, 2});
+  OpResult soft = run({"Shrink", {x}, {{"lambd", 1.0f}, {"bias", 1.0f}}, 9});
+  CHECK(soft.inferred_type == DType::Float32);
+  check_close(as_doubles(soft.output), {-1, 0, 0, 0, 1});
+  CHECK(values<std::int8_t>(run({"Shrink", {t<std::int8_t>({3}, {-3, 1, 3})}, {{"lambd", 1.5f}, {"bias", 1.0f}}, 9}).output) ==
+        std::vector<std::int8_t>{-2, 0, 2});
+  expect_node_error([&] { run({"Shrink", {t<bool>({1}, {true})}, {}, 9}); }, "Shrink", "bool");
+}
+
+TEST_CASE("Det of a batch of matrices", "[math][det]") {
+  // [[1, 2], [3, 4]] -> -2; [[2, 0], [0, 3]] -> 6.
+  OpResult r = run({"Det", {f32({2, 2, 2}, {1, 2, 3, 4, 2, 0, 0, 3})}, {}, 11});
+  CHECK(r.inferred_shape == Shape{2});
+  check_close(as_doubles(r.output), {-2, 6});
+  // A zero first pivot needs a row swap; a singular matrix gives 0.
+  check_close(as_doubles(run({"Det", {t<double>({3, 3}, {0, 1, 2, 1, 0, 3, 4, -3, 8})}, {}, 11}).output), {-2});
+  check_close(as_doubles(run({"Det", {f32({3, 3}, {1, 2, 3, 2, 4, 6, 1, 1, 1})}, {}, 11}).output), {0});
+  OpResult h = run({"Det", {t<float16>({1, 1}, {float16(-3.f)})}, {}, 11});
+  CHECK(h.inferred_shape == Shape{});
+  check_close(as_doubles(h.output), {-3});
+  Graph g = build({"Det", {f32({2, 3}, {1, 2, 3, 4, 5, 6})}, {}, 11});
+  expect_node_error([&] { infer_shapes(g); }, "Det", "[*, M, M]");
+  expect_node_error([&] { run({"Det", {t<std::int32_t>({2, 2}, {1, 2, 3, 4})}, {}, 11}); }, "Det", "int32");
+}
+
 TEST_CASE("QuantizeLinear rounds half to even and saturates", "[math][quant]") {
   Tensor x = f32({7}, {0.5f, 1.5f, 2.5f, -0.5f, 300.0f, -300.0f, 5.0f});
   OpResult u = run({"QuantizeLinear", {x, f32({}, {1.0f})}, {}, 10});

@@ -409,6 +409,23 @@ TEST_CASE("LayerNormalization with Mean and InvStdDev", "[nn][norm]") {
   CHECK(n3->output(0)->shape() == Shape{batch, Dim::named("hidden")});
 }
 
+TEST_CASE("MeanVarianceNormalization over the default axes 0, 2, 3", "[nn][norm]") {
+  // Channel 0 holds {1, 3} (mean 2, standard deviation 1), channel 1 {2, 6} (mean 4, deviation 2).
+  require_close(run1({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, {1, 3, 2, 6})}, {}, 13}), {1, 2, 1, 2},
+                {-1, 1, -1, 1});
+  // axes [1]: across the channels of each position: {1, 2} and {3, 6}.
+  require_close(run1({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, {1, 3, 2, 6})},
+                      {{"axes", std::vector<std::int64_t>{1}}}, 9}),
+                {1, 2, 1, 2}, {-1, -1, 1, 1});
+  Graph g;
+  Node* n = infer_one(g, "MeanVarianceNormalization", {{DType::Float32, Shape{batch, 3, 8, 8}}});
+  CHECK(n->output(0)->shape() == Shape{batch, 3, 8, 8});
+  error_of([] { run({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, iota(4))}, {{"axes", std::vector<std::int64_t>{0, 4}}}, 13}); },
+           "MeanVarianceNormalization");
+  error_of([] { run({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, iota(4))}, {{"axes", std::vector<std::int64_t>{1, -3}}}, 13}); },
+           "MeanVarianceNormalization");  // the same axis twice
+}
+
 // --- Softmax --------------------------------------------------------------------------------------
 
 TEST_CASE("Softmax axis semantics across opsets", "[nn][softmax]") {
@@ -426,6 +443,20 @@ TEST_CASE("Softmax axis semantics across opsets", "[nn][softmax]") {
   // Large inputs stay finite.
   require_close(run1({"Softmax", {ft({1, 2}, {10000, 10000})}, {}, 13}), {1, 2}, {0.5, 0.5});
   error_of([&] { run({"Softmax", {x}, {{"axis", std::int64_t(3)}}, 13}); }, "Softmax");
+}
+
+TEST_CASE("Hardmax marks the first largest element along the axis", "[nn][softmax]") {
+  // Opset 13: along the last axis by default; a tie goes to the first.
+  require_close(run1({"Hardmax", {ft({2, 3}, {1, 3, 3, -1, -2, -3})}, {}, 13}), {2, 3}, {0, 1, 0, 1, 0, 0});
+  Tensor x = ft({1, 2, 3}, {1, 2, 3, 4, 5, 7});
+  require_close(run1({"Hardmax", {x}, {{"axis", std::int64_t(1)}}, 13}), {1, 2, 3}, {0, 0, 0, 1, 1, 1});
+  // Opset 11: over the input flattened to [1, 6] at axis 1.
+  require_close(run1({"Hardmax", {x}, {{"axis", std::int64_t(1)}}, 11}), {1, 2, 3}, {0, 0, 0, 0, 0, 1});
+  auto yd = run1({"Hardmax", {Tensor::from_vector<double>({3}, {2, 5, 5})}, {}, 13});
+  REQUIRE(yd.dtype() == DType::Float64);
+  require_close(yd, {3}, {0, 1, 0});
+  error_of([&] { run({"Hardmax", {x}, {{"axis", std::int64_t(3)}}, 13}); }, "Hardmax");
+  error_of([] { run({"Hardmax", {it({2}, {1, 2})}, {}, 13}); }, "Hardmax");  // integers are not allowed
 }
 
 // --- MatMul, Gemm ---------------------------------------------------------------------------------
@@ -530,6 +561,114 @@ TEST_CASE("Resize inference and errors", "[nn][resize][infer]") {
     run({"Resize", {ft({1, 4}, iota(4)), Tensor(), ft({2}, {1, 2})}, {{"mode", std::string("bicubic")}}, 13, 1, {2}});
   }, "Resize");
   error_of([] { run({"Resize", {ft({1, 4}, iota(4)), Tensor()}, {}, 13}); }, "Resize");  // neither scales nor sizes
+}
+
+TEST_CASE("Upsample is Resize-10: scales as an attribute (opset 7) or an input (opset 9)", "[nn][resize]") {
+  Tensor x = ft({1, 1, 2, 2}, {1, 2, 3, 4});
+  auto y = run1({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2, 2}}}, 7});
+  require_close(y, {1, 1, 4, 4}, {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4});
+  // Linear with asymmetric coordinates: output 3 sits at 1.5 and clamps to the last input.
+  y = run1({"Upsample", {ft({1, 1, 1, 2}, {1, 3}), ft({4}, {1, 1, 1, 2})}, {{"mode", std::string("linear")}}, 9, 1, {1}});
+  require_close(y, {1, 1, 1, 4}, {1, 2, 3, 3});
+  // Scales known only at run time: the rank is inferred, the resized dims are not.
+  Graph g;
+  Node* n = infer_one(g, "Upsample", {{DType::Float32, Shape{1, 3, 8, 8}}, {DType::Float32, Shape{4}}});
+  REQUIRE(n->output(0)->shape().rank() == 4);
+  CHECK_FALSE(n->output(0)->shape()[2].is_static());
+  error_of([&] { run({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2}}}, 7}); }, "Upsample");
+  error_of([&] { run({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2, 2}}, {"mode", std::string("cubic")}}, 7}); },
+           "Upsample");  // cubic came with Resize-11
+}
+
+// --- MaxUnpool ------------------------------------------------------------------------------------
+
+TEST_CASE("MaxUnpool scatters MaxPool's values back to their indices", "[nn][pool]") {
+  // MaxPool 2x2 stride 2 of a 4x4 plane kept 5, 6, 7, 8 at flat positions 5, 7, 13, 15.
+  Tensor x = ft({1, 1, 2, 2}, {5, 6, 7, 8});
+  Tensor idx = it({1, 1, 2, 2}, {5, 7, 13, 15});
+  std::map<std::string, Attribute> attrs{{"kernel_shape", std::vector<std::int64_t>{2, 2}},
+                                         {"strides", std::vector<std::int64_t>{2, 2}}};
+  require_close(run1({"MaxUnpool", {x, idx}, attrs, 11}), {1, 1, 4, 4},
+                {0, 0, 0, 0, 0, 5, 0, 6, 0, 0, 0, 0, 0, 7, 0, 8});
+  // A larger output_shape pads the 4x4 result at the end (the indices stay those of the 4x4 plane).
+  require_close(run1({"MaxUnpool", {x, idx, it({4}, {1, 1, 5, 5})}, attrs, 11, 1, {2}}), {1, 1, 5, 5},
+                {0, 0, 0, 0, 0, 0, 5, 0, 6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 8, 0, 0, 0, 0, 0, 0});
+  // Inference: (in - 1) * stride + kernel - pads, symbolic dims too.
+  Graph g;
+  Node* n = infer_one(g, "MaxUnpool", {{DType::Float32, Shape{batch, 3, Dim::named("h"), 4}}, {DType::Int64, Shape{batch, 3, Dim::named("h"), 4}}},
+                      {{"kernel_shape", std::vector<std::int64_t>{3, 3}}, {"strides", std::vector<std::int64_t>{2, 2}},
+                       {"pads", std::vector<std::int64_t>{1, 1, 1, 1}}});
+  CHECK(n->output(0)->shape()[3] == Dim(7));
+  CHECK(n->output(0)->shape()[2] == dim_add(dim_mul(dim_sub(Dim::named("h"), Dim(1)), Dim(2)), Dim(1)));
+  auto msg = error_of([&] { run({"MaxUnpool", {x, it({1, 1, 2, 2}, {5, 7, 13, 16})}, attrs, 11}); }, "MaxUnpool");
+  CHECK(msg.find("16") != std::string::npos);
+  error_of([&] { run({"MaxUnpool", {x, idx, it({4}, {1, 1, 3, 3})}, attrs, 11, 1, {2}}); }, "MaxUnpool");  // too small
+}
+
+// --- NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss -------------------------------------------
+
+TEST_CASE("NegativeLogLikelihoodLoss: reductions, weight and ignore_index", "[nn][loss]") {
+  Tensor x = ft({2, 3}, {-1.0f, -2.0f, -3.0f, -0.5f, -1.5f, -2.5f});
+  Tensor target = it({2}, {2, 0});
+  Tensor w = ft({3}, {1, 2, 3});
+  auto nll = [&](std::vector<Tensor> in, std::map<std::string, Attribute> attrs) {
+    return run1({"NegativeLogLikelihoodLoss", std::move(in), std::move(attrs), 13});
+  };
+  const std::string r = "reduction";
+  // Sample 0: -(-3) * weight 3 = 9; sample 1: -(-0.5) * weight 1 = 0.5.
+  require_close(nll({x, target, w}, {{r, std::string("none")}}), {2}, {9, 0.5});
+  require_close(nll({x, target, w}, {{r, std::string("sum")}}), {}, {9.5});
+  require_close(nll({x, target, w}, {}), {}, {9.5 / 4});  // mean: divided by the weights taken, 3 + 1
+  require_close(nll({x, target}, {}), {}, {(3 + 0.5) / 2});
+  // An ignored sample adds neither loss nor weight.
+  require_close(nll({x, target, w}, {{"ignore_index", std::int64_t(0)}}), {}, {3});
+  require_close(nll({x, target, w}, {{r, std::string("none")}, {"ignore_index", std::int64_t(0)}}), {2}, {9, 0});
+  // Must not fire: an ignored target outside [0, C) is no error.
+  require_close(nll({x, it({2}, {-100, 1}), w}, {{"ignore_index", std::int64_t(-100)}}), {}, {1.5});
+  // K-dimensional: input [N=1, C=2, d=2], target [1, 2] = {1, 0}: losses 3 and 2.
+  require_close(nll({ft({1, 2, 2}, {-1, -2, -3, -4}), it({1, 2}, {1, 0})}, {{r, std::string("none")}}), {1, 2}, {3, 2});
+  auto y32 = nll({ft({1, 2, 2}, {-1, -2, -3, -4}), Tensor::from_vector<std::int32_t>({1, 2}, {1, 0})}, {});
+  require_close(y32, {}, {2.5});
+}
+
+TEST_CASE("SoftmaxCrossEntropyLoss gives the loss and the log-probabilities", "[nn][loss]") {
+  // Row 0 is uniform: log_prob -log 3 each; row 1 is LogSoftmax(1, 2, 3) (see the Softmax test above).
+  auto y = run({"SoftmaxCrossEntropyLoss", {ft({2, 3}, {0, 0, 0, 1, 2, 3}), it({2}, {1, 2})}, {}, 13, 2});
+  const double log3 = std::log(3.0);
+  require_close(y[0], {}, {(log3 + 0.407606) / 2});
+  require_close(y[1], {2, 3}, {-log3, -log3, -log3, -2.407606, -1.407606, -0.407606});
+  // Weighted sum with an ignored sample.
+  y = run({"SoftmaxCrossEntropyLoss", {ft({2, 3}, {0, 0, 0, 1, 2, 3}), it({2}, {1, 2}), ft({3}, {1, 2, 3})},
+           {{"reduction", std::string("sum")}, {"ignore_index", std::int64_t(1)}}, 12, 1});
+  require_close(y[0], {}, {3 * 0.407606});
+}
+
+TEST_CASE("loss inference and errors", "[nn][loss][infer]") {
+  Graph g;
+  Node* n = infer_one(g, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{batch, 5, 7}}, {DType::Int64, Shape{batch, 7}}},
+                      {{"reduction", std::string("none")}});
+  CHECK(n->output(0)->shape() == Shape{batch, 7});
+  Graph g2;
+  n = infer_one(g2, "SoftmaxCrossEntropyLoss", {{DType::Float16, Shape{batch, 5}}, {DType::Int32, Shape{batch}}}, {}, 2);
+  CHECK(n->output(0)->shape() == Shape{});
+  CHECK(n->output(0)->dtype() == DType::Float16);
+  CHECK(n->output(1)->shape() == Shape{batch, 5});
+  Graph g3;
+  auto msg = error_of([&] { infer_one(g3, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{4, 5, 7}}, {DType::Int64, Shape{4, 6}}}); },
+                      "NegativeLogLikelihoodLoss");
+  CHECK(msg.find("does not match") != std::string::npos);
+  Graph g4;
+  error_of([&] { infer_one(g4, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{4, 5}}, {DType::Int64, Shape{4}}},
+                           {{"reduction", std::string("average")}}); },
+           "NegativeLogLikelihoodLoss");
+  // A target outside the classes (and not ignore_index) is an error naming the node.
+  msg = error_of([] { run({"NegativeLogLikelihoodLoss", {ft({2, 3}, iota(6)), it({2}, {0, 3})}, {}, 13}); },
+                 "NegativeLogLikelihoodLoss");
+  CHECK(msg.find("outside the classes [0, 3)") != std::string::npos);
+  error_of([] { run({"SoftmaxCrossEntropyLoss", {ft({2, 3}, iota(6)), it({2}, {-1, 0})}, {}, 13}); },
+           "SoftmaxCrossEntropyLoss");
+  error_of([] { run({"NegativeLogLikelihoodLoss", {ft({2, 3}, iota(6)), it({2}, {0, 1}), ft({2}, {1, 1})}, {}, 13}); },
+           "NegativeLogLikelihoodLoss");  // weight of the wrong length
 }
 
 // --- Pad ------------------------------------------------------------------------------------------

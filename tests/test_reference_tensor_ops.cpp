@@ -496,6 +496,36 @@ TEST_CASE("NonZero and CumSum", "[tensor_ops]") {
   CHECK(ints(m) == Ints{1, 3, 3, 7});
 }
 
+TEST_CASE("EyeLike and ReverseSequence", "[tensor_ops]") {
+  // EyeLike reads only the input's shape; diagonal k = 1 sits above the main one.
+  Tensor e = run1("EyeLike", {rt(iota_f32({3, 4}))}, {{"k", std::int64_t(1)}}, 9);
+  CHECK(floats(e) == std::vector<float>{0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1});
+  Tensor ei = run1("EyeLike", {rt(iota_f32({3, 2}))}, {{"k", std::int64_t(-1)}, {"dtype", std::int64_t(7)}}, 9);
+  REQUIRE(ei.dtype() == DType::Int64);
+  CHECK(ints(ei) == Ints{0, 0, 1, 0, 0, 1});
+  CHECK(ints(run1("EyeLike", {rt(i64({2, 2}, {7, 7, 7, 7}))}, {{"k", std::int64_t(5)}}, 9)) == Ints{0, 0, 0, 0});
+  InferCase ic;
+  ic.input(DType::Int32, Shape{sym("n"), 4});
+  Node* n = ic.node("EyeLike", {{"dtype", std::int64_t(9)}});
+  CHECK(n->output(0)->dtype() == DType::Bool);
+  CHECK(n->output(0)->shape() == Shape{sym("n"), 4});
+  expect_node_error("EyeLike", "2-D", [] { run1("EyeLike", {rt(iota_f32({4}))}, {}, 9); });
+
+  // ReverseSequence: x [time 3, batch 2]; batch 0 reverses its first 3 steps, batch 1 its first 2.
+  Tensor x = f32({3, 2}, {0, 10, 1, 11, 2, 12});
+  CHECK(floats(run1("ReverseSequence", {rt(x), rt(i64s({3, 2}))}, {}, 10)) == std::vector<float>{2, 11, 1, 10, 0, 12});
+  // batch_axis 0, time_axis 1: x [batch 2, time 3] with inner slices of 2.
+  Tensor xb = iota_f32({2, 3, 2});
+  CHECK(floats(run1("ReverseSequence", {rt(xb), rt(i64s({1, 3}))},
+                    {{"batch_axis", std::int64_t(0)}, {"time_axis", std::int64_t(1)}}, 10)) ==
+        std::vector<float>{0, 1, 2, 3, 4, 5, 10, 11, 8, 9, 6, 7});
+  expect_node_error("ReverseSequence", "outside [0, 3]", [&] { run1("ReverseSequence", {rt(x), rt(i64s({4, 1}))}, {}, 10); });
+  expect_node_error("ReverseSequence", "batch size", [&] { run1("ReverseSequence", {rt(x), rt(i64s({1, 1, 1}))}, {}, 10); });
+  expect_node_error("ReverseSequence", "0 and 1", [&] {
+    run1("ReverseSequence", {rt(x), rt(i64s({1, 1}))}, {{"batch_axis", std::int64_t(1)}, {"time_axis", std::int64_t(1)}}, 10);
+  });
+}
+
 TEST_CASE("data-dependent ops: indices and counts from data out of range are errors naming the node",
           "[tensor_ops][errors]") {
   // What a detector or a tagger computes at run time and then indexes with: never a crash, never a

@@ -1,7 +1,7 @@
-// NonMaxSuppression and Unique, the ops whose output size is data: bad input names the node, and a
-// compiled model with them runs staged (lower/staged.hpp) and agrees with the reference executor.
-// Their semantics are checked against the ONNX backend suite (9 NonMaxSuppression and 5 Unique cases,
-// tests/conformance.cpp).
+// NonMaxSuppression, Unique and Compress, the ops whose output size is data: bad input names the node,
+// and a compiled model with them runs staged (lower/staged.hpp) and agrees with the reference executor.
+// Their semantics are checked against the ONNX backend suite (9 NonMaxSuppression, 5 Unique and 4
+// Compress cases, tests/conformance.cpp).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -138,6 +138,57 @@ TEST_CASE("NonMaxSuppression: many classes shifted apart (torchvision's batched 
   CHECK(kept == want);
 }
 
+TEST_CASE("Compress: compiled staged, equal to the reference for any number of kept rows", "[selection][staged]") {
+  // x [4, 3] -> Relu -> Compress(axis 0) by a run-time condition -> Mul by 2: the rows kept are data.
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{4, 3});
+  Value* keep = g.add_input("keep", DType::Bool, Shape{4});
+  Value* rows = g.add_node("Compress", {g.add_op("Relu", {x}), keep}, {"rows"}, {{"axis", std::int64_t{0}}}, "compress")
+                    ->output(0);
+  g.add_output(g.add_op("Mul", {rows, g.add_constant("two", Tensor::scalar<float>(2))}, {}, "twice"));
+  infer_shapes(g);
+  CHECK(g.find_value("rows")->shape().rank() == 2);
+  CHECK_FALSE(g.find_value("rows")->shape()[0].is_static());
+  CHECK(g.find_value("rows")->shape()[1] == Dim(3));
+  CompiledModel m = lower::compile(g.clone(), {});
+  REQUIRE(m.continuation());
+  ReferenceExecutor reference(g);
+  Tensor xv = test::uniform_tensor({4, 3}, 7);
+  const std::string out = g.outputs()[0]->name();
+  for (std::vector<bool> c : {std::vector<bool>{true, false, true, true}, std::vector<bool>{false, false, false, false},
+                              std::vector<bool>{false, true, false, false}, std::vector<bool>{true, true, true, true}}) {
+    std::map<std::string, Tensor> in{{"x", xv}, {"keep", Tensor::from_vector<bool>({4}, c)}};
+    auto want = reference.run(in);
+    auto got = m.run(in);
+    const auto kept = static_cast<std::int64_t>(std::count(c.begin(), c.end(), true));
+    REQUIRE(want.at(out).dims() == std::vector<std::int64_t>{kept, 3});
+    REQUIRE(got.at(out).dims() == want.at(out).dims());
+    for (std::int64_t i = 0; i < want.at(out).numel(); ++i)
+      CHECK(got.at(out).data<float>()[i] == want.at(out).data<float>()[i]);
+  }
+}
+
+TEST_CASE("Compress: numbers and inference without an axis and with a constant condition", "[selection]") {
+  // No axis: the flattened input's elements; a condition shorter than the input drops the rest.
+  Graph g;
+  Value* x = g.add_input("x", DType::Int32, Shape{2, 3});
+  Value* cond = g.add_constant("cond", Tensor::from_vector<bool>({4}, {false, true, false, true}));
+  g.add_output(g.add_node("Compress", {x, cond}, {"y"}, {}, "compress")->output(0));
+  infer_shapes(g);
+  CHECK(g.find_value("y")->shape() == Shape{2});  // the count of a constant condition is known
+  auto y = ReferenceExecutor(g).run({{"x", Tensor::from_vector<std::int32_t>({2, 3}, {1, 2, 3, 4, 5, 6})}}).at("y");
+  CHECK(y.to_int64s() == std::vector<std::int64_t>{2, 4});
+  // axis -1 of [2, 3] by {true, false, true}: columns 0 and 2.
+  Graph h;
+  Value* hx = h.add_input("x", DType::Float32, Shape{Dim::named("n"), 3});
+  Value* hc = h.add_constant("cond", Tensor::from_vector<bool>({3}, {true, false, true}));
+  h.add_output(h.add_node("Compress", {hx, hc}, {"y"}, {{"axis", std::int64_t{-1}}}, "compress")->output(0));
+  infer_shapes(h);
+  CHECK(h.find_value("y")->shape() == Shape{Dim::named("n"), 2});
+  auto hy = ReferenceExecutor(h).run({{"x", Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6})}}).at("y");
+  CHECK(hy.to_floats() == std::vector<float>{1, 3, 4, 6});
+}
+
 TEST_CASE("NonMaxSuppression and Unique: bad input names the node", "[selection][errors]") {
   Graph g = nms_graph(2);
   ReferenceExecutor reference(g);
@@ -176,6 +227,33 @@ TEST_CASE("NonMaxSuppression and Unique: bad input names the node", "[selection]
       FAIL("inferred");
     } catch (const Error& e) {
       CHECK(e.node() == "uniq");
+    }
+  }
+  SECTION("Compress with a condition longer than the axis, or not bool") {
+    Graph bad;
+    Value* x = bad.add_input("x", DType::Float32, Shape{2, 3});
+    Value* c = bad.add_input("c", DType::Bool, Shape{Dim::named("k")});
+    bad.add_output(bad.add_node("Compress", {x, c}, {"y"}, {{"axis", std::int64_t{0}}}, "comp")->output(0));
+    infer_shapes(bad);
+    try {
+      ReferenceExecutor(bad).run({{"x", test::uniform_tensor({2, 3}, 3)},
+                                  {"c", Tensor::from_vector<bool>({3}, {true, true, true})}});
+      FAIL("ran");
+    } catch (const Error& e) {
+      CHECK(e.node() == "comp");
+      CHECK(e.op() == "Compress");
+      CHECK_THAT(std::string(e.what()), Contains("more than the 2"));
+    }
+    Graph bad2;
+    Value* x2 = bad2.add_input("x", DType::Float32, Shape{2, 3});
+    Value* c2 = bad2.add_input("c", DType::Int64, Shape{2});
+    bad2.add_output(bad2.add_node("Compress", {x2, c2}, {"y"}, {}, "comp2")->output(0));
+    try {
+      infer_shapes(bad2);
+      FAIL("inferred");
+    } catch (const Error& e) {
+      CHECK(e.node() == "comp2");
+      CHECK_THAT(std::string(e.what()), Contains("bool"));
     }
   }
 }

@@ -138,7 +138,9 @@ TEST_CASE("shape values: Shape -> Gather -> Concat -> Reshape keeps the symbols"
                                                     {{"axis", std::int64_t{0}}}, "flat_shape")},
                          {}, "flat");
   Value* rem = g.add_op("Mod", {c.seq1, g.add_constant("eight", ints({8}))}, {}, "rem");
-  for (Value* v : {heads, mask, positions, flat, rem}) g.add_output(v);
+  // CastLike (PyTorch's exports write it from opset 15) carries the values as Cast does.
+  Value* quad_f = g.add_op("CastLike", {quad, g.add_constant("like_f", Tensor::scalar<float>(0))}, {}, "quad_f");
+  for (Value* v : {heads, mask, positions, flat, rem, quad_f}) g.add_output(v);
   infer_shapes(g);
 
   CHECK(elems_str(c.seq) == "[seq]");
@@ -149,6 +151,8 @@ TEST_CASE("shape values: Shape -> Gather -> Concat -> Reshape keeps the symbols"
   CHECK(elems_str(quad) == "[4*seq]");
   CHECK(flat->shape().str() == "[16*batch,4*seq]");  // the -1: 64*batch*seq / (4*seq)
   CHECK(elems_str(rem) == "[(seq)%8]");
+  CHECK(elems_str(quad_f) == "[4*seq]");
+  CHECK(quad_f->dtype() == DType::Float32);
 
   // Bound, every shape is a number, and the values are known data.
   bind_dims(g, {{"batch", 2}, {"seq", 5}});

@@ -8,6 +8,7 @@
 #include "ondine/ir/infer/control_flow.hpp"
 #include "ondine/ir/infer/fused.hpp"
 #include "ondine/ir/infer/layout.hpp"
+#include "ondine/ir/infer/loss.hpp"
 #include "ondine/ir/infer/math.hpp"
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/ir/infer/quantized.hpp"
@@ -34,6 +35,7 @@ inline const InferTable& infer_table() {
     infer::register_rnn_infer(t);
     infer::register_control_flow_infer(t);
     infer::register_selection_infer(t);
+    infer::register_loss_infer(t);
     return t;
   }();
   return table;

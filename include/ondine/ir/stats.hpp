@@ -56,7 +56,7 @@ inline void bind_dims(Graph& g, const std::map<std::string, std::int64_t>& sizes
 // True when input `index` of `n` is a shape parameter: its values decide the shape of the output
 // (Reshape's shape, Expand's, Tile's repeats, ConstantOfShape's, Range's bounds, Slice's starts, ends,
 // axes and steps, Pad's pads, Resize's scales and sizes, Split's split, (Un)Squeeze's and reductions'
-// axes, TopK's k, OneHot's depth).
+// axes, TopK's k, OneHot's depth, MaxUnpool's output_shape).
 inline bool is_shape_parameter(const Node& n, std::size_t index) {
   if (!n.domain().empty()) return false;
   const std::string& op = n.op_type();
@@ -64,6 +64,7 @@ inline bool is_shape_parameter(const Node& n, std::size_t index) {
   if (op == "ConstantOfShape") return index == 0;
   if (op == "Slice") return index >= 1 && index <= 4;
   if (op == "Resize") return index == 2 || index == 3;
+  if (op == "MaxUnpool") return index == 2;
   if (index != 1) return false;
   return op == "Reshape" || op == "Expand" || op == "Tile" || op == "Pad" || op == "Split" || op == "Squeeze" ||
          op == "Unsqueeze" || op == "TopK" || op == "OneHot" || op == "Upsample" || op == "CenterCropPad" ||

@@ -16,6 +16,7 @@
 #include "ondine/reference/common.hpp"
 #include "ondine/reference/fused.hpp"
 #include "ondine/reference/layout.hpp"
+#include "ondine/reference/loss.hpp"
 #include "ondine/reference/math.hpp"
 #include "ondine/reference/nn.hpp"
 #include "ondine/reference/quantized.hpp"
@@ -42,6 +43,7 @@ inline const KernelTable& kernel_table() {
     register_rnn_kernels(t);
     register_control_flow_kernels(t);
     register_selection_kernels(t);
+    register_loss_kernels(t);
     return t;
   }();
   return table;

@@ -1,5 +1,5 @@
 // ondine/reference/math.hpp - reference kernels for the math ops: elementwise arithmetic, activations,
-// comparisons and logic, Cast, reductions, ArgMax/ArgMin and (de)quantization.
+// comparisons and logic, Cast and CastLike, reductions, ArgMax/ArgMin, Det and (de)quantization.
 //
 // Floating types (float16 and bfloat16 included) are computed in double and rounded once into the
 // output type; integer types are computed exactly in their own type, wrapping on overflow like
@@ -541,10 +541,10 @@ inline Kernel arg_reduce_kernel(bool is_max) {
 
 // --- other kernels ----------------------------------------------------------------------------------------
 
-inline std::vector<Tensor> cast_kernel(const Node& n, const std::vector<Tensor>& in) {
-  const Tensor& x = required(n, in, 0);
+// x converted to `to` (Cast, and CastLike with the type of its second input).
+inline Tensor cast_to(const Node& n, const Tensor& x, DType to) {
   if (x.dtype() == DType::String) throw n.error("casting from string is not supported");
-  DType to = types::cast_target(n);
+  if (to == DType::String) throw n.error("casting to string is not supported");
   Tensor y(to, x.dims());
   std::int64_t count = x.numel();
   dispatch_dtype(x.dtype(), [&](auto from_tag) {
@@ -561,6 +561,61 @@ inline std::vector<Tensor> cast_kernel(const Node& n, const std::vector<Tensor>&
       }
       for (std::int64_t i = 0; i < count; ++i) py[i] = cast_element<To>(px[i]);
     });
+  });
+  return y;
+}
+
+inline std::vector<Tensor> cast_kernel(const Node& n, const std::vector<Tensor>& in) {
+  return {cast_to(n, required(n, in, 0), types::cast_target(n))};
+}
+
+inline std::vector<Tensor> cast_like_kernel(const Node& n, const std::vector<Tensor>& in) {
+  return {cast_to(n, required(n, in, 0), required(n, in, 1).dtype())};
+}
+
+// Det: the determinant of each [M, M] matrix of [*, M, M], by LU decomposition with partial pivoting
+// in double (a zero pivot column gives 0).
+inline std::vector<Tensor> det_kernel(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required(n, in, 0);
+  check_type(n, 0, x, types::kFloatTypes);
+  if (x.rank() < 2 || x.dims()[x.rank() - 1] != x.dims()[x.rank() - 2])
+    throw n.error("input must be [*, M, M], got " + dims_str(x.dims()));
+  const std::int64_t m = x.dims().back();
+  std::vector<std::int64_t> out_dims(x.dims().begin(), x.dims().end() - 2);
+  Tensor y(x.dtype(), out_dims);
+  const std::int64_t count = y.numel();
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (is_real_v<T>) {
+      const T* px = x.data<T>();
+      T* py = y.data<T>();
+      std::vector<double> a(static_cast<std::size_t>(m * m));
+      auto at = [&](std::int64_t r, std::int64_t j) -> double& { return a[static_cast<std::size_t>(r * m + j)]; };
+      for (std::int64_t k = 0; k < count; ++k) {
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = load(px[static_cast<std::size_t>(k * m * m) + i]);
+        double det = 1;
+        for (std::int64_t c = 0; c < m && det != 0; ++c) {
+          std::int64_t pivot = c;
+          for (std::int64_t r = c + 1; r < m; ++r)
+            if (std::fabs(at(r, c)) > std::fabs(at(pivot, c))) pivot = r;
+          const double p = at(pivot, c);
+          if (p == 0) {
+            det = 0;
+            break;
+          }
+          if (pivot != c) {
+            for (std::int64_t j = 0; j < m; ++j) std::swap(at(pivot, j), at(c, j));
+            det = -det;
+          }
+          det *= p;
+          for (std::int64_t r = c + 1; r < m; ++r) {
+            const double f = at(r, c) / p;
+            for (std::int64_t j = c + 1; j < m; ++j) at(r, j) -= f * at(c, j);
+          }
+        }
+        py[k] = store<T>(det);
+      }
+    }
   });
   return {y};
 }
@@ -888,6 +943,13 @@ inline void register_math_kernels(KernelTable& table) {
       return static_cast<C>(x > C(0) ? 1 : (is_negative(x) ? -1 : 0));
     };
   });
+  table["Shrink"] = unary_kernel<ts::kNumericTypes>([attr](const Node& n) {
+    const double lambd = attr(n, "lambd", 0.5), bias = attr(n, "bias", 0.0);
+    return [lambd, bias](auto x) {  // in double for integers too: lambd and bias are floats
+      const auto v = static_cast<double>(x);
+      return v < -lambd ? v + bias : v > lambd ? v - bias : 0.0;
+    };
+  });
   table["Not"] = unary_kernel<ts::kBoolType>([](const Node&) { return [](bool x) { return !x; }; });
 
   // Binary arithmetic.
@@ -961,6 +1023,8 @@ inline void register_math_kernels(KernelTable& table) {
   table["Where"] = where_kernel;
   table["Clip"] = clip_kernel;
   table["Cast"] = cast_kernel;
+  table["CastLike"] = cast_like_kernel;
+  table["Det"] = det_kernel;
   table["ReduceSum"] = reduce_kernel(ReduceKind::Sum);
   table["ReduceMean"] = reduce_kernel(ReduceKind::Mean);
   table["ReduceMax"] = reduce_kernel(ReduceKind::Max);

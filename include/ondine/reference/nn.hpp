@@ -607,29 +607,81 @@ inline std::vector<Tensor> lrn(const Node& n, const std::vector<Tensor>& inputs)
   return {from_doubles(x.dtype(), x.dims(), y)};
 }
 
-// --- Softmax, LogSoftmax --------------------------------------------------------------------------
+// MeanVarianceNormalization: (x - mean) / (sqrt(variance) + 1e-9) over `axes`, ONNX's function body
+// (whose variance is E[x^2] - E[x]^2; here E[(x - mean)^2], the same value without the cancellation).
+inline std::vector<Tensor> mean_variance_normalization(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& x = required(n, inputs, 0);
+  require_floating(n, x, "X");
+  const auto rank = static_cast<int64_t>(x.rank());
+  std::vector<int64_t> axes = geo::mvn_axes(n, rank);
+  // Each element's group (its index with the reduced axes dropped), by an odometer over x.
+  std::vector<bool> reduced(x.rank(), false);
+  for (auto a : axes) reduced[static_cast<std::size_t>(a)] = true;
+  std::vector<int64_t> group_dims;
+  for (std::size_t d = 0; d < x.rank(); ++d) group_dims.push_back(reduced[d] ? 1 : x.dims()[d]);
+  const std::vector<int64_t> gstride = ::ondine::reference::detail::strides_of(group_dims);
+  const int64_t groups = product(group_dims), total = x.numel();
+  std::vector<int64_t> group(static_cast<std::size_t>(total)), pos(x.rank(), 0);
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t g = 0;
+    for (std::size_t d = 0; d < x.rank(); ++d)
+      if (!reduced[d]) g += pos[d] * gstride[d];
+    group[static_cast<std::size_t>(i)] = g;
+    for (std::size_t d = x.rank(); d-- > 0;) {
+      if (++pos[d] < x.dims()[d]) break;
+      pos[d] = 0;
+    }
+  }
+  std::vector<double> xd = to_doubles(x), y(xd.size()), mean(static_cast<std::size_t>(groups), 0.0),
+      var(static_cast<std::size_t>(groups), 0.0), count(static_cast<std::size_t>(groups), 0.0);
+  for (std::size_t i = 0; i < xd.size(); ++i) {
+    mean[static_cast<std::size_t>(group[i])] += xd[i];
+    count[static_cast<std::size_t>(group[i])] += 1;
+  }
+  for (std::size_t g = 0; g < mean.size(); ++g) mean[g] /= count[g];
+  for (std::size_t i = 0; i < xd.size(); ++i) {
+    const double c = xd[i] - mean[static_cast<std::size_t>(group[i])];
+    var[static_cast<std::size_t>(group[i])] += c * c;
+  }
+  for (std::size_t i = 0; i < xd.size(); ++i) {
+    const auto g = static_cast<std::size_t>(group[i]);
+    y[i] = (xd[i] - mean[g]) / (std::sqrt(var[g] / count[g]) + 1e-9);
+  }
+  return {from_doubles(x.dtype(), x.dims(), y)};
+}
+
+// --- Softmax, LogSoftmax, Hardmax -----------------------------------------------------------------
+
+// The rows Softmax, LogSoftmax and Hardmax normalise: `outer` x `inner` rows of `len` elements, element l
+// of a row `inner` apart. Opset 13 normalises along one axis; before, over the input flattened to 2-D
+// at `axis`.
+struct SoftmaxRows {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+
+inline SoftmaxRows softmax_rows(const Node& n, const Tensor& x) {
+  auto rank = static_cast<int64_t>(x.rank());
+  int64_t axis = n.attr_int("axis", n.opset() >= 13 ? -1 : 1);
+  SoftmaxRows r;
+  if (rank == 0) {
+    if (axis != 0 && axis != -1) throw n.error("axis " + std::to_string(axis) + " is out of range for a scalar");
+    return r;
+  }
+  auto a = static_cast<std::size_t>(detail::normalize_axis(n, axis, rank));
+  r.outer = product(x.dims(), 0, a);
+  if (n.opset() >= 13) {
+    r.len = x.dims()[a];
+    r.inner = product(x.dims(), a + 1);
+  } else {
+    r.len = product(x.dims(), a);
+  }
+  return r;
+}
 
 inline std::vector<Tensor> softmax(const Node& n, const std::vector<Tensor>& inputs, bool log) {
   const Tensor& x = required(n, inputs, 0);
   require_floating(n, x, "input");
-  auto rank = static_cast<int64_t>(x.rank());
-  int64_t axis = n.attr_int("axis", n.opset() >= 13 ? -1 : 1);
-  // Opset 13 normalises along one axis; before, over the input flattened to 2-D at `axis`.
-  int64_t outer, len, inner;
-  if (rank == 0) {
-    if (axis != 0 && axis != -1) throw n.error("axis " + std::to_string(axis) + " is out of range for a scalar");
-    outer = len = inner = 1;
-  } else {
-    auto a = static_cast<std::size_t>(detail::normalize_axis(n, axis, rank));
-    outer = product(x.dims(), 0, a);
-    if (n.opset() >= 13) {
-      len = x.dims()[a];
-      inner = product(x.dims(), a + 1);
-    } else {
-      len = product(x.dims(), a);
-      inner = 1;
-    }
-  }
+  auto [outer, len, inner] = softmax_rows(n, x);
   std::vector<double> xd = to_doubles(x), y(xd.size());
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
@@ -643,6 +695,26 @@ inline std::vector<Tensor> softmax(const Node& n, const std::vector<Tensor>& inp
       double log_sum = std::log(sum);
       for (int64_t l = 0; l < len; ++l)
         yp[l * inner] = log ? xp[l * inner] - mx - log_sum : std::exp(xp[l * inner] - mx) / sum;
+    }
+  return {from_doubles(x.dtype(), x.dims(), y)};
+}
+
+// Hardmax: 1 at the first largest element of each row (a NaN counts as largest, as numpy's argmax
+// has it), 0 elsewhere.
+inline std::vector<Tensor> hardmax(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& x = required(n, inputs, 0);
+  require_floating(n, x, "input");
+  auto [outer, len, inner] = softmax_rows(n, x);
+  std::vector<double> xd = to_doubles(x), y(xd.size(), 0.0);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * len * inner + i;
+      int64_t best = 0;
+      for (int64_t l = 1; l < len && !std::isnan(xd[static_cast<std::size_t>(base + best * inner)]); ++l) {
+        const double v = xd[static_cast<std::size_t>(base + l * inner)];
+        if (std::isnan(v) || v > xd[static_cast<std::size_t>(base + best * inner)]) best = l;
+      }
+      if (len > 0) y[static_cast<std::size_t>(base + best * inner)] = 1.0;
     }
   return {from_doubles(x.dtype(), x.dims(), y)};
 }
@@ -964,6 +1036,62 @@ inline std::vector<Tensor> resize(const Node& n, const std::vector<Tensor>& inpu
   return {from_doubles(x.dtype(), dims, cur, true)};
 }
 
+// Upsample is Resize-10 (geo::resize_is_legacy); Upsample-7's scales attribute becomes the scales input.
+inline std::vector<Tensor> upsample(const Node& n, const std::vector<Tensor>& inputs) {
+  if (!geo::upsample_scales_attribute(n)) return resize(n, inputs);
+  std::vector<float> s = n.attr_floats("scales");
+  return resize(n, {required(n, inputs, 0), Tensor::from_vector<float>({static_cast<int64_t>(s.size())}, s)});
+}
+
+// --- MaxUnpool ------------------------------------------------------------------------------------
+
+// MaxUnpool: a zero tensor of the default output shape (each spatial axis (in - 1) * stride + kernel -
+// pads) with y.flat[I[j]] = X.flat[j] (I indexes the whole tensor, as MaxPool's Indices do; an index
+// outside it is an error). A larger output_shape pads that result with zeros at the end of each axis,
+// as ONNX Runtime does and the backend suite expects (its indices are those of the default shape).
+inline std::vector<Tensor> max_unpool(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& x = required(n, inputs, 0);
+  const Tensor& indices = required(n, inputs, 1);
+  const Tensor& shape = input_or_empty(inputs, 2);
+  require_floating(n, x, "X");
+  require_min_rank(n, x, 3, "X");
+  if (indices.dtype() != DType::Int64) throw n.error("I must be an int64 tensor");
+  if (indices.dims() != x.dims())
+    throw n.error("I has shape " + dims_str(indices.dims()) + ", expected the shape of X " + dims_str(x.dims()));
+  const std::size_t spatial = x.rank() - 2;
+  geo::UnpoolWindow w = geo::read_unpool_window(n, spatial);
+  std::vector<int64_t> dims{x.dims()[0], x.dims()[1]};
+  for (std::size_t i = 0; i < spatial; ++i) {
+    int64_t d = (x.dims()[i + 2] - 1) * w.strides[i] + w.kernel[i] - w.pads[i] - w.pads[i + spatial];
+    if (d < 0) throw n.error("pads " + dims_str(w.pads) + " leave no output for input " + dims_str(x.dims()));
+    dims.push_back(d);
+  }
+  Tensor y(x.dtype(), dims);
+  const auto es = static_cast<int64_t>(dtype_size(x.dtype()));
+  const int64_t total = y.numel();
+  const int64_t* idx = indices.data<int64_t>();
+  const auto* src = static_cast<const unsigned char*>(x.raw());
+  auto* dst = static_cast<unsigned char*>(y.raw());
+  for (int64_t j = 0, count = x.numel(); j < count; ++j) {
+    if (idx[j] < 0 || idx[j] >= total)
+      throw n.error("index " + std::to_string(idx[j]) + " in I is outside the output of " + std::to_string(total) +
+                    " elements " + dims_str(dims));
+    std::memcpy(dst + idx[j] * es, src + j * es, static_cast<std::size_t>(es));
+  }
+  if (shape.empty()) return {y};
+  if (shape.dtype() != DType::Int64 || shape.rank() != 1 || static_cast<std::size_t>(shape.numel()) != x.rank())
+    throw n.error("output_shape must be an int64 vector of " + std::to_string(x.rank()) + " values, got " +
+                  std::string(dtype_name(shape.dtype())) + dims_str(shape.dims()));
+  const std::vector<int64_t> out_dims = shape.to_int64s();
+  std::vector<std::vector<int64_t>> source(x.rank());
+  for (std::size_t a = 0; a < x.rank(); ++a) {
+    if (out_dims[a] < dims[a])
+      throw n.error("output_shape " + dims_str(out_dims) + " is smaller than the default output " + dims_str(dims));
+    for (int64_t o = 0; o < out_dims[a]; ++o) source[a].push_back(o < dims[a] ? o : -1);
+  }
+  return {gather_per_axis(y, source, out_dims, fill_bytes(x.dtype(), 0.0))};
+}
+
 // --- Pad ------------------------------------------------------------------------------------------
 
 inline std::vector<Tensor> pad(const Node& n, const std::vector<Tensor>& inputs) {
@@ -1032,15 +1160,19 @@ inline void register_nn_kernels(KernelTable& table) {
   table["AveragePool"] = [](const Node& n, const std::vector<Tensor>& in) { return k::pool(n, in, false); };
   table["GlobalMaxPool"] = [](const Node& n, const std::vector<Tensor>& in) { return k::global_pool(n, in, true); };
   table["GlobalAveragePool"] = [](const Node& n, const std::vector<Tensor>& in) { return k::global_pool(n, in, false); };
+  table["MaxUnpool"] = k::max_unpool;
   table["BatchNormalization"] = k::batch_norm;
   table["InstanceNormalization"] = k::instance_norm;
   table["LayerNormalization"] = k::layer_norm;
   table["LRN"] = k::lrn;
+  table["MeanVarianceNormalization"] = k::mean_variance_normalization;
   table["Softmax"] = [](const Node& n, const std::vector<Tensor>& in) { return k::softmax(n, in, false); };
   table["LogSoftmax"] = [](const Node& n, const std::vector<Tensor>& in) { return k::softmax(n, in, true); };
+  table["Hardmax"] = k::hardmax;
   table["MatMul"] = k::matmul;
   table["Gemm"] = k::gemm;
   table["Resize"] = k::resize;
+  table["Upsample"] = k::upsample;
   table["Pad"] = k::pad;
 }
 

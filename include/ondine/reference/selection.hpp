@@ -1,5 +1,5 @@
-// ondine/reference/selection.hpp - reference kernels of NonMaxSuppression and Unique, the ops whose
-// output size is data.
+// ondine/reference/selection.hpp - reference kernels of NonMaxSuppression, Unique and Compress, the ops
+// whose output size is data.
 //
 // NonMaxSuppression follows ONNX Runtime, which the backend suite's expectations come from: per batch and
 // class, the boxes scoring strictly above score_threshold, by descending score (ties: lower index first),
@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "ondine/ir/infer/selection.hpp"
 #include "ondine/reference/common.hpp"
 
 namespace ondine::reference {
@@ -222,11 +224,52 @@ inline std::vector<Tensor> unique(const Node& n, const std::vector<Tensor>& in) 
   return result;
 }
 
+// Compress: the slices along `axis` (the elements of the flattened input without it) whose condition
+// entry is true; entries past the condition's end are dropped.
+inline std::vector<Tensor> compress(const Node& n, const std::vector<Tensor>& in) {
+  if (in.size() < 2 || in[0].empty() || in[1].empty()) throw n.error("input and condition are required");
+  const Tensor& x = in[0];
+  const Tensor& condition = in[1];
+  const std::size_t es = dtype_size(x.dtype());
+  if (es == 0) throw n.error("tensors of " + std::string(dtype_name(x.dtype())) + " are not supported");
+  if (condition.dtype() != DType::Bool || condition.rank() != 1)
+    throw n.error("condition must be a 1-D bool tensor, got " + std::string(dtype_name(condition.dtype())) +
+                  dims_str(condition.dims()));
+  const auto axis = ::ondine::infer::detail_selection::compress_axis(n, static_cast<std::int64_t>(x.rank()));
+  std::int64_t outer = 1, len = x.numel(), inner = 1;
+  if (axis) {
+    len = x.dims()[*axis];
+    for (std::size_t a = 0; a < *axis; ++a) outer *= x.dims()[a];
+    for (std::size_t a = *axis + 1; a < x.rank(); ++a) inner *= x.dims()[a];
+  }
+  ::ondine::infer::detail_selection::check_condition_length(n, condition.numel(), len);
+  std::vector<std::int64_t> kept;
+  const bool* c = condition.data<bool>();
+  for (std::int64_t j = 0; j < condition.numel(); ++j)
+    if (c[j]) kept.push_back(j);
+  const auto count = static_cast<std::int64_t>(kept.size());
+  std::vector<std::int64_t> dims{count};
+  if (axis) {
+    dims = x.dims();
+    dims[*axis] = count;
+  }
+  Tensor y(x.dtype(), dims);
+  const auto* src = static_cast<const unsigned char*>(x.raw());
+  auto* dst = static_cast<unsigned char*>(y.raw());
+  const std::size_t slice = static_cast<std::size_t>(inner) * es;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t k = 0; k < count; ++k)
+      std::memcpy(dst + static_cast<std::size_t>(o * count + k) * slice,
+                  src + static_cast<std::size_t>(o * len + kept[static_cast<std::size_t>(k)]) * slice, slice);
+  return {y};
+}
+
 }  // namespace detail_selection
 
 inline void register_selection_kernels(KernelTable& t) {
   t["NonMaxSuppression"] = detail_selection::non_max_suppression;
   t["Unique"] = detail_selection::unique;
+  t["Compress"] = detail_selection::compress;
 }
 
 }  // namespace ondine::reference

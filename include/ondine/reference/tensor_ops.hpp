@@ -733,6 +733,51 @@ inline std::vector<Tensor> non_zero(const Node& n, const std::vector<Tensor>& in
   return {out};
 }
 
+// EyeLike: zeros of the input's shape with ones on diagonal k (k > 0 above the main one, k < 0 below).
+inline std::vector<Tensor> eye_like(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required_arg(n, in, 0);
+  element_size(n, x.dtype());
+  if (x.rank() != 2) throw n.error("EyeLike needs a 2-D input, got " + dims_str(x.dims()));
+  Tensor out(shared::eye_like_dtype(n, x.dtype()), x.dims());
+  const std::int64_t rows = x.dims()[0], cols = x.dims()[1], k = n.attr_int("k", 0);
+  dispatch_dtype(out.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = out.data<T>();
+    for (std::int64_t i = std::max<std::int64_t>(0, -k); i < rows && i + k < cols; ++i)
+      p[i * cols + i + k] = from_double<T>(1.0);
+  });
+  return {out};
+}
+
+// ReverseSequence: for batch entry b, the first sequence_lens[b] steps along the time axis reversed, the
+// rest copied.
+inline std::vector<Tensor> reverse_sequence(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required_arg(n, in, 0);
+  const Tensor& lens_t = required_arg(n, in, 1);
+  const std::size_t es = element_size(n, x.dtype());
+  if (x.rank() < 2) throw n.error("ReverseSequence needs a tensor of rank >= 2, got " + dims_str(x.dims()));
+  if (lens_t.dtype() != DType::Int64) throw n.error("sequence_lens must be an int64 tensor");
+  const std::size_t batch_axis = shared::reverse_sequence_axes(n).first, time_axis = 1 - batch_axis;
+  const std::int64_t batch = x.dims()[batch_axis], steps = x.dims()[time_axis];
+  if (lens_t.rank() != 1 || lens_t.dims()[0] != batch)
+    throw n.error("sequence_lens " + dims_str(lens_t.dims()) + " does not match the batch size of input " +
+                  dims_str(x.dims()));
+  const Ints lens = lens_t.to_int64s();
+  const auto row = static_cast<std::size_t>(product(x.dims(), 2)) * es;  // one (time, batch) slice
+  Tensor out = x.clone();
+  auto at = [&](std::int64_t t, std::int64_t b) {
+    return static_cast<std::size_t>(time_axis == 0 ? t * batch + b : b * steps + t) * row;
+  };
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t len = lens[static_cast<std::size_t>(b)];
+    if (len < 0 || len > steps)
+      throw n.error("sequence_lens[" + std::to_string(b) + "] = " + std::to_string(len) + " is outside [0, " +
+                    std::to_string(steps) + "]");
+    for (std::int64_t t = 0; t < len; ++t) std::memcpy(bytes(out) + at(t, b), bytes(x) + at(len - 1 - t, b), row);
+  }
+  return {out};
+}
+
 inline std::vector<Tensor> cum_sum(const Node& n, const std::vector<Tensor>& in) {
   const Tensor& x = required_arg(n, in, 0);
   const Tensor& axis_t = required_arg(n, in, 1);
@@ -892,6 +937,8 @@ inline void register_tensor_ops_kernels(KernelTable& table) {
   table["ScatterND"] = k::scatter_nd;
   table["NonZero"] = k::non_zero;
   table["CumSum"] = k::cum_sum;
+  table["EyeLike"] = k::eye_like;
+  table["ReverseSequence"] = k::reverse_sequence;
 }
 
 }  // namespace ondine::reference

@@ -1,5 +1,6 @@
 // ondine/ir/infer/math.hpp - shape and type inference for the math ops: elementwise arithmetic,
-// activations, comparisons and logic, Cast, reductions, ArgMax/ArgMin and (de)quantization.
+// activations, comparisons and logic, Cast and CastLike, reductions, ArgMax/ArgMin, Det and
+// (de)quantization.
 //
 // The type constraints live here (detail_math::op_types) so that the reference kernels check exactly
 // the same sets of element types as inference does.
@@ -248,6 +249,27 @@ inline void infer_cast(Node& n) {
   set_output(n, 0, cast_target(n), x.shape());
 }
 
+// CastLike: input 0 converted to the element type of input 1 (whose values are not read).
+inline void infer_cast_like(Node& n) {
+  Value& x = required_input(n, 0);
+  Value& like = required_input(n, 1);
+  if (x.dtype() == DType::String || like.dtype() == DType::String)
+    throw n.error("casting from or to string is not supported");
+  set_output(n, 0, like.dtype(), x.shape());
+}
+
+// Det: [*, M, M] -> [*].
+inline void infer_det(Node& n) {
+  Value& x = required_input(n, 0);
+  check_input_type(n, 0, x.dtype(), kFloatTypes);
+  const Shape& s = x.shape();
+  if (!s.rank_known()) return set_output(n, 0, x.dtype(), Shape::unknown());
+  const std::size_t r = s.rank();
+  if (r < 2 || (s[r - 1].is_static() && s[r - 2].is_static() && s[r - 1].value != s[r - 2].value))
+    throw n.error("input must be [*, M, M], got " + s.str());
+  set_output(n, 0, x.dtype(), Shape(std::vector<Dim>(s.dims().begin(), s.dims().end() - 2)));
+}
+
 // The axes of a Reduce* node: the `axes` attribute before ReduceSum-13 / the others' opset 18, the
 // optional second input after. `known` is false when that input is not a compile-time constant.
 struct ReduceAxes {
@@ -376,7 +398,7 @@ inline void register_math_infer(InferTable& table) {
   for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Sqrt", "Neg",
                          "Exp", "Log", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Not", "Elu", "Selu",
                          "Softplus", "Softsign", "ThresholdedRelu", "Celu", "Sin", "Cos", "Tan", "Asin", "Acos",
-                         "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"})
+                         "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Shrink"})
     table[op] = [](Node& n) { infer_unary(n); };
   for (const char* op : {"IsNaN", "IsInf"}) table[op] = [](Node& n) { infer_unary(n, DType::Bool); };
   for (const char* op : {"Add", "Sub", "Mul", "Div", "Mod", "BitShift"})
@@ -394,6 +416,8 @@ inline void register_math_infer(InferTable& table) {
   table["Where"] = infer_where;
   table["Clip"] = infer_clip;
   table["Cast"] = infer_cast;
+  table["CastLike"] = infer_cast_like;
+  table["Det"] = infer_det;
   table["QuantizeLinear"] = infer_quantize;
   table["DequantizeLinear"] = infer_dequantize;
 }

@@ -1,9 +1,10 @@
 // ondine/ir/infer/nn.hpp - shape and type inference for the nn ops.
 //
-// Conv, ConvTranspose, the pools, BatchNormalization, InstanceNormalization, LayerNormalization, LRN,
-// MatMul, Gemm, Softmax, LogSoftmax, Resize and Pad. The window geometry (auto_pad, ceil_mode, output
-// sizes) lives here once and the reference kernels reuse it, so that inference and execution can never
-// disagree on an output size.
+// Conv, ConvTranspose, the pools, MaxUnpool, BatchNormalization, InstanceNormalization,
+// LayerNormalization, LRN, MeanVarianceNormalization, MatMul, Gemm, Softmax, LogSoftmax, Hardmax,
+// Resize, Upsample and Pad. The window geometry (auto_pad, ceil_mode, output sizes) lives here once
+// and the reference kernels reuse it, so that inference and execution can never disagree on an output
+// size.
 #pragma once
 
 #include <algorithm>
@@ -402,6 +403,60 @@ inline void infer_global_pool(Node& n, bool is_max) {
   set_output(n, 0, x.dtype(), Shape(out));
 }
 
+// MaxUnpool's geometry: kernel_shape (required), strides and pads; the default output size of spatial
+// axis i is (in - 1) * stride + kernel - pad_begin - pad_end, MaxPool's input size before rounding.
+struct UnpoolWindow {
+  std::vector<std::int64_t> kernel, strides, pads;
+};
+
+inline UnpoolWindow read_unpool_window(const Node& n, std::size_t spatial) {
+  UnpoolWindow w;
+  w.kernel = pool_kernel(n, spatial);
+  w.strides = ints_attr(n, "strides", spatial, 1);
+  w.pads = ints_attr(n, "pads", 2 * spatial, 0);
+  for (auto k : w.kernel)
+    if (k <= 0) throw n.error("kernel_shape " + ints_str(w.kernel) + " must be positive");
+  for (auto v : w.strides)
+    if (v <= 0) throw n.error("strides " + ints_str(w.strides) + " must be positive");
+  for (auto v : w.pads)
+    if (v < 0) throw n.error("pads " + ints_str(w.pads) + " must not be negative");
+  return w;
+}
+
+inline Dim unpool_output_dim(const UnpoolWindow& w, std::size_t i, const Dim& in) {
+  const std::size_t s = w.kernel.size();
+  return dim_add(dim_mul(dim_sub(in, Dim(1)), Dim(w.strides[i])), Dim(w.kernel[i] - w.pads[i] - w.pads[i + s]));
+}
+
+inline void infer_max_unpool(Node& n) {
+  Value& x = required_input(n, 0);
+  Value& indices = required_input(n, 1);
+  require_floating(n, x);
+  require_dtype(n, indices, indices.dtype() == DType::Int64, "expected int64");
+  if (!x.shape().rank_known()) return set_output(n, 0, x.dtype(), Shape::unknown());
+  require_min_rank(n, x, 3);
+  const Shape& xs = x.shape();
+  const std::size_t rank = xs.rank(), spatial = rank - 2;
+  UnpoolWindow w = read_unpool_window(n, spatial);
+  if (indices.shape().rank_known() && indices.shape().rank() != rank)
+    throw n.error("I has shape " + indices.shape().str() + ", expected the shape of X " + xs.str());
+  std::vector<Dim> out{xs[0], xs[1]};
+  if (n.input(2)) {
+    // output_shape: the full output shape, when known at compile time; else the rank only.
+    Value& shape = *n.input(2);
+    require_dtype(n, shape, shape.dtype() == DType::Int64, "expected int64");
+    auto elems = input_values(n, 2);
+    if (elems && elems->size() != rank)
+      throw n.error("output_shape has " + std::to_string(elems->size()) + " values for an input of rank " +
+                    std::to_string(rank));
+    out.clear();
+    for (std::size_t i = 0; i < rank; ++i) out.push_back(elems ? (*elems)[i].as_dim() : Dim());
+  } else {
+    for (std::size_t i = 0; i < spatial; ++i) out.push_back(unpool_output_dim(w, i, xs[i + 2]));
+  }
+  set_output(n, 0, x.dtype(), Shape(out));
+}
+
 inline void infer_batch_norm(Node& n) {
   Value& x = required_input(n, 0);
   require_floating(n, x);
@@ -444,6 +499,27 @@ inline void infer_lrn(Node& n) {
   require_floating(n, x);
   require_min_rank(n, x, 2);
   if (n.attr_int("size") <= 0) throw n.error("size must be positive");
+  set_output(n, 0, x.dtype(), x.shape());
+}
+
+// MeanVarianceNormalization's axes (default [0, 2, 3]), normalised against the rank; no repeats.
+inline std::vector<std::int64_t> mvn_axes(const Node& n, std::int64_t rank) {
+  const std::vector<std::int64_t> given = n.attr_ints("axes", {0, 2, 3});
+  std::vector<std::int64_t> axes;
+  std::vector<bool> seen(static_cast<std::size_t>(rank), false);
+  for (auto a : given) {
+    auto ax = static_cast<std::size_t>(normalize_axis(n, a, rank));
+    if (seen[ax]) throw n.error("axes " + ints_str(given) + " repeat an axis");
+    seen[ax] = true;
+    axes.push_back(static_cast<std::int64_t>(ax));
+  }
+  return axes;
+}
+
+inline void infer_mvn(Node& n) {
+  Value& x = required_input(n, 0);
+  require_floating(n, x);
+  if (x.shape().rank_known()) mvn_axes(n, static_cast<std::int64_t>(x.shape().rank()));
   set_output(n, 0, x.dtype(), x.shape());
 }
 
@@ -571,6 +647,10 @@ inline void infer_gemm(Node& n) {
 
 // --- Resize ---------------------------------------------------------------------------------------
 
+// Resize before opset 11, and Upsample (opsets 7 to 9, deprecated since 10, which Resize-10 replaced
+// with the same meaning): scales only, asymmetric coordinates, nearest rounding down.
+inline bool resize_is_legacy(const Node& n) { return n.opset() < 11 || n.op_type() == "Upsample"; }
+
 // The attributes and constant inputs of a Resize, normalised across opsets.
 struct ResizeSpec {
   std::string mode, coordinate_mode, nearest_mode;
@@ -584,7 +664,7 @@ inline ResizeSpec read_resize_spec(const Node& n, std::int64_t rank) {
   s.mode = n.attr_string("mode", "nearest");
   if (s.mode != "nearest" && s.mode != "linear" && s.mode != "cubic")
     throw n.error("invalid mode '" + s.mode + "' (expected nearest, linear or cubic)");
-  if (n.opset() < 11) {
+  if (resize_is_legacy(n)) {
     if (s.mode == "cubic") throw n.error("mode 'cubic' needs opset >= 11");
     // Resize-10 behaves as Upsample: asymmetric coordinates, nearest rounds down.
     s.coordinate_mode = "asymmetric";
@@ -619,8 +699,8 @@ inline ResizeSpec read_resize_spec(const Node& n, std::int64_t rank) {
 }
 
 // Indices of Resize's optional inputs by opset.
-inline std::size_t resize_scales_index(const Node& n) { return n.opset() < 11 ? 1 : 2; }
-inline std::size_t resize_sizes_index(const Node& n) { return n.opset() < 11 ? 99 : 3; }
+inline std::size_t resize_scales_index(const Node& n) { return resize_is_legacy(n) ? 1 : 2; }
+inline std::size_t resize_sizes_index(const Node& n) { return resize_is_legacy(n) ? 99 : 3; }
 
 // The output size of every axis and the scale each axis uses, from constant scales or sizes.
 // Throws when neither (or both) is given; `in` are the input dims (static).
@@ -691,7 +771,7 @@ inline ResizeTarget resize_target(const Node& n, const ResizeSpec& spec, const s
 inline void infer_resize(Node& n) {
   Value& x = required_input(n, 0);
   require_dtype(n, x, x.dtype() != DType::String && x.dtype() != DType::Bool, "expected a numeric type");
-  if (n.opset() < 11) required_input(n, 1);
+  if (resize_is_legacy(n)) required_input(n, 1);
   if (!x.shape().rank_known()) return set_output(n, 0, x.dtype(), Shape::unknown());
   const Shape& xs = x.shape();
   auto rank = static_cast<std::int64_t>(xs.rank());
@@ -739,6 +819,27 @@ inline void infer_resize(Node& n) {
       out[i] = dim_floor_div(xs[i], Dim(static_cast<std::int64_t>(1.0 / t.scales[i])));  // floor(in / k)
     else out[i] = Dim();
   }
+  set_output(n, 0, x.dtype(), Shape(out));
+}
+
+// Upsample-7 gives its scales as an attribute; Upsample-9 as input 1, as Resize-10 does.
+inline bool upsample_scales_attribute(const Node& n) { return n.has_attr("scales") && !n.input(1); }
+
+inline void infer_upsample(Node& n) {
+  if (!upsample_scales_attribute(n)) return infer_resize(n);
+  Value& x = required_input(n, 0);
+  require_dtype(n, x, x.dtype() != DType::String && x.dtype() != DType::Bool, "expected a numeric type");
+  if (!x.shape().rank_known()) return set_output(n, 0, x.dtype(), Shape::unknown());
+  const Shape& xs = x.shape();
+  ResizeSpec spec = read_resize_spec(n, static_cast<std::int64_t>(xs.rank()));
+  std::vector<float> s = n.attr_floats("scales");
+  Tensor scales = Tensor::from_vector<float>({static_cast<std::int64_t>(s.size())}, s);
+  std::vector<std::int64_t> in(xs.rank());
+  for (std::size_t i = 0; i < xs.rank(); ++i) in[i] = xs[i].is_static() ? xs[i].value : 1;
+  ResizeTarget t = resize_target(n, spec, in, &scales, nullptr);
+  std::vector<Dim> out(xs.rank());
+  for (std::size_t i = 0; i < xs.rank(); ++i)
+    out[i] = xs[i].is_static() ? Dim(t.out[i]) : t.scales[i] == 1.0 ? xs[i] : Dim();
   set_output(n, 0, x.dtype(), Shape(out));
 }
 
@@ -842,15 +943,19 @@ inline void register_nn_infer(InferTable& table) {
   table["AveragePool"] = [](Node& n) { infer_pool(n, false); };
   table["GlobalMaxPool"] = [](Node& n) { infer_global_pool(n, true); };
   table["GlobalAveragePool"] = [](Node& n) { infer_global_pool(n, false); };
+  table["MaxUnpool"] = infer_max_unpool;
   table["BatchNormalization"] = infer_batch_norm;
   table["InstanceNormalization"] = infer_instance_norm;
   table["LayerNormalization"] = infer_layer_norm;
   table["LRN"] = infer_lrn;
+  table["MeanVarianceNormalization"] = infer_mvn;
   table["Softmax"] = infer_softmax;
   table["LogSoftmax"] = infer_softmax;
+  table["Hardmax"] = infer_softmax;
   table["MatMul"] = infer_matmul;
   table["Gemm"] = infer_gemm;
   table["Resize"] = infer_resize;
+  table["Upsample"] = infer_upsample;
   table["Pad"] = infer_pad;
 }
 

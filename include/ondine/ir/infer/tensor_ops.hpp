@@ -2,7 +2,8 @@
 //
 // Concat, Split, Slice, Gather, GatherElements, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Shape,
 // Size, Identity, Dropout, Expand, ConstantOfShape, Constant, Range, Tile, Trilu, DepthToSpace,
-// SpaceToDepth, OneHot, ScatterElements (and the deprecated Scatter), ScatterND, NonZero, CumSum.
+// SpaceToDepth, OneHot, ScatterElements (and the deprecated Scatter), ScatterND, NonZero, CumSum,
+// EyeLike, ReverseSequence.
 //
 // Inputs that carry parameters (Reshape's shape, Slice's starts/ends, Squeeze's axes, ...) are read when
 // they are constants; otherwise the result is as precise as the rest allows (a known rank with unknown
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/infer/math.hpp"
 
 namespace ondine::infer {
 namespace detail_tensor_ops {
@@ -1108,6 +1110,45 @@ inline void infer_non_zero(Node& n) {
   set_output(n, 0, DType::Int64, Shape{static_cast<std::int64_t>(x.shape().rank()), Dim()});
 }
 
+// EyeLike's element type: the `dtype` attribute (an ONNX type code, as Cast's `to`), else the input's.
+inline DType eye_like_dtype(const Node& n, DType input) {
+  return n.has_attr("dtype") ? detail_math::dtype_from_onnx_code(n, n.attr_int("dtype")) : input;
+}
+
+inline void infer_eye_like(Node& n) {
+  Value& x = required_input(n, 0);
+  check_data_dtype(n, x.dtype());
+  if (x.shape().rank_known() && x.shape().rank() != 2)
+    throw n.error("EyeLike needs a 2-D input, got " + x.shape().str());
+  set_output(n, 0, eye_like_dtype(n, x.dtype()), x.shape());
+}
+
+// ReverseSequence's (batch_axis, time_axis): 1 and 0 by default, the other order allowed.
+inline std::pair<std::size_t, std::size_t> reverse_sequence_axes(const Node& n) {
+  const std::int64_t b = n.attr_int("batch_axis", 1), t = n.attr_int("time_axis", 0);
+  if (!((b == 0 && t == 1) || (b == 1 && t == 0)))
+    throw n.error("batch_axis " + std::to_string(b) + " and time_axis " + std::to_string(t) +
+                  " must be 0 and 1, in either order");
+  return {static_cast<std::size_t>(b), static_cast<std::size_t>(t)};
+}
+
+inline void infer_reverse_sequence(Node& n) {
+  Value& x = required_input(n, 0);
+  Value& lens = required_input(n, 1);
+  check_data_dtype(n, x.dtype());
+  if (lens.dtype() != DType::Undefined && lens.dtype() != DType::Int64)
+    throw n.error("sequence_lens must be an int64 tensor, got " + std::string(dtype_name(lens.dtype())));
+  const std::size_t batch_axis = reverse_sequence_axes(n).first;
+  const Shape& xs = x.shape();
+  if (xs.rank_known() && xs.rank() < 2) throw n.error("ReverseSequence needs a tensor of rank >= 2, got " + xs.str());
+  const Shape& ls = lens.shape();
+  if (ls.rank_known() && ls.rank() != 1) throw n.error("sequence_lens must be 1-D, got " + ls.str());
+  if (xs.rank_known() && ls.rank_known() && xs[batch_axis].is_static() && ls[0].is_static() &&
+      xs[batch_axis].value != ls[0].value)
+    throw n.error("sequence_lens " + ls.str() + " does not match the batch size of input " + xs.str());
+  set_output(n, 0, x.dtype(), xs);
+}
+
 inline void infer_cum_sum(Node& n) {
   Value& x = required_input(n, 0);
   Value& axis = required_input(n, 1);
@@ -1205,6 +1246,8 @@ inline void register_tensor_ops_infer(InferTable& table) {
   table["ScatterND"] = d::infer_scatter_nd;
   table["NonZero"] = d::infer_non_zero;
   table["CumSum"] = d::infer_cum_sum;
+  table["EyeLike"] = d::infer_eye_like;
+  table["ReverseSequence"] = d::infer_reverse_sequence;
   table["GatherND"] = d::infer_gather_nd;
   table["TopK"] = d::infer_top_k;
 }

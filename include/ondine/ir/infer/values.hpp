@@ -366,6 +366,7 @@ inline const std::map<std::string, ValueFn>& value_table() {
     t["Shape"] = values::shape;
     t["Size"] = values::size;
     t["Cast"] = values::cast;
+    t["CastLike"] = values::cast;  // the output's dtype is all cast() reads of the node
     for (const char* op : {"Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Floor", "Ceil", "Round"})
       t[op] = values::same_elements;
     t["Gather"] = values::gather;
