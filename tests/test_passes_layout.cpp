@@ -311,6 +311,33 @@ TEST_CASE("layout=auto: Blocked between convs, Reorders only at the row-major bo
   CHECK(reorders(g).size() == 4);
 }
 
+TEST_CASE("layout=auto: a Resize between convs keeps their layout and Concat gets one layout (FPN)", "[layout]") {
+  // An FPN level as torchvision-style detectors export it: conv -> Resize(x2, nearest) -> Add with a finer
+  // conv, and both levels concatenated on channels. No Reorder inside: only at the input and the output.
+  Builder b;
+  Value* x = b.input("x", {1, 4, 16, 16});
+  Value* fine = b.conv(x, 4, 8, 3, "fine");
+  Value* coarse = b.conv(b.op("MaxPool", {fine}, {{"kernel_shape", Dims{2, 2}}, {"strides", Dims{2, 2}}}), 8, 8, 3, "coarse");
+  Value* scales = b.g.add_constant("scales", Tensor::from_vector<float>({4}, {1, 1, 2, 2}));
+  Value* up = b.op("Resize", {coarse, nullptr, scales}, {{"mode", std::string("nearest")}}, "up");
+  Value* sum = b.op("Add", {fine, up}, {}, "sum");
+  Value* cat = b.op("Concat", {sum, up}, {{"axis", std::int64_t{1}}}, "cat");
+  b.g.add_output(b.conv(cat, 16, 4, 1, "out"));
+  infer_shapes(b.g);
+  Graph before = b.g.clone();
+  CHECK(run_pass(b.g, "layout", "auto"));
+  CHECK(reorders(b.g).size() == 2);  // x in, the output out
+  CHECK(b.g.find_value("up")->layout() == Layout::Blocked);
+  CHECK(b.g.find_value("cat")->layout() == Layout::Blocked);
+  auto in = inputs_for(before);
+  auto want = ReferenceExecutor(before).run(in);
+  check_same_outputs(ReferenceExecutor(b.g).run(in), want, 0.0);
+  CompiledModel m = compile_as_is(b.g);
+  INFO(m.to_text());
+  check_same_outputs(m.run(in), want, 1e-4);
+  for (const StepInfo& s : m.steps()) CHECK_FALSE(s.slow_path());
+}
+
 TEST_CASE("layout=nhwc: ChannelsLast image activations, Reorders at the same places", "[layout]") {
   Graph g = conv_net();
   Graph before = g.clone();

@@ -16,9 +16,9 @@
 //     conv run in plain NCHW is several times slower than the reorders around a blocked one. In "auto",
 //     a conv read only by DepthToSpace writes ChannelsLast instead (deconv-as-conv makes such pairs),
 //     which DepthToSpace reads in place: one copy, not a Reorder and a copy;
-//   - ops created on their input's layout (pooling, BatchNormalization, eltwise activations, Identity,
-//     Dropout, Softmax, binary ops on same-shape operands, Concat on channels) inherit the layout of
-//     their data input; their other same-shape operands are reordered to it;
+//   - ops created on their input's layout (pooling, Resize, BatchNormalization, eltwise activations,
+//     Identity, Dropout, Softmax, binary ops on same-shape operands, Concat on channels) inherit the layout
+//     of their data input; their other same-shape operands are reordered to it;
 //   - everything else (reference kernels, Reshape/Flatten/Squeeze/Unsqueeze views, Transpose,
 //     MatMul/Gemm, non-f32 values) reads and writes RowMajor; DepthToSpace reads ChannelsLast too.
 // Graph inputs and outputs are RowMajor: a graph output in another layout becomes a Reorder that
@@ -107,6 +107,9 @@ inline Role role_of(const Node& n) {
   const std::string op = n.op_key();
   if ((op == "Conv" || op == "ConvTranspose" || op == "ondine.FusedConv") && image_rank(y)) return Role::Chooses;
   if (is_pool(op)) return image_rank(y) ? Role::Inherits : Role::RowMajor;
+  // oneDNN resampling takes its source in any layout (lower/detail/resample.hpp); a Resize it declines runs
+  // its reference kernel, which reads through a row-major copy as any reference step does.
+  if (op == "Resize") return image_rank(y) && image_rank(n.input(0)) ? Role::Inherits : Role::RowMajor;
   if (op == "BatchNormalization") return n.attr_int("training_mode", 0) == 0 ? Role::Inherits : Role::RowMajor;
   if (is_inheriting_unary(op)) {
     // Pow's exponent, Clip's bounds, Dropout's ratio: oneDNN eltwise needs them constant.
