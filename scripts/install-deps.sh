@@ -14,6 +14,7 @@ packages=(
   flatbuffers-compiler           # the test that the committed generated schema header is current
   libonnx-testdata               # the ONNX backend conformance cases
   python3-onnx python3-numpy     # scripts/make_models.py (example models, built locally)
+  pybind11-dev python3-dev python3-pytest  # the Python module (python/) and its CTest test
 )
 
 missing=()

@@ -1,0 +1,692 @@
+// python/ondine_module.cpp - the Python module `ondine` (pybind11): the C++ API with arrays in and out.
+//
+//   import ondine
+//   m = ondine.compile("model.onnx", precision="fp32", dims={"batch": 1}, threads=2, passes="default")
+//   outputs = m.run({"input": x})                  # dict: output name -> numpy array
+//   logits, = m.run(["logits"], {"input": x})      # ONNX Runtime's run(output_names, input_feed)
+//   m.save("model.ondine"); m = ondine.load("model.ondine")
+//   ondine.quantize("model.onnx", calibration=feeds, output="model.int8.onnx", max_error=0.01)
+//   ondine.inspect("model.onnx")                   # dict: inputs, outputs, ops, parameters, FLOPs
+//
+// The binding only converts and calls the C++ API (docs/python.md): a Model is a lower::ShapeCache (one
+// compile per input shape, as a C++ host gets it), or, with precision bf16/auto under an error bound, the
+// CompiledModel lower::compile_bf16_within returns. save/load are lower::save_artifact/load_artifact,
+// quantize is what `ondine quantize` does (examples/cli/quantize.hpp) with the samples from a Python
+// iterable, inspect is `ondine inspect --json` as a dict.
+//
+// Arrays in: read in place through the buffer protocol when C-contiguous, aligned, native byte order and of
+// the input's dtype; other layouts (a transposed view, big-endian) are copied once to a C-contiguous array,
+// and Python lists and scalars are converted once to the input's dtype. An array of another dtype is
+// refused (as ONNX Runtime refuses it), naming the input: no silent float64 -> float32.
+// Arrays out: each output Tensor moves into a capsule that the numpy array keeps as its base, no copy. An
+// output that shares storage with something else (the model's weights, a mapped artifact, an input) is
+// returned read-only, so writing to it cannot change the model or fault on a read-only mapping.
+// Threads: the GIL is released while a model compiles or runs; a Model may run on several threads at once
+// (ShapeCache is thread-safe, each call has its own ExecContext).
+// Errors: ondine::Error becomes ondine.Error (a RuntimeError) with what() as its message and the context
+// as attributes (file, node, op, message); argument types wrong for pybind11 are TypeErrors.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "ondine/lower/artifact.hpp"
+#include "ondine/lower/lower.hpp"
+#include "ondine/lower/shape_cache.hpp"
+#include "ondine/ondine.hpp"
+#include "ondine/quant/fallback.hpp"
+
+namespace py = pybind11;
+using namespace ondine;
+
+namespace {
+
+// ---- conversions ----
+
+// The numpy dtype of an Ondine dtype. numpy has no bfloat16 and Ondine computes no strings: those values
+// cannot cross.
+py::dtype numpy_dtype(DType t, const std::string& what) {
+  switch (t) {
+    case DType::Float32: return py::dtype::of<float>();
+    case DType::Float64: return py::dtype::of<double>();
+    case DType::Int8: return py::dtype::of<std::int8_t>();
+    case DType::UInt8: return py::dtype::of<std::uint8_t>();
+    case DType::Int16: return py::dtype::of<std::int16_t>();
+    case DType::UInt16: return py::dtype::of<std::uint16_t>();
+    case DType::Int32: return py::dtype::of<std::int32_t>();
+    case DType::UInt32: return py::dtype::of<std::uint32_t>();
+    case DType::Int64: return py::dtype::of<std::int64_t>();
+    case DType::UInt64: return py::dtype::of<std::uint64_t>();
+    case DType::Bool: return py::dtype::of<bool>();
+    case DType::Float16: return py::dtype("float16");
+    default: throw Error(what + " has dtype " + std::string(dtype_name(t)) + ", which numpy has no type for");
+  }
+}
+
+// Whether an array's dtype is `t`, by numpy's kind and item size (int64 is 'i', 8 whether numpy calls it
+// long or longlong), without a Python call.
+bool same_dtype(const py::dtype& dt, DType t) {
+  const char kind = dt.kind();
+  const py::ssize_t size = dt.itemsize();
+  if (kind == 'f') return (t == DType::Float32 && size == 4) || (t == DType::Float64 && size == 8) || (t == DType::Float16 && size == 2);
+  if (kind == 'b') return t == DType::Bool && size == 1;
+  if (kind != 'i' && kind != 'u') return false;
+  const bool is_signed = kind == 'i';
+  switch (t) {
+    case DType::Int8: return is_signed && size == 1;
+    case DType::Int16: return is_signed && size == 2;
+    case DType::Int32: return is_signed && size == 4;
+    case DType::Int64: return is_signed && size == 8;
+    case DType::UInt8: return !is_signed && size == 1;
+    case DType::UInt16: return !is_signed && size == 2;
+    case DType::UInt32: return !is_signed && size == 4;
+    case DType::UInt64: return !is_signed && size == 8;
+    default: return false;
+  }
+}
+
+// A value's shape as Python sees it: ints, symbolic dims as their names or expressions ("batch",
+// "(frames - 1)/2 + 1"), None for a dim nothing is known about; None for an unknown rank.
+py::object shape_list(const Shape& s) {
+  if (!s.rank_known()) return py::none();
+  py::list out;
+  for (const Dim& d : s.dims()) {
+    if (d.is_static()) out.append(d.value);
+    else if (!d.symbol.empty()) out.append(d.symbol);
+    else out.append(py::none());
+  }
+  return std::move(out);
+}
+
+// (name, dtype, shape) per value, as Model.inputs / outputs and inspect() list them.
+py::list signature(const std::vector<Value*>& values) {
+  py::list out;
+  for (const Value* v : values) out.append(py::make_tuple(v->name(), std::string(dtype_name(v->dtype())), shape_list(v->shape())));
+  return out;
+}
+
+std::string names_of(const std::vector<Value*>& values) {
+  std::string out;
+  for (const Value* v : values) out += (out.empty() ? "" : ", ") + v->name();
+  return out;
+}
+
+// `obj` as a Tensor of the graph input `in`, read in place where numpy's layout allows (header comment).
+// The Tensor keeps the array alive; releasing it takes the GIL, wherever the last reference goes.
+Tensor to_tensor(const Value& in, py::handle obj) {
+  const std::string what = "input '" + in.name() + "'";
+  const py::dtype want = numpy_dtype(in.dtype(), what);
+  py::array arr;
+  if (py::isinstance<py::array>(obj)) {
+    arr = py::reinterpret_borrow<py::array>(obj);
+    if (!same_dtype(arr.dtype(), in.dtype()))
+      throw Error(what + " has dtype " + std::string(py::str(arr.dtype())) + ", the model expects " +
+                  std::string(dtype_name(in.dtype())) + " (convert it with .astype(numpy." +
+                  std::string(dtype_name(in.dtype())) + "))");
+    const bool in_place = (arr.flags() & py::array::c_style) && (arr.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) &&
+                          arr.dtype().byteorder() != '>';
+    if (!in_place) arr = py::module_::import("numpy").attr("ascontiguousarray")(arr, want);  // the one copy
+  } else {
+    try {
+      arr = py::module_::import("numpy").attr("ascontiguousarray")(obj, want);
+    } catch (py::error_already_set& e) {
+      throw Error(what + ": cannot convert a " + std::string(py::str(obj.get_type().attr("__name__"))) + " to a " +
+                  std::string(dtype_name(in.dtype())) + " array: " + e.what());
+    }
+  }
+  std::vector<std::int64_t> dims(arr.shape(), arr.shape() + arr.ndim());
+  auto* keep = new py::object(arr);
+  std::shared_ptr<void> owner(keep, [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+  return Tensor(in.dtype(), std::move(dims), const_cast<void*>(arr.data()), std::move(owner));
+}
+
+// A feed dict {input name: array} as the tensors the C++ API takes. Names are checked here (an unknown
+// one is named with the model's inputs); shapes, missing inputs and consistent symbols by check_inputs
+// when the model runs.
+std::map<std::string, Tensor> to_feeds(const Graph& g, py::handle feeds) {
+  if (!py::isinstance<py::dict>(feeds))
+    throw py::type_error("the input feed must be a dict {input name: array}, got " +
+                         std::string(py::str(feeds.get_type().attr("__name__"))));
+  std::map<std::string, Tensor> out;
+  for (auto [key, value] : py::reinterpret_borrow<py::dict>(feeds)) {
+    if (!py::isinstance<py::str>(key))
+      throw py::type_error("input names must be str, got " + std::string(py::str(key.get_type().attr("__name__"))));
+    const std::string name = key.cast<std::string>();
+    const Value* v = g.find_value(name);
+    if (!v || !v->is_graph_input())
+      throw Error("'" + name + "' is not an input of the model (inputs: " + names_of(g.inputs()) + ")");
+    out[name] = to_tensor(*v, value);
+  }
+  return out;
+}
+
+// `t` as a numpy array that owns it (no copy): the capsule holds the Tensor and with it its storage.
+py::array to_array(Tensor t, const std::string& name) {
+  const py::dtype dt = numpy_dtype(t.dtype(), "output '" + name + "'");
+  std::vector<py::ssize_t> shape(t.dims().begin(), t.dims().end());
+  if (t.nbytes() == 0) return py::array(dt, std::move(shape));  // no bytes to share (its pointer may be null)
+  const bool own = t.is_sole_owner();
+  auto* keep = new Tensor(std::move(t));
+  py::capsule base(keep, [](void* p) { delete static_cast<Tensor*>(p); });
+  py::array arr(dt, std::move(shape), keep->raw(), base);
+  if (!own) arr.attr("setflags")(py::arg("write") = false);  // shared storage: see the header comment
+  return arr;
+}
+
+lower::Precision parse_precision(const std::string& p) {
+  if (p == "fp32") return lower::Precision::Fp32;
+  if (p == "bf16") return lower::Precision::Bf16;
+  if (p == "auto") return lower::Precision::Auto;
+  throw Error("precision must be 'fp32', 'bf16' or 'auto', got '" + p + "'");
+}
+
+// ---- Model ----
+
+// A compiled model: its signature graph, and what runs it.
+struct Model {
+  std::string source;                         // the file compiled or loaded
+  Graph graph;                                // ONNX: the imported graph, dims bound; artifact: its graph
+  lower::CompileOptions options;              // threads, passes, precision as compiled
+  std::map<std::string, std::int64_t> dims;   // as given to compile(), for save()'s packings
+  std::optional<artifact::Info> artifact;     // loaded from an artifact: its variant
+  std::unique_ptr<lower::ShapeCache> cache;   // the usual engine
+  std::shared_ptr<const CompiledModel> fixed; // bf16 under an error bound (static shapes)
+  py::dict bound;                             // what the error bound did ({} without one)
+
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const {
+    if (fixed) {
+      check_inputs(graph, inputs);
+      return fixed->run(inputs);
+    }
+    return cache->run(inputs);
+  }
+
+  std::string precision() const { return lower::precision_name(options.precision); }
+};
+
+// Runs with the GIL released; the outputs in the model's order (name, array).
+std::vector<std::pair<std::string, py::array>> run_model(const Model& m, py::handle feeds) {
+  std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);
+  std::map<std::string, Tensor> outputs;
+  {
+    py::gil_scoped_release release;
+    try {
+      outputs = m.run(inputs);
+    } catch (Error& e) {
+      e.in_file(m.source);
+      throw;
+    }
+  }
+  std::vector<std::pair<std::string, py::array>> out;
+  for (const Value* o : m.graph.outputs()) {
+    auto it = outputs.find(o->name());
+    if (it == outputs.end()) throw Error("the compiled model has no output '" + o->name() + "'").in_file(m.source);
+    out.emplace_back(o->name(), to_array(std::move(it->second), o->name()));
+  }
+  return out;
+}
+
+py::dict run_dict(const Model& m, py::handle feeds) {
+  py::dict out;
+  for (auto& [name, arr] : run_model(m, feeds)) out[py::str(name)] = arr;
+  return out;
+}
+
+// run(output_names, input_feed) as onnxruntime.InferenceSession.run: None means every output. All
+// outputs are computed either way (the compiled plan is the whole graph).
+py::list run_list(const Model& m, py::object output_names, py::handle feeds) {
+  std::vector<std::string> names;
+  if (output_names.is_none()) {
+    for (const Value* o : m.graph.outputs()) names.push_back(o->name());
+  } else {
+    if (py::isinstance<py::str>(output_names))
+      throw py::type_error("output_names must be a list of names or None, got a str (write ['" +
+                           output_names.cast<std::string>() + "'])");
+    for (py::handle h : output_names) {
+      if (!py::isinstance<py::str>(h))
+        throw py::type_error("output names must be str, got " + std::string(py::str(h.get_type().attr("__name__"))));
+      names.push_back(h.cast<std::string>());
+    }
+    for (const std::string& name : names) {
+      const Value* v = m.graph.find_value(name);
+      if (!v || !v->is_graph_output())
+        throw Error("'" + name + "' is not an output of the model (outputs: " + names_of(m.graph.outputs()) + ")");
+    }
+  }
+  std::map<std::string, py::array> by_name;
+  for (auto& [name, arr] : run_model(m, feeds)) by_name.emplace(name, arr);
+  py::list out;
+  for (const std::string& name : names) out.append(by_name.at(name));
+  return out;
+}
+
+// The samples of a bf16 error bound or a quantization fallback: a list of feed dicts.
+std::vector<std::map<std::string, Tensor>> to_samples(const Graph& g, py::handle samples, const std::string& what) {
+  std::vector<std::map<std::string, Tensor>> out;
+  for (py::handle s : samples) {
+    try {
+      out.push_back(to_feeds(g, s));
+    } catch (Error& e) {
+      throw Error(what + " " + std::to_string(out.size() + 1) + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<Model> load(const std::string& path, int threads, const std::string& precision,
+                            std::size_t cache_size);
+
+std::shared_ptr<Model> compile(const std::string& path, const std::string& precision,
+                               std::optional<std::map<std::string, std::int64_t>> dims, int threads,
+                               const std::string& passes, std::optional<double> max_error, py::object samples,
+                               std::size_t cache_size) {
+  const lower::Precision p = parse_precision(precision);
+  make_pass_manager(passes);  // a bad pipeline is an error now, not at the first run
+  if (artifact::is_artifact(path)) {
+    // The artifact's passes ran when it was written (as `ondine run model.ondine` says).
+    if (passes != "default" && passes != "none")
+      throw Error("passes='" + passes + "': an artifact's passes ran when it was compiled; compile the ONNX model "
+                  "with other passes instead").in_file(path);
+    if (dims || max_error || !samples.is_none())
+      throw Error("dims, max_error and samples are for ONNX models; an artifact keeps its symbolic dims and "
+                  "specialises per call").in_file(path);
+    return load(path, threads, precision, cache_size);
+  }
+  auto m = std::make_shared<Model>();
+  m->source = path;
+  m->options.threads = threads;
+  m->options.passes = passes;
+  m->options.precision = p;
+  if (dims) m->dims = *dims;
+  {
+    py::gil_scoped_release release;
+    m->graph = ondine::onnx::load_model(path);
+    try {
+      bind_dims(m->graph, m->dims);
+    } catch (Error& e) {
+      e.in_file(path);
+      throw;
+    }
+  }
+  const bool bounded = max_error || !samples.is_none();
+  if (bounded) {
+    // lower::compile_bf16_within: bf16, nodes kept fp32 worst first until the outputs on the samples are
+    // within max_error of fp32 (`ondine run --precision bf16 --max-error E` does the same on its inputs).
+    if (p == lower::Precision::Fp32)
+      throw Error("max_error and samples bound the bf16 error: give precision='bf16' or 'auto'").in_file(path);
+    if (samples.is_none()) throw Error("max_error needs samples=[feed dict, ...] to measure the error on").in_file(path);
+    if (!symbolic_dims(m->graph).empty())
+      throw Error("the bf16 error bound compiles one shape: bind the symbolic dims with dims={...}").in_file(path);
+    auto feeds = to_samples(m->graph, samples, "sample");
+    lower::Bf16BoundOptions bo;
+    bo.max_error = max_error ? *max_error : 0.01;
+    lower::Bf16BoundResult r;
+    {
+      py::gil_scoped_release release;
+      try {
+        check_supported(m->graph);
+        r = lower::compile_bf16_within(m->graph, m->options, feeds, bo);
+      } catch (Error& e) {
+        e.in_file(path);
+        throw;
+      }
+    }
+    m->fixed = std::make_shared<const CompiledModel>(std::move(r.model));
+    m->bound["max_error"] = bo.max_error;
+    m->bound["error"] = r.error;
+    m->bound["initial_error"] = r.initial_error;
+    m->bound["met"] = r.met;
+    m->bound["kept_fp32"] = r.kept;
+    return m;
+  }
+  py::gil_scoped_release release;
+  try {
+    m->cache = std::make_unique<lower::ShapeCache>(m->graph.clone(), m->options, cache_size);
+    // Static shapes compile now, so compile() reports what cannot compile (ONNX Runtime's sessions do the
+    // same); symbolic ones compile per input shape on first use.
+    if (symbolic_dims(m->graph).empty() && m->cache->shape_input_names().empty()) m->cache->get(lower::ShapeCache::Binding{});
+  } catch (Error& e) {
+    e.in_file(path);
+    throw;
+  }
+  return m;
+}
+
+std::shared_ptr<Model> load(const std::string& path, int threads, const std::string& precision,
+                            std::size_t cache_size) {
+  auto m = std::make_shared<Model>();
+  m->source = path;
+  m->options.threads = threads;
+  m->options.precision = parse_precision(precision);
+  py::gil_scoped_release release;
+  artifact::Artifact a = lower::load_artifact(path);
+  m->artifact = a.info;
+  m->dims = a.packing_dims;
+  m->graph = a.graph.clone();
+  m->options = lower::artifact_options(m->options, a);
+  try {
+    m->cache = std::make_unique<lower::ShapeCache>(std::move(a.graph), m->options, cache_size);
+    if (symbolic_dims(m->graph).empty() && m->cache->shape_input_names().empty()) m->cache->get(lower::ShapeCache::Binding{});
+  } catch (Error& e) {
+    e.in_file(path);
+    throw;
+  }
+  return m;
+}
+
+// An artifact of the model (docs/artifacts.md): the graph prepared and run through the pipeline with the
+// pass options of this CPU's ISA, as `ondine compile MODEL -o OUT.ondine` writes it.
+void save(const Model& m, const std::string& path) {
+  if (lower::resolved_precision(m.options.precision) != lower::Precision::Fp32 || m.fixed)
+    throw Error("an artifact stores the fp32 plan (bf16 artifacts are not supported yet): save the model compiled "
+                "with precision='fp32' and load it with precision='bf16'").in_file(path);
+  py::gil_scoped_release release;
+  Graph g = m.graph.clone();
+  std::string pipeline = "none";
+  if (!m.artifact) {
+    lower::prepare_for_passes(g);
+    PassManager pm = make_pass_manager(m.options.passes);
+    lower::set_isa_pass_options(pm);
+    try {
+      pm.run(g);
+    } catch (Error& e) {
+      e.in_file(m.source);
+      throw;
+    }
+    if (pm.size()) pipeline = pm.pipeline();
+  } else {
+    pipeline = m.artifact->passes;
+  }
+  artifact::Info info = lower::artifact_info(g, m.artifact ? m.artifact->source : m.source, pipeline, m.options.threads);
+  info.ondine_version = ondine::version;
+  lower::save_artifact(g, path, info, m.dims);
+}
+
+// ---- quantize ----
+
+// `ondine quantize` with its calibration samples from a Python iterable (examples/cli/quantize.hpp):
+// fp32 pre-passes, calibration on the reference executor, QDQ, and with max_error the fallback that keeps
+// layers fp32, worst first, until the bound holds (quant::quantize_with_fallback) on the first
+// `max_error_samples` samples. Not met: an Error, nothing written.
+py::dict quantize(const std::string& model, py::object calibration, const std::string& output,
+                  std::optional<double> max_error, const std::string& method, const std::string& activations,
+                  std::size_t max_samples, const std::vector<std::string>& include,
+                  const std::vector<std::string>& exclude, bool keep_fp32_ends, bool reduce_range,
+                  const std::string& passes, std::size_t max_error_samples, std::size_t max_fallback) {
+  quant::CalibrationOptions copts;
+  quant::QuantizeOptions qopts;
+  copts.activations.method = quant::parse_range_method(method);
+  qopts.activations = quant::detail::qdq::parse_activation_type(activations);
+  PassManager pm = make_pass_manager(passes);
+  for (auto& entry : PassManager::parse_pipeline(expand_pipeline(passes)))
+    if (entry.first == "quantize" || entry.first == "fuse" || entry.first == "layout")
+      throw Error("passes '" + passes + "': pass '" + entry.first + "' does not belong before calibration "
+                  "(quantization wants the fp32 graph with plain Conv/Relu/Add)");
+  if (max_error && (!(*max_error >= 0) || !std::isfinite(*max_error)))
+    throw Error("max_error must be a finite number >= 0, got " + std::to_string(*max_error));
+  if (max_error && max_error_samples == 0) throw Error("max_error_samples must be at least 1");
+  copts.activation_scheme.dtype = qopts.activations;
+  copts.max_samples = max_samples;
+  qopts.include = include;
+  qopts.exclude = exclude;
+  qopts.keep_fp32_ends = keep_fp32_ends;
+  qopts.reduce_range_weights = reduce_range;
+
+  py::iterator samples = py::iter(calibration);  // a TypeError when it is not iterable
+  Graph g;
+  quant::CalibrationResult calib;
+  std::vector<quant::Sample> kept;  // the first samples, for the error bound
+  std::size_t drawn = 0;
+  {
+    py::gil_scoped_release release;
+    g = ondine::onnx::load_model(model);
+    check_supported(g);
+    try {
+      pm.run(g);
+    } catch (Error& e) {
+      e.in_file(model);
+      throw;
+    }
+    // Each sample: a feed dict, or an array for a model with one input.
+    quant::SampleSource next = [&]() -> std::optional<quant::Sample> {
+      py::gil_scoped_acquire gil;
+      py::object item = py::reinterpret_steal<py::object>(PyIter_Next(samples.ptr()));
+      if (!item) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return std::nullopt;
+      }
+      quant::Sample s;
+      try {
+        if (!py::isinstance<py::dict>(item) && g.inputs().size() == 1) s[g.inputs()[0]->name()] = to_tensor(*g.inputs()[0], item);
+        else s = to_feeds(g, item);
+      } catch (Error& e) {
+        throw Error("calibration sample " + std::to_string(drawn + 1) + ": " + e.what());
+      }
+      ++drawn;
+      if (max_error && kept.size() < max_error_samples) kept.push_back(s);
+      return s;
+    };
+    try {
+      calib = quant::calibrate(g, next, copts);
+    } catch (Error& e) {
+      e.in_file(model);
+      throw;
+    }
+  }
+  py::dict out;
+  quant::QuantizeReport report;
+  {
+    py::gil_scoped_release release;
+    try {
+      if (max_error) {
+        quant::FallbackOptions fo;
+        fo.max_error = *max_error;
+        fo.max_fallbacks = max_fallback;
+        quant::FallbackResult r = quant::quantize_with_fallback(g, calib, qopts, kept, fo);
+        if (!r.met)
+          throw Error("max_error " + std::to_string(*max_error) + " not met: the error is still " +
+                      std::to_string(r.error) + " with " + std::to_string(r.steps.size()) + " layer(s) kept fp32. " +
+                      "Nothing written");
+        g = std::move(r.graph);
+        report = r.report;
+        py::gil_scoped_acquire gil;
+        out["error"] = r.error;
+        out["initial_error"] = r.initial_error;
+        py::list fp32;
+        for (const quant::FallbackStep& s : r.steps) fp32.append(s.layer.node);
+        out["kept_fp32"] = fp32;
+      } else {
+        quant::QuantizeQDQ pass(calib, qopts);
+        PassContext ctx;
+        ctx.begin_pass(quant::QuantizeQDQ::name);
+        pass.run(g, ctx);
+        g.verify();
+        report = pass.report();
+      }
+    } catch (Error& e) {
+      e.in_file(model);
+      throw;
+    }
+    ondine::onnx::save_model(g, output);
+  }
+  out["output"] = output;
+  out["samples"] = calib.samples;
+  out["nodes"] = g.num_nodes();
+  out["quantized"] = report.quantized();
+  py::list fp32;
+  for (const quant::QuantizeDecision& d : report.nodes)
+    if (!d.quantized) fp32.append(py::make_tuple(d.node, d.op, d.reason));
+  out["fp32_nodes"] = fp32;
+  out["report"] = report.to_text();
+  return out;
+}
+
+// ---- inspect ----
+
+// What `ondine inspect --json MODEL` reports (examples/ondine_cli.cpp, cmd_inspect), as a dict. FLOPs need
+// numbers: symbolic dims not in `dims` count as 1, and "defaulted_dims" names them.
+py::dict inspect(const std::string& path, std::map<std::string, std::int64_t> dims) {
+  Graph g;
+  std::optional<artifact::Info> info;
+  GraphStats stats;
+  std::vector<std::string> defaulted;
+  std::map<std::string, std::vector<std::string>> unsupported;
+  {
+    py::gil_scoped_release release;
+    if (artifact::is_artifact(path)) {
+      artifact::Artifact a = lower::load_artifact(path);
+      info = a.info;
+      g = std::move(a.graph);
+    } else {
+      g = ondine::onnx::load_model(path);
+    }
+    for (const std::string& sym : symbolic_dims(g))
+      if (dims.emplace(sym, 1).second) defaulted.push_back(sym);
+    Graph bound = g.clone();
+    try {
+      bind_dims(bound, dims);
+    } catch (Error& e) {
+      e.in_file(path);
+      throw;
+    }
+    stats = graph_stats(bound);
+    for (const Node* n : unsupported_nodes(g)) unsupported[n->op_key()].push_back(n->name());
+  }
+  std::map<std::string, std::size_t> ops;
+  for (const Node* n : g.nodes()) ++ops[n->op_key()];
+  py::dict out;
+  out["model"] = path;
+  out["opset"] = g.opset();
+  out["nodes"] = g.num_nodes();
+  out["inputs"] = signature(g.inputs());
+  out["outputs"] = signature(g.outputs());
+  out["ops"] = ops;
+  out["parameters"] = stats.parameters;
+  out["parameter_bytes"] = stats.parameter_bytes;
+  out["flops"] = stats.flops ? py::object(py::float_(*stats.flops)) : py::object(py::none());
+  out["flops_by_op"] = stats.flops_by_op;
+  out["dims"] = dims;
+  out["defaulted_dims"] = defaulted;
+  out["symbolic_dims"] = symbolic_dims(g);
+  out["unsupported_ops"] = unsupported;
+  if (info) {
+    py::dict a;
+    a["source"] = info->source;
+    a["isa"] = info->isa;
+    a["precision"] = info->precision;
+    a["passes"] = info->passes;
+    a["threads"] = info->threads;
+    a["onednn_version"] = info->onednn_version;
+    a["ondine_version"] = info->ondine_version;
+    out["artifact"] = a;
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(ondine, mod) {
+  mod.doc() = "Ondine: an ONNX graph compiler for CPU inference on oneDNN (docs/python.md)";
+  mod.attr("__version__") = ondine::version;
+
+  // ondine::Error -> ondine.Error(what()), with the context as attributes. The type lives as long as the
+  // module (pybind11's documented pattern for a custom exception).
+  static py::exception<Error> error_type(mod, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::object err = py::handle(error_type.ptr())(e.what());
+      err.attr("message") = e.message();
+      err.attr("file") = e.file();
+      err.attr("node") = e.node();
+      err.attr("op") = e.op();
+      PyErr_SetObject(error_type.ptr(), err.ptr());
+    }
+  });
+
+  py::class_<Model, std::shared_ptr<Model>>(mod, "Model",
+                                            "A compiled model: compile() or load() make one. Thread-safe: run it "
+                                            "from several threads at once.")
+      .def_property_readonly("inputs", [](const Model& m) { return signature(m.graph.inputs()); },
+                             "[(name, dtype, shape)]: symbolic dims as str")
+      .def_property_readonly("outputs", [](const Model& m) { return signature(m.graph.outputs()); },
+                             "[(name, dtype, shape)]: symbolic dims as str")
+      .def_property_readonly("source", [](const Model& m) { return m.source; })
+      .def_property_readonly("precision", &Model::precision)
+      .def_property_readonly("threads", [](const Model& m) { return m.options.threads; })
+      .def_property_readonly("compilations",
+                             [](const Model& m) { return m.cache ? m.cache->compilations() : std::size_t{1}; },
+                             "how many input shapes were compiled so far")
+      .def_property_readonly("error_bound", [](const Model& m) { return m.bound; },
+                             "precision bf16/auto with max_error: the error, and the nodes kept fp32")
+      .def("run", &run_dict, py::arg("input_feed"), "run({name: array}) -> {output name: array}")
+      .def("run", &run_list, py::arg("output_names"), py::arg("input_feed"),
+           "run(output_names, {name: array}) -> [array], in that order; None: every output")
+      .def("run_reference", [](const Model& m, py::handle feeds) {
+             // The oracle: the graph as imported (dims bound) on the reference executor, no passes.
+             std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);
+             std::map<std::string, Tensor> outputs;
+             {
+               py::gil_scoped_release release;
+               try {
+                 outputs = ReferenceExecutor(m.graph).run(inputs);
+               } catch (Error& e) {
+                 e.in_file(m.source);
+                 throw;
+               }
+             }
+             py::dict out;
+             for (const Value* o : m.graph.outputs()) out[py::str(o->name())] = to_array(std::move(outputs.at(o->name())), o->name());
+             return out;
+           }, py::arg("input_feed"), "the same run on Ondine's reference executor (slow; the oracle of its tests)")
+      .def("save", &save, py::arg("path"), "write a compiled artifact (.ondine) that ondine.load() reads")
+      .def("_time_native", [](const Model& m, py::handle feeds, int runs) {
+             // The C++ call alone, for bench/python_overhead.py: `runs` calls of the same run, no conversion.
+             std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);
+             std::vector<double> ms;
+             py::gil_scoped_release release;
+             for (int i = 0; i < runs; ++i) {
+               auto t0 = std::chrono::steady_clock::now();
+               m.run(inputs);
+               ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+             }
+             return ms;
+           }, py::arg("input_feed"), py::arg("runs"))
+      .def("__repr__", [](const Model& m) {
+        return "<ondine.Model '" + m.source + "' " + m.precision() + ", inputs: " + names_of(m.graph.inputs()) +
+               "; outputs: " + names_of(m.graph.outputs()) + ">";
+      });
+
+  mod.def("compile", &compile, py::arg("path"), py::kw_only(), py::arg("precision") = "fp32",
+          py::arg("dims") = py::none(), py::arg("threads") = 0, py::arg("passes") = "default",
+          py::arg("max_error") = py::none(), py::arg("samples") = py::none(), py::arg("cache_size") = 8,
+          "Compile an ONNX model (or load an artifact). precision: 'fp32', 'bf16' (native bf16 CPUs) or 'auto'; "
+          "dims binds symbolic dims (others specialise per call); threads 0: OpenMP's default; passes: a "
+          "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound.");
+  mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = "fp32",
+          py::arg("cache_size") = 8, "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`).");
+  mod.def("quantize", &quantize, py::arg("model"), py::kw_only(), py::arg("calibration"), py::arg("output"),
+          py::arg("max_error") = py::none(), py::arg("method") = "minmax", py::arg("activations") = "u8",
+          py::arg("max_samples") = 0, py::arg("include") = std::vector<std::string>{},
+          py::arg("exclude") = std::vector<std::string>{}, py::arg("keep_fp32_ends") = false,
+          py::arg("reduce_range") = false, py::arg("passes") = "remove-identity,fold-constants,dce,fold-bn",
+          py::arg("max_error_samples") = 8, py::arg("max_fallback") = 0,
+          "Post-training int8: calibrate on an iterable of feed dicts (or arrays, one-input models), write a QDQ "
+          "ONNX model; max_error keeps layers fp32 until every output is within it. Returns a report dict.");
+  mod.def("inspect", &inspect, py::arg("path"), py::kw_only(),
+          py::arg("dims") = std::map<std::string, std::int64_t>{},
+          "Inputs, outputs, op histogram, parameter count and FLOPs of a model (ONNX or artifact), as a dict.");
+}
