@@ -109,6 +109,34 @@ def test_pytorch_export_matches_pytorch(torch_models, model, case):
         np.testing.assert_array_equal(arr, got[name])
 
 
+TOOL_CASES = [("mnist", MNIST, {"input": os.path.join(DATA, "mnist", "calib", "img_000.npy")}),
+              ("gpt_decoder", os.path.join(TORCH, "gpt_decoder", "model.onnx"),
+               {"input_ids": os.path.join(TORCH, "gpt_decoder", "case1.input_ids.npy")}),
+              ("audio_encoder", os.path.join(TORCH, "audio_encoder", "model.onnx"),
+               {"mel": os.path.join(TORCH, "audio_encoder", "case0.mel.npy")}),
+              ("lstm_stream", os.path.join(TORCH, "lstm_stream", "model.onnx"),
+               {n: os.path.join(TORCH, "lstm_stream", f"case0.{n}.npy") for n in ("frame", "h", "c")})]
+
+
+@pytest.mark.parametrize("label,model,inputs", TOOL_CASES, ids=[c[0] for c in TOOL_CASES])
+def test_equal_to_the_ondine_tool(tmp_path, label, model, inputs):
+    """The module and `ondine run` (the C++ engine as the tool drives it) give the same bits."""
+    tool = os.environ.get("ONDINE_CLI")
+    if not tool:
+        pytest.skip("ONDINE_CLI not set (CTest sets it when the build has the ondine tool)")
+    import subprocess
+    args = [tool, "run", model, "--threads", "2", "--runs", "1", "--output-dir", str(tmp_path)]
+    for name, f in inputs.items():
+        args += ["--input", f"{name}={f}"]
+    subprocess.run(args, check=True, capture_output=True)
+    m = ondine.compile(model, threads=2)
+    got = m.run({name: np.load(f) for name, f in inputs.items()})
+    for name, arr in got.items():
+        want = np.load(os.path.join(tmp_path, name.replace("/", "_").replace(":", "_") + ".npy"))
+        assert arr.dtype == want.dtype and arr.shape == want.shape, name
+        np.testing.assert_array_equal(arr, want, err_msg=f"{label}: {name}")
+
+
 def test_run_output_names(mnist, images):
     x = {"input": images[:2]}
     (logits,) = mnist.run(["logits"], x)
