@@ -13,7 +13,6 @@
 #include <functional>
 #include <limits>
 #include <random>
-#include <tuple>
 
 #include "ondine/ir/fused_ops.hpp"
 #include "ondine/lower/detail/silu.hpp"
@@ -843,58 +842,6 @@ TEST_CASE("compiled: a conv's trailing Swish runs as Ondine's kernel after the p
   }
   CHECK(swish_steps == 1);  // the second conv's Swish is followed by Tanh: a post-op
   CHECK_FALSE(any_reference_step(m));
-}
-
-TEST_CASE("compiled: a 1x1 conv and the depthwise 3x3 after it run as one primitive (1e-4)", "[fusion][lower][dw]") {
-  // MobileNetV2's inverted residual as torchvision exports it: 1x1 expand + ReLU6, depthwise 3x3 (stride 1
-  // and 2) + ReLU6, 1x1 project. With the default passes each expand conv takes its depthwise as a post-op.
-  for (std::int64_t stride : {1, 2}) {
-    INFO("stride " << stride);
-    Builder b;
-    // oneDNN fuses only where the expanded map is large (it declines 14x14 and smaller: its generic
-    // ref_fused_convolution, which Ondine does not take).
-    Value* x = b.input("x", {2, 16, 56, 56});
-    Value* e = b.op("Clip", {b.conv(x, 96, 16, 1), b.scalar(0.0f), b.scalar(6.0f)});
-    Node* dw = b.g.add_node("Conv", {e, b.weight({96, 1, 3, 3}), b.weight({96})}, {"dw"},
-                            {{"group", std::int64_t{96}}, {"pads", Dims{1, 1, 1, 1}}, {"strides", Dims{stride, stride}}},
-                            "dw");
-    Value* d = b.op("Clip", {dw->output(0), b.scalar(0.0f), b.scalar(6.0f)});
-    b.g.add_output(b.conv(d, 16, 96, 1));
-    std::vector<std::string> log;
-    CompiledModel m = check_compiled(b.g, 1e-4, &log, "default");
-    INFO(m.to_text());
-    std::size_t fused_dw = 0, convs = 0;
-    for (const auto& s : m.steps()) {
-      convs += s.op.find("Conv") != std::string::npos;
-      fused_dw += s.detail.find("+ depthwise 3x3 s" + std::to_string(stride) + " 'dw'") != std::string::npos;
-    }
-    if (fused_dw == 0) {  // oneDNN without a jit kernel for it here: the two stay apart, still right
-      WARN("no fused 1x1 + depthwise kernel on " << lower::effective_isa().name);
-      continue;
-    }
-    CHECK(fused_dw == 1);
-    CHECK(convs == 2);  // expand+depthwise, project
-  }
-}
-
-TEST_CASE("compiled: 1x1 + depthwise fusion must not fire", "[fusion][lower][dw][must-not-fire]") {
-  auto block = [](bool second_reader, std::int64_t pad, std::int64_t kernel) {
-    Builder b;
-    Value* x = b.input("x", {1, 16, 56, 56});
-    Value* e = b.op("Relu", {b.conv(x, 96, 16, 1)});
-    Node* dw = b.g.add_node("Conv", {e, b.weight({96, 1, kernel, kernel})}, {"dw"},
-                            {{"group", std::int64_t{96}}, {"pads", Dims{pad, pad, pad, pad}}}, "dw");
-    b.g.add_output(dw->output(0));
-    if (second_reader) b.g.add_output(b.op("Sigmoid", {e}));
-    return std::move(b.g);
-  };
-  for (auto [second_reader, pad, kernel] : {std::tuple<bool, std::int64_t, std::int64_t>{true, 1, 3}, {false, 0, 3},
-                                            {false, 2, 5}}) {
-    INFO("second reader " << second_reader << " pad " << pad << " kernel " << kernel);
-    Graph g = block(second_reader, pad, kernel);
-    CompiledModel m = check_compiled(g, 1e-4, nullptr, "default");
-    for (const auto& s : m.steps()) CHECK(s.detail.find("depthwise") == std::string::npos);
-  }
 }
 
 TEST_CASE("compiled: a Sum whose other readers ran before is overwritten in place, else copied (1e-4)", "[fusion][lower]") {
