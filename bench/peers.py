@@ -21,6 +21,9 @@ Runtime's fp32 of the same model. PyTorch and the passes-off column skip those r
 its static int8 form (two ondine.QLSTM: out/qdq/lstm_pt/lstm_pt.qlstm.onnx, written here by `ondine quantize`
 on 8 seeded token sequences when missing), which ONNX Runtime cannot run: its line compares with ONNX
 Runtime's fp32 only.
+With --plot FILE.png, the Ondine / ONNX Runtime ratios are also drawn as a bar chart (matplotlib: Debian's
+python3-matplotlib).
+
 With --bf16, Ondine also runs each model with --precision bf16 ("resnet50-bf16": convolutions in bfloat16, on
 CPUs with native bf16); ONNX Runtime has no bf16 on CPU and runs the same file in fp32, and a line per batch
 gives bf16 against ONNX Runtime's fp32 and Ondine's fp32.
@@ -193,6 +196,35 @@ class PyTorch:
         return statistics.median(times)
 
 
+def plot_ratios(path, rates, isa, threads, peak):
+    """Ondine / ONNX Runtime per (model, batch) as a bar chart (PNG) beside the table: matplotlib from Debian
+    (python3-matplotlib), imported only here."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("peers: --plot needs matplotlib (apt-get install python3-matplotlib)")
+    keys = [k for k, r in rates.items() if r.get("ondine") and r.get("ort")]
+    labels = [f"{label}\nbatch {b}" for label, b in keys]
+    values = [rates[k]["ondine"] / rates[k]["ort"] for k in keys]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) + 2), 4.5))
+    bars = ax.bar(range(len(keys)), values, color=["#2a7ab9" if v >= 1.0 else "#d9822b" for v in values])
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.axhline(0.95, color="grey", linewidth=0.8, linestyle="--", label="0.95 (one interleaved cell's noise)")
+    for bar, v in zip(bars, values):
+        ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.2 * max(values + [1.0]))  # room above the tallest bar for its label and the legend
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("Ondine / ONNX Runtime (throughput)")
+    ax.set_title(f"{isa}, {threads} threads, fp32 matmul peak {peak:.0f} GFLOP/s", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
 def load():
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
@@ -214,6 +246,8 @@ def main():
     p.add_argument("--bf16", action="store_true",
                    help="also Ondine with --precision bf16 on each model (\"resnet50-bf16\"; ONNX Runtime runs the "
                         "same file in fp32: it has no bf16 on CPU); % of peak is of the fp32 peak")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw Ondine / ONNX Runtime per model and batch as a bar chart (needs python3-matplotlib)")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",") if b]
@@ -322,6 +356,8 @@ def main():
             row += [ratio(rate["ondine"], rate["torch"])] if have_torch else []
             row += [f"{gflops:.1f}", f"{100 * gflops / (peak_int8 if int8 else peak):.0f}%"]
             print("| " + " | ".join(row) + " |")
+    if a.plot:
+        plot_ratios(a.plot, rates, ondine.isa, a.threads, peak)
     for label, m, _ in cases:
         if label.endswith("-bf16") and m in models:
             for b in batches:
