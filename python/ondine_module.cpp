@@ -508,12 +508,7 @@ py::dict quantize(const std::string& model, py::object calibration, const std::s
         for (const quant::FallbackStep& s : r.steps) fp32.append(s.layer.node);
         out["kept_fp32"] = fp32;
       } else {
-        quant::QuantizeQDQ pass(calib, qopts);
-        PassContext ctx;
-        ctx.begin_pass(quant::QuantizeQDQ::name);
-        pass.run(g, ctx);
-        g.verify();
-        report = pass.report();
+        report = quant::quantize_qdq(g, calib, qopts);
       }
     } catch (Error& e) {
       e.in_file(model);

@@ -208,12 +208,7 @@ inline int cmd_quantize(const QuantizeArgs& args) {
       g = std::move(fallback->graph);
       report = fallback->report;
     } else {
-      quant::QuantizeQDQ pass(calib, qopts);
-      PassContext ctx;
-      ctx.begin_pass(quant::QuantizeQDQ::name);
-      pass.run(g, ctx);
-      g.verify();
-      report = pass.report();
+      report = quant::quantize_qdq(g, calib, qopts);
     }
   } catch (Error& e) {
     e.in_file(args.model);

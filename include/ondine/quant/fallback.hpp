@@ -299,11 +299,7 @@ inline FallbackResult quantize_with_fallback(const Graph& fp32, const Calibratio
   };
   auto quantize = [&](FallbackResult& r) {
     r.graph = fp32.clone();
-    QuantizeQDQ pass(calib, opts);
-    PassContext ctx;
-    pass.run(r.graph, ctx);
-    r.graph.verify();
-    r.report = pass.report();
+    r.report = quantize_qdq(r.graph, calib, opts);
   };
 
   FallbackResult r;

@@ -601,6 +601,17 @@ class QuantizeQDQ {
   std::unordered_map<const Node*, Value*> original_input_;  // a quantized MaxPool's input before editing
 };
 
+// Runs QuantizeQDQ on `g` in place (checked with verify()) and returns its report: what the tool, the Python
+// module and the error-bound fallback all do with one calibration.
+inline QuantizeReport quantize_qdq(Graph& g, const CalibrationResult& calib, const QuantizeOptions& options) {
+  QuantizeQDQ pass(calib, options);
+  PassContext ctx;
+  ctx.begin_pass(QuantizeQDQ::name);
+  pass.run(g, ctx);
+  g.verify();
+  return pass.report();
+}
+
 // Nameable in pipelines ("quantize") wherever this header is included (it needs quantize.calibration, so
 // it is not in the default pipeline): registered from quant/, so passes/ never includes quant/.
 namespace detail::qdq {
