@@ -49,6 +49,7 @@ extern char** environ;
 #include "cli/compare.hpp"
 #include "cli/header.hpp"
 #include "cli/inputs.hpp"
+#include "cli/ops.hpp"
 #include "cli/quantize.hpp"
 
 namespace fs = std::filesystem;
@@ -1264,6 +1265,8 @@ int main(int argc, char** argv) {
   auto* quantize = ondine::cli::add_quantize_command(app, quantize_args);
   ondine::cli::HeaderArgs header_args;
   auto* header = ondine::cli::add_header_command(app, header_args);
+  ondine::cli::OpsArgs ops_args;
+  auto* ops = ondine::cli::add_ops_command(app, ops_args);
 
   try {
     app.parse(argc, argv);
@@ -1287,6 +1290,7 @@ int main(int argc, char** argv) {
     if (*compare) return ondine::cli::cmd_compare(compare_args);
     if (*quantize) return ondine::cli::cmd_quantize(quantize_args);
     if (*header) return ondine::cli::cmd_header(header_args);
+    if (*ops) return ondine::cli::cmd_ops(ops_args);
     if (*bench)
       return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
                        bench_passes_opt->count() > 0, bench_profile);

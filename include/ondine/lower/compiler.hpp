@@ -65,46 +65,86 @@ namespace detail {
 
 using LowerFn = bool (*)(Lowering&, const Node&);
 
+// How an op is lowered: `fn` creates its primitive (or Ondine kernel) and returns false to decline a node,
+// which then runs its reference kernel inside the plan. `kernel` and `declines` say what runs and when the
+// lowering declines, in words (`ondine ops` prints them, docs/operators.md is their output); `bf16`: the
+// op computes in bfloat16 under Precision::Bf16 (others keep float32 between bf16 layers).
+struct Lowerer {
+  LowerFn fn = nullptr;
+  const char* kernel = "";
+  const char* declines = "";
+  bool bf16 = false;
+};
+
 // The ops with a oneDNN lowering (each may still decline a particular node).
-inline const std::map<std::string, LowerFn>& lowering_table() {
-  static const std::map<std::string, LowerFn> table = [] {
-    std::map<std::string, LowerFn> t;
-    t["Conv"] = lower_conv;
-    t["ConvTranspose"] = lower_deconv;
-    t["MatMul"] = lower_matmul;
-    t["Gemm"] = lower_gemm;
-    t["ondine.FusedConv"] = lower_conv;
-    t["ondine.FusedMatMul"] = lower_matmul;
-    t["ondine.FusedGemm"] = lower_gemm;
-    t["ondine.Gelu"] = lower_eltwise;
-    t["ondine.Attention"] = lower_attention;
-    for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) t[op] = lower_pool;
-    t["BatchNormalization"] = lower_batchnorm;
-    t["LayerNormalization"] = lower_layernorm;
-    t["Resize"] = lower_resize;
-    t["Softmax"] = lower_softmax;
-    t["LogSoftmax"] = lower_softmax;
+inline const std::map<std::string, Lowerer>& lowering_table() {
+  static const std::map<std::string, Lowerer> table = [] {
+    std::map<std::string, Lowerer> t;
+    const char* conv_declines = "not float32, or not 1-3 spatial axes";
+    t["Conv"] = {lower_conv, "oneDNN convolution (post-ops fused; a trailing SiLU runs Ondine's AVX-512/AVX2 kernel)",
+                 conv_declines, true};
+    t["ondine.FusedConv"] = t["Conv"];
+    t["ConvTranspose"] = {lower_deconv, "oneDNN deconvolution", "not float32, not 1-3 spatial axes, or negative pads"};
+    const char* matmul_declines = "not float32, or batch dims that do not broadcast";
+    t["MatMul"] = {lower_matmul, "oneDNN matmul (bias, binary and eltwise post-ops fused)", matmul_declines, true};
+    t["ondine.FusedMatMul"] = t["MatMul"];
+    t["Gemm"] = {lower_gemm, "oneDNN matmul", "not float32, C that does not broadcast to [M, N], or beta != 1 with a run-time C",
+                 true};
+    t["ondine.FusedGemm"] = t["Gemm"];
+    t["ondine.Gelu"] = {lower_eltwise, "oneDNN eltwise gelu_erf", "not float32"};
+    t["ondine.Attention"] = {lower_attention, "oneDNN matmul + softmax + matmul, scores in a per-thread buffer",
+                             "not float32, or a mask that does not broadcast to the scores"};
+    t["MaxPool"] = {lower_pool, "oneDNN pooling", "not float32, not 1-3 spatial axes, or its Indices output read"};
+    t["AveragePool"] = {lower_pool, "oneDNN pooling",
+                        "not float32, not 1-3 spatial axes, or count_include_pad with a ceil_mode window past the pads"};
+    for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"})
+      t[op] = {lower_pool, "oneDNN pooling", "not float32, or not 1-3 spatial axes"};
+    t["BatchNormalization"] = {lower_batchnorm, "oneDNN batch normalization (inference)",
+                               "not float32, training_mode, or mean/var outputs read"};
+    t["LayerNormalization"] = {lower_layernorm, "oneDNN layer normalization",
+                               "not float32, no Scale, stash_type != 1, or Mean/InvStdDev outputs read"};
+    t["Resize"] = {lower_resize, "oneDNN resampling",
+                   "mode cubic, tf_crop_and_resize, sizes/scales computed at run time, resizing N or C, or sample "
+                   "positions oneDNN's coordinate rule does not give"};
+    t["Softmax"] = {lower_softmax, "oneDNN softmax", "not float32, or opset < 13 with an axis other than the last"};
+    t["LogSoftmax"] = {lower_softmax, "oneDNN logsoftmax", "not float32, or opset < 13 with an axis other than the last"};
     for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",
-                           "Softplus", "HardSwish", "HardSigmoid", "Clip", "Reciprocal", "Pow"})
-      t[op] = lower_eltwise;
-    for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) t[op] = lower_binary;
-    t["Concat"] = lower_concat;
-    for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) t[op] = lower_view;
-    t["Transpose"] = lower_transpose;
-    t["DepthToSpace"] = lower_depth_to_space;
-    t["Slice"] = lower_slice;
-    for (const char* op : {"LSTM", "GRU", "RNN"}) t[op] = lower_recurrent;
-    t["Identity"] = lower_identity;
-    t["Dropout"] = lower_identity;
-    t["ondine.Reorder"] = lower_reorder;
-    t["ondine.QConv"] = lower_qconv;
-    t["ondine.QMatMul"] = lower_qmatmul;
-    t["ondine.QPool"] = lower_qpool;
-    t["ondine.QLSTM"] = lower_recurrent;
-    t["DynamicQuantizeLinear"] = lower_dynamic_quantize_linear;
-    t["ondine.DynQMatMul"] = lower_dyn_qmatmul;
-    t["QuantizeLinear"] = lower_qdq_reorder;
-    t["DequantizeLinear"] = lower_qdq_reorder;
+                           "Softplus", "HardSwish", "HardSigmoid", "Reciprocal"})
+      t[op] = {lower_eltwise, "oneDNN eltwise (or a post-op of the producer)", "not float32"};
+    t["Clip"] = {lower_eltwise, "oneDNN eltwise clip (or a post-op of the producer)",
+                 "not float32, or min/max computed at run time"};
+    t["Pow"] = {lower_eltwise, "oneDNN eltwise pow (or a post-op of the producer)",
+                "not float32, or an exponent that is not a constant scalar"};
+    for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"})
+      t[op] = {lower_binary, "oneDNN binary (or a post-op of the producer)",
+               "not float32, two inputs that both broadcast, a scalar output, or Sub/Div whose first input broadcasts"};
+    t["Concat"] = {lower_concat, "oneDNN concat (in place where the producers can write into it)",
+                   "not float32 or int8 of one type, or no axis"};
+    for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+      t[op] = {lower_view, "a view: no copy for row-major data, else one reorder", "dims not static"};
+    t["Transpose"] = {lower_transpose, "oneDNN reorder", "rank above 6, or a dtype oneDNN lacks"};
+    t["DepthToSpace"] = {lower_depth_to_space, "oneDNN reorder", "not 4-D, or a dtype oneDNN lacks"};
+    t["Slice"] = {lower_slice, "a view or oneDNN reorder",
+                  "starts/ends/axes/steps computed at run time, a negative step, rank above 6, or an empty output"};
+    for (const char* op : {"LSTM", "GRU", "RNN"})
+      t[op] = {lower_recurrent, "oneDNN lstm_forward / gru_forward / lbr_gru_forward / vanilla_rnn_forward",
+               "weights computed at run time, clip, input_forget, sequence_lens shorter than the sequence, "
+               "non-default activations, or layout 1"};
+    t["Identity"] = {lower_identity, "an alias (no copy)", "dims not static"};
+    t["Dropout"] = {lower_identity, "an alias (no copy)", "training_mode, a ratio that is not a constant 0, or the mask read"};
+    t["ondine.Reorder"] = {lower_reorder, "oneDNN reorder", "a dtype oneDNN lacks"};
+    t["ondine.QConv"] = {lower_qconv, "oneDNN int8 convolution (u8/s8 x s8, per-channel scales)",
+                         "post-ops oneDNN cannot express exactly"};
+    t["ondine.QMatMul"] = {lower_qmatmul, "oneDNN int8 matmul", "post-ops oneDNN cannot express exactly"};
+    t["ondine.QPool"] = {lower_qpool, "oneDNN int8 pooling", "a window oneDNN cannot express"};
+    t["ondine.QLSTM"] = {lower_recurrent, "oneDNN int8 lstm_forward", "as LSTM, or peepholes"};
+    t["DynamicQuantizeLinear"] = {lower_dynamic_quantize_linear, "Ondine's min/max and quantize kernel (AVX-512 or plain)",
+                                  "not float32"};
+    t["ondine.DynQMatMul"] = {lower_dyn_qmatmul, "oneDNN int8 matmul with run-time scales",
+                              "weights computed at run time, or post-ops oneDNN cannot express exactly"};
+    t["QuantizeLinear"] = {lower_qdq_reorder, "oneDNN reorder with scales",
+                           "scale or zero point computed at run time or per axis, not float32 <-> 8-bit, or scale <= 0"};
+    t["DequantizeLinear"] = t["QuantizeLinear"];
     return t;
   }();
   return table;
@@ -338,7 +378,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
     L.current = n;
     try {
       auto it = table.find(n->op_key());
-      bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && it->second(L, *n);
+      bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && it->second.fn(L, *n);
       if (!lowered) lower_reference(L, *n);
     } catch (const dnnl::error& e) {
       throw n->error(std::string("oneDNN: ") + e.what());

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -261,13 +262,31 @@ inline void set_quant_attrs(Node& n, const QParam& x, const std::vector<float>* 
 struct FuseQdq {
   static constexpr const char* name = "fuse-qdq";
 
+  // The float ops this pass turns into int8 kernels when a QDQ model surrounds them, and what they become
+  // (`ondine ops` prints it). LSTM is quantized by quant/qlstm.hpp, MatMul with dynamic activations by
+  // passes/fuse_dynamic_qmatmul.hpp; both are listed so the table covers every int8 kernel.
+  static const std::map<std::string, const char*>& int8_ops() {
+    static const std::map<std::string, const char*> ops = [] {
+      std::map<std::string, const char*> t;
+      t["Conv"] = "ondine.QConv (with Relu/Clip and a residual Add fused)";
+      t["MatMul"] = "ondine.QMatMul; ondine.DynQMatMul for dynamic quantization";
+      t["Gemm"] = "ondine.QMatMul";
+      for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) t[op] = "ondine.QPool";
+      for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"}) t[op] = "stays int8 (a view or reorder)";
+      t["Concat"] = "stays int8 (oneDNN concat)";
+      t["LSTM"] = "ondine.QLSTM (oneDNN int8 LSTM, no peepholes)";
+      return t;
+    }();
+    return ops;
+  }
+
   bool run(Graph& g, PassContext& ctx) {
     std::unordered_set<const Node*> erased;
     bool changed = false;
     const int max_abs_weight = max_abs_weight_option(ctx);
     const bool u8_only = ctx.option("fuse-qdq.u8-only") == "1";
     for (Node* n : g.topo_order()) {
-      if (erased.count(n) || !n->domain().empty()) continue;
+      if (erased.count(n) || !n->domain().empty() || !int8_ops().count(n->op_type())) continue;
       std::vector<Node*> gone;
       std::string what, name = n->name();  // n is erased when it is rewritten
       const std::string& op = n->op_type();
