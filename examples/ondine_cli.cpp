@@ -50,6 +50,7 @@ extern char** environ;
 #include "cli/header.hpp"
 #include "cli/inputs.hpp"
 #include "cli/ops.hpp"
+#include "cli/progress.hpp"
 #include "cli/quantize.hpp"
 
 namespace fs = std::filesystem;
@@ -362,6 +363,12 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.packed_weights = std::move(packed);
   opts.precision = g_precision;
   opts.keep_fp32 = g_keep_fp32;
+  // Shared: a staged model compiles its later stages at run time with a copy of these options.
+  auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
+  opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
+    if (!n) return compiling->clear();
+    compiling->update(done, total, n->op_type() + " '" + n->name() + "'");
+  };
   auto precision_line = std::make_shared<std::string>();  // outlives this call: staged models compile later
   if (g_precision != lower::Precision::Fp32)
     opts.log = [precision_line](const std::string& line) {
@@ -374,7 +381,13 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   } else if (g_max_error && sample) {
     lower::Bf16BoundOptions bo;
     bo.max_error = *g_max_error;
-    bo.progress = [](const std::string& what) { std::cerr << "bf16 bound: " << what << "\n"; };
+    // Ranking the candidates is the long part: a progress line; each node kept fp32 is a result: a log line.
+    auto ranking = std::make_shared<ondine::cli::ProgressLine>("bf16 bound");
+    bo.progress = [ranking](const std::string& what) {
+      if (what.rfind("ranking", 0) == 0) return ranking->update(0, std::nullopt, what);
+      ranking->clear();
+      std::cerr << "bf16 bound: " << what << "\n";
+    };
     lower::Bf16BoundResult r = lower::compile_bf16_within(g, opts, {*sample}, bo);
     model = std::make_shared<CompiledModel>(std::move(r.model));
     std::ostringstream line;
@@ -402,13 +415,13 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
 }
 
 // Times `runs` calls of the engine (ms each); the last call's outputs go to *last when given.
-// Long loops report progress on stderr ("LABEL: run 20/50"), at most about once a second.
+// Long loops show a progress line ("LABEL: run 20/50") on a terminal (cli/progress.hpp).
 std::vector<double> time_runs(const Engine& engine, const std::map<std::string, Tensor>& inputs, int runs,
                               const std::string& path, const std::string& progress_label = "",
                               std::map<std::string, Tensor>* last = nullptr) {
   std::vector<double> ms;
-  auto shown = std::chrono::steady_clock::now();
-  bool progressed = false;
+  std::optional<ondine::cli::ProgressLine> progress;
+  if (!progress_label.empty()) progress.emplace(progress_label + " runs");
   for (int r = 0; r < runs; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     try {
@@ -419,13 +432,8 @@ std::vector<double> time_runs(const Engine& engine, const std::map<std::string, 
       e.in_file(path);
       throw;
     }
-    if (!progress_label.empty() && elapsed_ms(shown) > 1000) {
-      std::cerr << progress_label << ": run " << r + 1 << "/" << runs << "\n";
-      shown = std::chrono::steady_clock::now();
-      progressed = true;
-    }
+    if (progress) progress->update(static_cast<std::size_t>(r + 1), static_cast<std::size_t>(runs));
   }
-  if (progressed) std::cerr << progress_label << ": run " << runs << "/" << runs << " done\n";
   return ms;
 }
 
@@ -1143,6 +1151,9 @@ int main(int argc, char** argv) {
   CLI::App app{"ondine: a graph compiler for CPU inference (ONNX in, fast CPU code out)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(ondine::version));
+  app.fallthrough();  // --quiet also after the subcommand
+  app.add_flag("-q,--quiet", ondine::cli::progress_quiet(),
+               "no progress lines (they are shown only when stderr is a terminal anyway)");
 
   std::string model, output_dir, dot_file;
   std::vector<std::string> dims, input_specs;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ondine/lower/lower.hpp"
 #include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
 #include "support.hpp"

@@ -36,6 +36,7 @@
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/fallback.hpp"
 #include "ondine/quant/qdq.hpp"
+#include "progress.hpp"
 
 namespace ondine::cli {
 
@@ -177,18 +178,13 @@ inline int cmd_quantize(const QuantizeArgs& args) {
     return (std::filesystem::path(folder.dir) / folder.labels.at(i)).string();
   };
   copts.expected_samples = folder.size();
-  auto shown = std::chrono::steady_clock::now();
-  copts.progress = [&](std::size_t done, std::optional<std::size_t> total) {
-    auto now = std::chrono::steady_clock::now();
-    bool last = total && done == *total;
-    if (!last && std::chrono::duration<double>(now - shown).count() < 1.0 && done != 1) return;
-    shown = now;
-    std::cerr << "calibrating: sample " << done << (total ? "/" + std::to_string(*total) : std::string()) << "\n";
-  };
+  ProgressLine progress("calibrating");
+  copts.progress = [&](std::size_t done, std::optional<std::size_t> total) { progress.update(done, total); };
   std::size_t total = args.max_samples ? std::min(args.max_samples, folder.size()) : folder.size();
   std::cerr << "calibrating " << args.model << " on " << total << " sample(s) from " << args.calib_dir << " ("
             << args.method << ")\n";
   quant::CalibrationResult calib = quant::calibrate(g, folder.source(), copts);
+  progress.clear();
   double calib_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!args.save_calibration.empty()) {

@@ -22,7 +22,7 @@
 //
 // This header (with lower/detail/*.hpp) is the only part of Ondine that includes oneDNN's headers.
 // It does not include the pass layer: CompileOptions::passes runs through the runner that
-// passes/pipeline.hpp registers (ir/pipeline_hook.hpp; lower/lower.hpp and ondine.hpp include it). A
+// passes/pipeline.hpp provides and lower/lower.hpp registers at start-up (ir/pipeline_hook.hpp). A
 // program that includes only this compiler (ondine/runtime.hpp: artifacts, whose passes ran when they
 // were written) compiles with passes "none", and asking it for a pipeline is an error that says so.
 #pragma once
@@ -309,7 +309,7 @@ inline void run_passes(Graph& g, const CompileOptions& options) {
   if (no_pipeline(options.passes)) return;
   if (!pipeline_hook().run)
     throw Error("compile: the pass pipeline '" + options.passes + "' needs the pass layer (include "
-                "ondine/lower/lower.hpp or ondine/ondine.hpp); ondine/runtime.hpp compiles graphs whose passes "
+                "ondine/lower/lower.hpp in a translation unit of the program); ondine/runtime.hpp compiles graphs whose passes "
                 "already ran (artifacts), with CompileOptions::passes = \"none\"");
   pipeline_hook().run(g, options.passes, !effective_isa().int8_vnni, options.log);
   infer_shapes(g);
@@ -373,7 +373,11 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
 
   Lowering L(*g, options, library, *program);
   const auto& table = lowering_table();
-  for (Node* n : g->topo_order()) {
+  const std::vector<Node*> order = g->topo_order();
+  const std::size_t report_every = std::max<std::size_t>(1, order.size() / 100);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    Node* n = order[i];
+    if (options.progress && i % report_every == 0) options.progress(i, order.size(), n);
     if (L.fused.count(n)) continue;
     L.current = n;
     try {
@@ -388,6 +392,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
     }
   }
   L.finish_outputs();
+  if (options.progress) options.progress(order.size(), order.size(), nullptr);
 
   program->steps = live_steps(L);
   for (std::size_t i = 0; i < program->steps.size(); ++i) program->steps[i]->set_index(i);

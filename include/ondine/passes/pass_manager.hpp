@@ -54,7 +54,11 @@ class PassRegistry {
     if (it == factories_.end()) {
       std::string known;
       for (auto& [n, f] : factories_) known += (known.empty() ? "" : ", ") + n;
-      throw Error("unknown pass '" + name + "' (known passes: " + known + ")");
+      std::string hint = name == "quantize" || name == "quantize-dynamic"
+                             ? " (the quantization passes are registered by ondine/lower/lower.hpp, or by calling "
+                               "ondine::quant::register_quantize_pass() / ondine::register_quantize_dynamic_pass())"
+                             : "";
+      throw Error("unknown pass '" + name + "'" + hint + " (known passes: " + known + ")");
     }
     return it->second();
   }

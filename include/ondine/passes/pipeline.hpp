@@ -115,7 +115,12 @@ inline void run_pipeline_for_compiler(Graph& g, const std::string& pipeline, boo
     for (std::string line; std::getline(summary, line);) log(line);
   }
 }
-inline const bool pipeline_hook_registered = (pipeline_hook().run = &run_pipeline_for_compiler, true);
 }  // namespace detail
+
+// Makes CompileOptions::passes run through this pass layer (ir/pipeline_hook.hpp). lower/lower.hpp calls it
+// at start-up. It is a call rather than a registration in this header because registering forces every
+// translation unit that includes the header to generate code for the whole pass layer (minutes at -O2,
+// issue 20's include cost): only the units that compile (lower/lower.hpp) pay for it.
+inline void register_pipeline_with_compiler() { pipeline_hook().run = &detail::run_pipeline_for_compiler; }
 
 }  // namespace ondine

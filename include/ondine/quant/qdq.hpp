@@ -612,10 +612,11 @@ inline QuantizeReport quantize_qdq(Graph& g, const CalibrationResult& calib, con
   return pass.report();
 }
 
-// Nameable in pipelines ("quantize") wherever this header is included (it needs quantize.calibration, so
-// it is not in the default pipeline): registered from quant/, so passes/ never includes quant/.
-namespace detail::qdq {
-inline const bool registered = (pass_registry().add<QuantizeQDQ>(), true);
-}  // namespace detail::qdq
+// Makes "quantize" nameable in pipelines (it needs quantize.calibration, so it is not in the default
+// pipeline). Registered from quant/, so passes/ never includes quant/; lower/lower.hpp calls this at
+// start-up (a call, not a registration here: see register_pipeline_with_compiler in passes/pipeline.hpp).
+inline void register_quantize_pass() {
+  if (!pass_registry().contains(QuantizeQDQ::name)) pass_registry().add<QuantizeQDQ>();
+}
 
 }  // namespace ondine::quant

@@ -174,10 +174,10 @@ struct QuantizeDynamic {
   }
 };
 
-// Nameable in pipelines ("quantize-dynamic,default") wherever this header is included: the quantization
-// passes register themselves from quant/, so passes/ never includes quant/.
-namespace detail::qdyn {
-inline const bool registered = (pass_registry().add<QuantizeDynamic>(), true);
-}  // namespace detail::qdyn
+// Makes "quantize-dynamic" nameable in pipelines ("quantize-dynamic,default"). Registered from quant/, so
+// passes/ never includes quant/; lower/lower.hpp calls this at start-up.
+inline void register_quantize_dynamic_pass() {
+  if (!pass_registry().contains(QuantizeDynamic::name)) pass_registry().add<QuantizeDynamic>();
+}
 
 }  // namespace ondine

@@ -57,6 +57,9 @@ struct CompileOptions {
   int threads = 0;
   // Verbose log: one line per step with the implementation oneDNN chose, and a summary.
   std::function<void(const std::string&)> log;
+  // Long compiles show progress: called as the lowering goes through the graph's nodes (`done` of
+  // `total`, about every 1% of them and at the end) with the node being lowered (null at the end).
+  std::function<void(std::size_t done, std::size_t total, const Node* node)> progress;
   // Ops to run on the reference kernels even where a oneDNN lowering exists (debugging, bisecting).
   std::set<std::string> reference_ops;
   // The passes run on compile's own copy of the graph before lowering, as a pipeline string

@@ -124,6 +124,7 @@ inline CompiledBodies compile_bodies(const Node& n, const CompileOptions& option
         why = "its input '" + in->name() + "' has no static shape (" + in->shape().str() + ")";
     if (why.empty()) {
       CompileOptions body_options = options;
+      body_options.progress = nullptr;  // the enclosing compile reports progress, not each body
       if (options.log) {
         auto log = options.log;
         body_options.log = [log, what](const std::string& line) { log("  " + what + ": " + line); };
