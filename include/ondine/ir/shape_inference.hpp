@@ -6,6 +6,7 @@
 
 #include "ondine/ir/infer/common.hpp"
 #include "ondine/ir/infer/control_flow.hpp"
+#include "ondine/ir/infer/einsum.hpp"
 #include "ondine/ir/infer/fused.hpp"
 #include "ondine/ir/infer/layout.hpp"
 #include "ondine/ir/infer/loss.hpp"
@@ -36,6 +37,7 @@ inline const InferTable& infer_table() {
     infer::register_control_flow_infer(t);
     infer::register_selection_infer(t);
     infer::register_loss_infer(t);
+    infer::register_einsum_infer(t);
     return t;
   }();
   return table;

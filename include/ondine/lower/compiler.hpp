@@ -5,7 +5,7 @@
 //   auto outputs = model.run({{"input", tensor}});      // any number of threads at once
 //
 // Lowering walks the nodes in topological order. Each op with a oneDNN lowering (conv, conv transpose,
-// matmul/gemm, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
+// matmul/gemm/einsum, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
 // creates its primitive descriptor and primitive once, here, with weights reordered into the primitive's
 // layout once; the rest run their reference kernel (ondine/reference) on row-major tensors. A lowering
 // that finds its case unsupported (a dtype, a non-constant weight, a shape oneDNN rejects) returns false
@@ -44,6 +44,7 @@
 #include "ondine/lower/detail/conv.hpp"
 #include "ondine/lower/detail/deconv.hpp"
 #include "ondine/lower/detail/dynamic_quant.hpp"
+#include "ondine/lower/detail/einsum.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
@@ -73,6 +74,7 @@ inline const std::map<std::string, LowerFn>& lowering_table() {
     t["ConvTranspose"] = lower_deconv;
     t["MatMul"] = lower_matmul;
     t["Gemm"] = lower_gemm;
+    t["Einsum"] = lower_einsum;  // the batched-matmul forms; others run the reference kernel
     t["ondine.FusedConv"] = lower_conv;
     t["ondine.FusedMatMul"] = lower_matmul;
     t["ondine.FusedGemm"] = lower_gemm;

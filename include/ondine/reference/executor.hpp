@@ -14,6 +14,7 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/common.hpp"
+#include "ondine/reference/einsum.hpp"
 #include "ondine/reference/fused.hpp"
 #include "ondine/reference/layout.hpp"
 #include "ondine/reference/loss.hpp"
@@ -44,6 +45,7 @@ inline const KernelTable& kernel_table() {
     register_control_flow_kernels(t);
     register_selection_kernels(t);
     register_loss_kernels(t);
+    register_einsum_kernels(t);
     return t;
   }();
   return table;
