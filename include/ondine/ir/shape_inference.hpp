@@ -15,6 +15,7 @@
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
 #include "ondine/ir/infer/rnn.hpp"
+#include "ondine/ir/infer/sampling.hpp"
 #include "ondine/ir/infer/selection.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/ir/infer/values.hpp"
@@ -38,6 +39,7 @@ inline const InferTable& infer_table() {
     infer::register_selection_infer(t);
     infer::register_loss_infer(t);
     infer::register_einsum_infer(t);
+    infer::register_sampling_infer(t);
     return t;
   }();
   return table;

@@ -23,6 +23,7 @@
 #include "ondine/reference/quantized.hpp"
 #include "ondine/reference/qoperator.hpp"
 #include "ondine/reference/rnn.hpp"
+#include "ondine/reference/sampling.hpp"
 #include "ondine/reference/selection.hpp"
 #include "ondine/reference/tensor_ops.hpp"
 
@@ -46,6 +47,7 @@ inline const KernelTable& kernel_table() {
     register_selection_kernels(t);
     register_loss_kernels(t);
     register_einsum_kernels(t);
+    register_sampling_kernels(t);
     return t;
   }();
   return table;
