@@ -17,6 +17,7 @@
 #include "ondine/ir/infer/rnn.hpp"
 #include "ondine/ir/infer/sampling.hpp"
 #include "ondine/ir/infer/selection.hpp"
+#include "ondine/ir/infer/signal.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/ir/infer/values.hpp"
 
@@ -40,6 +41,7 @@ inline const InferTable& infer_table() {
     infer::register_loss_infer(t);
     infer::register_einsum_infer(t);
     infer::register_sampling_infer(t);
+    infer::register_signal_infer(t);
     return t;
   }();
   return table;

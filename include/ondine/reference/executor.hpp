@@ -25,6 +25,7 @@
 #include "ondine/reference/rnn.hpp"
 #include "ondine/reference/sampling.hpp"
 #include "ondine/reference/selection.hpp"
+#include "ondine/reference/signal.hpp"
 #include "ondine/reference/tensor_ops.hpp"
 
 namespace ondine {
@@ -48,6 +49,7 @@ inline const KernelTable& kernel_table() {
     register_loss_kernels(t);
     register_einsum_kernels(t);
     register_sampling_kernels(t);
+    register_signal_kernels(t);
     return t;
   }();
   return table;
