@@ -14,6 +14,7 @@
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
+#include "ondine/ir/infer/random.hpp"
 #include "ondine/ir/infer/rnn.hpp"
 #include "ondine/ir/infer/sampling.hpp"
 #include "ondine/ir/infer/selection.hpp"
@@ -42,6 +43,7 @@ inline const InferTable& infer_table() {
     infer::register_einsum_infer(t);
     infer::register_sampling_infer(t);
     infer::register_signal_infer(t);
+    infer::register_random_infer(t);
     return t;
   }();
   return table;

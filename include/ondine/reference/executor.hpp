@@ -22,6 +22,7 @@
 #include "ondine/reference/nn.hpp"
 #include "ondine/reference/quantized.hpp"
 #include "ondine/reference/qoperator.hpp"
+#include "ondine/reference/random.hpp"
 #include "ondine/reference/rnn.hpp"
 #include "ondine/reference/sampling.hpp"
 #include "ondine/reference/selection.hpp"
@@ -50,6 +51,7 @@ inline const KernelTable& kernel_table() {
     register_einsum_kernels(t);
     register_sampling_kernels(t);
     register_signal_kernels(t);
+    register_random_kernels(t);
     return t;
   }();
   return table;
