@@ -7,7 +7,8 @@
 // (ONNX's backend tolerances: rtol 1e-3, atol 1e-7; integers and bools exact; NaN equals NaN).
 // The inferred output shapes must also agree with what the kernels produce. A case with an
 // unsupported op or opset is skipped. Known exceptions (a file of "case_name  # reason" lines) still
-// run; they are reported as skipped-known when they fail, and as an error when they start passing.
+// run; they are reported as skipped-known when they fail, and as an error when they start passing
+// (except those whose reason says "random output": a random op's draw may match by chance).
 // Exit status 1 when any case fails.
 //
 // --compiled runs each case on the compiled engine (ondine::lower::compile, oneDNN where a lowering
@@ -263,7 +264,11 @@ int main(int argc, char** argv) {
       bool is_known = exceptions.count(name) != 0;
       switch (r.outcome) {
         case Outcome::Pass:
-          if (is_known) {
+          if (is_known && exceptions[name].find("random output") != std::string::npos) {
+            // A random op's draw can match the expected values by chance: neither a pass nor news.
+            ++known;
+            if (opt.verbose) std::cout << "known " << suite << "/" << name << " (passed by chance):" << exceptions[name] << "\n";
+          } else if (is_known) {
             ++failed;
             std::cout << "UNEXPECTED PASS " << suite << "/" << name << " (listed as a known exception)\n";
           } else {

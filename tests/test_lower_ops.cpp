@@ -479,4 +479,55 @@ TEST_CASE("lower ops: a ConvTranspose with kernel == stride runs as a 1x1 Conv a
   CHECK(impls(m, "Sigmoid").empty());
 }
 
+// --- Einsum -----------------------------------------------------------------------------------------
+
+TEST_CASE("lower ops: Einsum in batched-matmul forms is one strided oneDNN matmul (1e-5)", "[lower][einsum]") {
+  struct EinsumCase {
+    const char* equation;
+    Dims a, b;
+  };
+  const std::vector<EinsumCase> cases = {
+      {"bij,bjk->bik", {5, 2, 3}, {5, 3, 4}},
+      {"bhqd,bhkd->bhqk", {2, 3, 5, 8}, {2, 3, 7, 8}},   // attention scores: B read transposed
+      {"bhqk,bhkd->bqhd", {2, 3, 5, 7}, {2, 3, 7, 8}},   // attention output written transposed
+      {"ij,jk->ki", {4, 6}, {6, 3}},
+      {"ji,jk", {6, 4}, {6, 3}},                          // implicit output "ik", A read transposed
+      {"bi,bi->b", {4, 7}, {4, 7}},                      // batched dot products: no M, no N
+      {"i,j->ij", {3}, {5}},
+      {"...ij,...jk->...ik", {2, 1, 3, 4}, {1, 3, 4, 2}},  // ellipsis, batch dims broadcast both ways
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.equation) {
+      Builder b;
+      b.g.add_output(b.op("Einsum", {b.input("a", c.a), b.input("b", c.b)}, {{"equation", std::string(c.equation)}}));
+      CompiledModel m = check_graph(b.g, 1e-5, with_passes("none"));
+      require_onednn(m, "Einsum");
+    }
+  }
+}
+
+TEST_CASE("lower ops: Einsum forms that are no matmul run the reference kernel, and stay right (1e-6)", "[lower][einsum]") {
+  struct EinsumCase {
+    const char* equation;
+    std::vector<Dims> inputs;
+  };
+  const std::vector<EinsumCase> cases = {
+      {"bii->bi", {{2, 3, 3}}},                 // a diagonal
+      {"ij->i", {{3, 4}}},                      // one operand
+      {"ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 2}}},  // three operands
+      {"ijk,jl->il", {{2, 3, 4}, {3, 5}}},      // k summed within A alone
+      {"abc,cd->abd", {{2, 3, 4}, {4, 5}}},     // two M labels
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.equation) {
+      Builder b;
+      std::vector<Value*> in;
+      for (std::size_t i = 0; i < c.inputs.size(); ++i) in.push_back(b.input("x" + std::to_string(i), c.inputs[i]));
+      b.g.add_output(b.op("Einsum", in, {{"equation", std::string(c.equation)}}));
+      CompiledModel m = check_graph(b.g, 1e-6, with_passes("none"));
+      require_reference(m, "Einsum");
+    }
+  }
+}
+
 }  // namespace test_lower_ops

@@ -517,4 +517,59 @@ TEST_CASE("integer arithmetic wraps instead of overflowing", "[math][int]") {
         std::vector<std::int32_t>{0, big, std::numeric_limits<std::int32_t>::min()});
 }
 
+// --- Einsum ---------------------------------------------------------------------------------------
+
+TEST_CASE("Einsum: matmul, transposes, sums, diagonals, ellipsis and the implicit output", "[math][einsum]") {
+  auto eq = [](const char* e) { return std::map<std::string, Attribute>{{"equation", std::string(e)}}; };
+  const Tensor a = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor b = f32({3, 2}, {1, -1, 2, 0, 0, 3});
+  // [[1,2,3],[4,5,6]] x [[1,-1],[2,0],[0,3]] = [[5,8],[14,14]]
+  OpResult r = run({"Einsum", {a, b}, eq("ij,jk->ik"), 12});
+  CHECK(r.output.dims() == std::vector<std::int64_t>{2, 2});
+  check_close(as_doubles(r.output), {5, 8, 14, 14});
+  check_close(as_doubles(run({"Einsum", {a, b}, eq("ij, jk -> ki"), 12}).output), {5, 14, 8, 14});
+  check_close(as_doubles(run({"Einsum", {a, b}, eq("ij,jk"), 12}).output), {5, 8, 14, 14});  // implicit: ik
+  check_close(as_doubles(run({"Einsum", {a}, eq("ij->ji"), 12}).output), {1, 4, 2, 5, 3, 6});
+  check_close(as_doubles(run({"Einsum", {a}, eq("ij->i"), 12}).output), {6, 15});
+  check_close(as_doubles(run({"Einsum", {a}, eq("ij->"), 12}).output), {21});
+  check_close(as_doubles(run({"Einsum", {a}, eq("ji"), 12}).output), {1, 4, 2, 5, 3, 6});  // implicit: ij of "ji"
+  check_close(as_doubles(run({"Einsum", {f32({3}, {1, 2, 3}), f32({3}, {4, 5, 6})}, eq("i,i"), 12}).output), {32});
+  check_close(as_doubles(run({"Einsum", {f32({2}, {1, 2}), f32({3}, {1, 10, 100})}, eq("i,j->ij"), 12}).output),
+              {1, 10, 100, 2, 20, 200});
+  const Tensor sq = f32({2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  check_close(as_doubles(run({"Einsum", {sq}, eq("...ii->...i"), 12}).output), {1, 4, 5, 8});  // batch diagonal
+  check_close(as_doubles(run({"Einsum", {sq}, eq("bii->b"), 12}).output), {5, 13});            // batch trace
+  // Ellipsis broadcasting: [2,1,2] x [3,2] over "...j,...j->..." gives [2,3].
+  check_close(as_doubles(run({"Einsum", {f32({2, 1, 2}, {1, 2, 3, 4}), f32({3, 2}, {1, 1, 2, 2, 3, 3})},
+                              eq("...j,...j->..."), 12})
+                             .output),
+              {3, 6, 9, 7, 14, 21});
+  // Three operands; int64 exact.
+  OpResult i3 = run({"Einsum", {t<std::int64_t>({2}, {1, 2}), t<std::int64_t>({2, 2}, {1, 2, 3, 4}),
+                                t<std::int64_t>({2}, {3, 1})},
+                     eq("i,ij,j->"), 12});
+  CHECK(i3.output.dtype() == DType::Int64);
+  CHECK(values<std::int64_t>(i3.output) == std::vector<std::int64_t>{1 * 1 * 3 + 1 * 2 * 1 + 2 * 3 * 3 + 2 * 4 * 1});
+}
+
+TEST_CASE("Einsum inference keeps symbols and rejects what does not fit", "[math][einsum][infer]") {
+  Graph g;
+  g.opsets[""] = 12;
+  Value* q = g.add_input("q", DType::Float32, Shape{Dim::named("B"), 4, Dim::named("S"), 8});
+  Value* k = g.add_input("k", DType::Float32, Shape{Dim::named("B"), 4, Dim::named("T"), 8});
+  Node* n = g.add_node("Einsum", {q, k}, {"s"}, {{"equation", std::string("bhqd,bhkd->bhqk")}}, "node_Einsum");
+  g.add_output(n->output(0));
+  infer_shapes(g);
+  CHECK(n->output(0)->shape() == Shape{Dim::named("B"), 4, Dim::named("S"), Dim::named("T")});
+  auto eq = [](const char* e) { return std::map<std::string, Attribute>{{"equation", std::string(e)}}; };
+  expect_node_error([&] { run({"Einsum", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({2, 3}, {1, 2, 3, 4, 5, 6})}, eq("ij,jk->ik"), 12}); },
+                    "Einsum", "label 'j' has sizes 3 and 2");
+  expect_node_error([&] { run({"Einsum", {f32({2, 3}, {1, 2, 3, 4, 5, 6})}, eq("ijk->i"), 12}); }, "Einsum",
+                    "has rank 2 but its term");
+  expect_node_error([&] { run({"Einsum", {f32({2, 3}, {1, 2, 3, 4, 5, 6})}, eq("ij->k"), 12}); }, "Einsum",
+                    "output label 'k' in no input term");
+  expect_node_error([&] { run({"Einsum", {f32({2, 3}, {1, 2, 3, 4, 5, 6})}, eq("i1->i"), 12}); }, "Einsum",
+                    "where a letter");
+}
+
 }  // namespace test_reference_math

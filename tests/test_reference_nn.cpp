@@ -705,4 +705,92 @@ TEST_CASE("Pad inference and errors", "[nn][pad][infer]") {
   error_of([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {1, 1})}, {{"mode", std::string("mirror")}}, 13}); }, "Pad");
 }
 
+// --- GridSample, RoiAlign ---------------------------------------------------------------------------
+
+TEST_CASE("GridSample: modes, paddings and align_corners on a 2x2 image", "[nn][gridsample]") {
+  using Attrs = std::map<std::string, Attribute>;
+  const Tensor x = ft({1, 1, 2, 2}, {1, 2, 3, 4});
+  auto at = [&](std::vector<float> xy, Attrs attrs, int opset = 16) {
+    const auto points = static_cast<std::int64_t>(xy.size() / 2);
+    return run1({"GridSample", {x, ft({1, 1, points, 2}, xy)}, std::move(attrs), opset});
+  };
+  auto with = [](const char* mode, const char* pad, std::int64_t ac) {
+    return Attrs{{"mode", std::string(mode)}, {"padding_mode", std::string(pad)}, {"align_corners", ac}};
+  };
+  // The centre is the mean; (-1, -1) is the top-left pixel's outer corner without align_corners (a
+  // quarter of it with zero padding, all of it with border or reflection) and its centre with them.
+  require_close(at({0, 0, -1, -1}, with("bilinear", "zeros", 0)), {1, 1, 1, 2}, {2.5, 0.25});
+  require_close(at({0, 0, -1, -1}, with("bilinear", "border", 0)), {1, 1, 1, 2}, {2.5, 1});
+  require_close(at({0, 0, -1, -1}, with("bilinear", "reflection", 0)), {1, 1, 1, 2}, {2.5, 1});
+  require_close(at({-1, -1, 1, 1, 1, -1}, with("bilinear", "zeros", 1)), {1, 1, 1, 3}, {1, 4, 2});
+  // Far outside: border clamps to the edge; reflection folds back in; zeros reads nothing.
+  require_close(at({3, 0}, with("bilinear", "border", 1)), {1, 1, 1, 1}, {3});
+  require_close(at({3, -1}, with("bilinear", "reflection", 1)), {1, 1, 1, 1}, {1});  // x = 4 px -> 0
+  require_close(at({3, 0}, with("bilinear", "zeros", 1)), {1, 1, 1, 1}, {0});
+  // Nearest rounds half to even: x = 0.7 -> 1, y = -0.1 -> 0.
+  require_close(at({0.2f, -0.6f}, with("nearest", "zeros", 0)), {1, 1, 1, 1}, {2});
+  // Bicubic at the centre: the four pixels weigh 0.59375^2 each with zero padding; with border the
+  // outer taps fold onto the edge and the result is the mean.
+  require_close(at({0, 0}, with("bicubic", "zeros", 0)), {1, 1, 1, 1}, {0.59375 * 0.59375 * 10});
+  require_close(at({0, 0}, with("bicubic", "border", 0)), {1, 1, 1, 1}, {2.5});
+  // Opset 20 names: linear / cubic, and a 3-D volume.
+  require_close(at({0, 0}, with("linear", "zeros", 0), 20), {1, 1, 1, 1}, {2.5});
+  require_close(at({0, 0}, with("cubic", "border", 0), 20), {1, 1, 1, 1}, {2.5});
+  const Tensor vol = ft({1, 1, 2, 2, 2}, iota(8));
+  require_close(run1({"GridSample", {vol, ft({1, 1, 1, 2, 3}, {0, 0, 0, 1, 1, 1})}, with("linear", "zeros", 1), 20}),
+                {1, 1, 1, 1, 2}, {3.5, 7});
+}
+
+TEST_CASE("GridSample inference and errors", "[nn][gridsample][infer]") {
+  Graph g;
+  g.opsets[""] = 16;
+  Node* n = infer_one(g, "GridSample", {{DType::Float32, Shape{batch, 3, 32, 32}}, {DType::Float32, Shape{batch, 7, 9, 2}}});
+  CHECK(n->output(0)->shape() == Shape{batch, 3, 7, 9});
+  Graph g2;
+  g2.opsets[""] = 16;
+  CHECK(error_of([&] { infer_one(g2, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4}}, {DType::Float32, Shape{1, 7, 9, 3}}}); },
+                 "GridSample")
+            .find("must end in 2 coordinates") != std::string::npos);
+  Graph g3;
+  g3.opsets[""] = 16;
+  CHECK(error_of([&] { infer_one(g3, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4}}, {DType::Float32, Shape{1, 7, 9, 2}}},
+                                 {{"mode", std::string("linear")}}); },
+                 "GridSample")
+            .find("bilinear, nearest or bicubic") != std::string::npos);
+  Graph g4;
+  g4.opsets[""] = 16;
+  CHECK(error_of([&] { infer_one(g4, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4, 4}}, {DType::Float32, Shape{1, 2, 2, 2, 3}}}); },
+                 "GridSample")
+            .find("before opset 20 takes a 4-D X") != std::string::npos);
+}
+
+TEST_CASE("RoiAlign: avg and max, half_pixel and output_half_pixel", "[nn][roialign]") {
+  using Attrs = std::map<std::string, Attribute>;
+  const Tensor x = ft({1, 1, 4, 4}, iota(16));
+  const Tensor rois = ft({1, 4}, {0, 0, 3, 3});
+  const Tensor idx = it({1}, {0});
+  auto roi = [&](const char* mode, const char* ct, std::int64_t size = 1) {
+    return run1({"RoiAlign", {x, rois, idx},
+                 Attrs{{"mode", std::string(mode)}, {"coordinate_transformation_mode", std::string(ct)},
+                       {"sampling_ratio", std::int64_t{1}}, {"output_height", size}, {"output_width", size}},
+                 16});
+  };
+  // One sample at the roi's centre: (1.5, 1.5) between pixels 5, 6, 9, 10; shifted by half a pixel it
+  // is pixel (1, 1) = 5.
+  require_close(roi("avg", "output_half_pixel"), {1, 1, 1, 1}, {7.5});
+  require_close(roi("avg", "half_pixel"), {1, 1, 1, 1}, {5});
+  // Max takes the largest weighted corner: 0.25 * 10.
+  require_close(roi("max", "output_half_pixel"), {1, 1, 1, 1}, {2.5});
+  // 3x3 bins of 1 pixel, sampled at their centres (k + 0.5).
+  require_close(roi("avg", "output_half_pixel", 3), {1, 1, 3, 3}, {2.5, 3.5, 4.5, 6.5, 7.5, 8.5, 10.5, 11.5, 12.5});
+  Graph g;
+  g.opsets[""] = 16;
+  Node* n = infer_one(g, "RoiAlign", {{DType::Float32, Shape{batch, 8, 32, 32}}, {DType::Float32, Shape{Dim::named("R"), 4}},
+                                      {DType::Int64, Shape{Dim::named("R")}}},
+                      {{"output_height", std::int64_t{7}}, {"output_width", std::int64_t{5}}});
+  CHECK(n->output(0)->shape() == Shape{Dim::named("R"), 8, 7, 5});
+  CHECK(error_of([&] { run1({"RoiAlign", {x, rois, it({1}, {2})}, {}, 16}); }, "RoiAlign")
+            .find("batch_indices[0] = 2 is outside [0, 1)") != std::string::npos);
+}
+
 }  // namespace test_reference_nn

@@ -6,6 +6,7 @@
 
 #include "ondine/ir/infer/common.hpp"
 #include "ondine/ir/infer/control_flow.hpp"
+#include "ondine/ir/infer/einsum.hpp"
 #include "ondine/ir/infer/fused.hpp"
 #include "ondine/ir/infer/layout.hpp"
 #include "ondine/ir/infer/loss.hpp"
@@ -13,8 +14,11 @@
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
+#include "ondine/ir/infer/random.hpp"
 #include "ondine/ir/infer/rnn.hpp"
+#include "ondine/ir/infer/sampling.hpp"
 #include "ondine/ir/infer/selection.hpp"
+#include "ondine/ir/infer/signal.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/ir/infer/values.hpp"
 
@@ -36,6 +40,10 @@ inline const InferTable& infer_table() {
     infer::register_control_flow_infer(t);
     infer::register_selection_infer(t);
     infer::register_loss_infer(t);
+    infer::register_einsum_infer(t);
+    infer::register_sampling_infer(t);
+    infer::register_signal_infer(t);
+    infer::register_random_infer(t);
     return t;
   }();
   return table;

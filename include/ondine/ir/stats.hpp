@@ -56,7 +56,9 @@ inline void bind_dims(Graph& g, const std::map<std::string, std::int64_t>& sizes
 // True when input `index` of `n` is a shape parameter: its values decide the shape of the output
 // (Reshape's shape, Expand's, Tile's repeats, ConstantOfShape's, Range's bounds, Slice's starts, ends,
 // axes and steps, Pad's pads, Resize's scales and sizes, Split's split, (Un)Squeeze's and reductions'
-// axes, TopK's k, OneHot's depth, MaxUnpool's output_shape).
+// axes, TopK's k, OneHot's depth, MaxUnpool's output_shape, the signal ops' sizes: the windows' size,
+// MelWeightMatrix's num_mel_bins and dft_length, STFT's frame_step and frame_length, DFT's dft_length and
+// opset-20 axis).
 inline bool is_shape_parameter(const Node& n, std::size_t index) {
   if (!n.domain().empty()) return false;
   const std::string& op = n.op_type();
@@ -65,6 +67,10 @@ inline bool is_shape_parameter(const Node& n, std::size_t index) {
   if (op == "Slice") return index >= 1 && index <= 4;
   if (op == "Resize") return index == 2 || index == 3;
   if (op == "MaxUnpool") return index == 2;
+  if (op == "HannWindow" || op == "HammingWindow" || op == "BlackmanWindow") return index == 0;
+  if (op == "MelWeightMatrix") return index <= 1;
+  if (op == "STFT") return index == 1 || index == 3;
+  if (op == "DFT") return index == 1 || (index == 2 && n.opset() >= 20);
   if (index != 1) return false;
   return op == "Reshape" || op == "Expand" || op == "Tile" || op == "Pad" || op == "Split" || op == "Squeeze" ||
          op == "Unsqueeze" || op == "TopK" || op == "OneHot" || op == "Upsample" || op == "CenterCropPad" ||

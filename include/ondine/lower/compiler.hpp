@@ -5,7 +5,7 @@
 //   auto outputs = model.run({{"input", tensor}});      // any number of threads at once
 //
 // Lowering walks the nodes in topological order. Each op with a oneDNN lowering (conv, conv transpose,
-// matmul/gemm, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
+// matmul/gemm/einsum, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
 // creates its primitive descriptor and primitive once, here, with weights reordered into the primitive's
 // layout once; the rest run their reference kernel (ondine/reference) on row-major tensors. A lowering
 // that finds its case unsupported (a dtype, a non-constant weight, a shape oneDNN rejects) returns false
@@ -44,6 +44,7 @@
 #include "ondine/lower/detail/conv.hpp"
 #include "ondine/lower/detail/deconv.hpp"
 #include "ondine/lower/detail/dynamic_quant.hpp"
+#include "ondine/lower/detail/einsum.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
@@ -91,6 +92,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["Gemm"] = {lower_gemm, "oneDNN matmul", "not float32, C that does not broadcast to [M, N], or beta != 1 with a run-time C",
                  true};
     t["ondine.FusedGemm"] = t["Gemm"];
+    t["Einsum"] = {lower_einsum, "oneDNN matmul on strided views (no transposed copies)",
+                   "not float32, or an equation that is not a batched matrix product after transposes"};
     t["ondine.Gelu"] = {lower_eltwise, "oneDNN eltwise gelu_erf", "not float32"};
     t["ondine.Attention"] = {lower_attention, "oneDNN matmul + softmax + matmul, scores in a per-thread buffer",
                              "not float32, or a mask that does not broadcast to the scores"};

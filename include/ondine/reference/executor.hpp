@@ -14,6 +14,7 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/common.hpp"
+#include "ondine/reference/einsum.hpp"
 #include "ondine/reference/fused.hpp"
 #include "ondine/reference/layout.hpp"
 #include "ondine/reference/loss.hpp"
@@ -21,8 +22,11 @@
 #include "ondine/reference/nn.hpp"
 #include "ondine/reference/quantized.hpp"
 #include "ondine/reference/qoperator.hpp"
+#include "ondine/reference/random.hpp"
 #include "ondine/reference/rnn.hpp"
+#include "ondine/reference/sampling.hpp"
 #include "ondine/reference/selection.hpp"
+#include "ondine/reference/signal.hpp"
 #include "ondine/reference/tensor_ops.hpp"
 
 namespace ondine {
@@ -44,6 +48,10 @@ inline const KernelTable& kernel_table() {
     register_control_flow_kernels(t);
     register_selection_kernels(t);
     register_loss_kernels(t);
+    register_einsum_kernels(t);
+    register_sampling_kernels(t);
+    register_signal_kernels(t);
+    register_random_kernels(t);
     return t;
   }();
   return table;
