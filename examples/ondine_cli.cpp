@@ -13,11 +13,16 @@
 //                   [--keep-fp32-ends] [--activations u8|s8] [--save-calibration FILE] [--passes P]
 //
 // P is a pipeline string: "default" (the default pipeline), "none", or pass names ("fold-bn,fuse*").
-// Errors go to stderr with exit code 1 (2 for bad command lines, a bad pipeline included).
+// Errors go to stderr with exit code 1 (2 for bad command lines, a bad pipeline included), as one line
+// of printable text first ("ondine: error: ...", names from the file escaped as \xNN); an exception
+// that escapes everything else (one thrown on a worker thread) exits with 70, never through abort.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -1147,7 +1152,27 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
 
 }  // namespace
 
+// The last resort: an exception std::terminate sees (thrown where no handler can catch it, e.g. in an
+// OpenMP region) still gives one line and an exit code below 128, not SIGABRT (134).
+[[noreturn]] void terminate_handler() {
+  std::string what = "unknown exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+  } else {
+    what = "std::terminate called";
+  }
+  std::fprintf(stderr, "ondine: error: internal error: %s\n", ondine::detail::escape_text(what).c_str());
+  std::fflush(stdout);
+  std::_Exit(70);  // EX_SOFTWARE
+}
+
 int main(int argc, char** argv) {
+  std::set_terminate(terminate_handler);
   CLI::App app{"ondine: a graph compiler for CPU inference (ONNX in, fast CPU code out)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(ondine::version));
@@ -1312,8 +1337,14 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::cerr << "ondine: error: " << e.what() << "\n";
     return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "ondine: error: " << e.what() << "\n";
+  } catch (const std::bad_alloc&) {
+    std::cerr << "ondine: error: out of memory\n";
+    return 1;
+  } catch (const std::exception& e) {  // an ondine::Error's what() is escaped already; others may not be
+    std::cerr << "ondine: error: " << ondine::detail::escape_text(e.what()) << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "ondine: error: internal error: unknown exception\n";
     return 1;
   }
   return 0;

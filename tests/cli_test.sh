@@ -368,6 +368,52 @@ expect 2 'max-error needs --precision bf16 or auto' -- "$ondine" run "$mm" --max
 expect 1 'precision bf16 needs a CPU with native bf16' -- env DNNL_MAX_CPU_ISA=AVX512_CORE_VNNI "$ondine" run "$mm" --precision bf16
 expect 2 'precision' -- "$ondine" run "$mm" --precision fp16
 
+# Hostile files (issue 19): every failure exits 1 with one line "ondine: error: ..." first, bytes from the
+# file escaped (\xNN), sizes bounded before allocating; none reaches std::terminate (134) or a signal.
+/usr/bin/python3 - "$work" <<'PY'
+import sys
+from onnx import helper, TensorProto, numpy_helper
+import numpy as np
+w = sys.argv[1]
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+def save(nodes, inits, name, inputs=(x,), outputs=(y,)):
+    g = helper.make_graph(nodes, "g", list(inputs), list(outputs), initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    open(f"{w}/{name}", "wb").write(m.SerializeToString())
+# A node whose name holds an escape sequence, a newline and a byte that is not UTF-8, reading nothing defined.
+save([helper.make_node("Add", ["x", "nothing"], ["y"], name="evil\x1b[2J\nname")], [], "rawname.onnx")
+m = open(f"{w}/rawname.onnx", "rb").read().replace(b"evil", b"ev\xffl")
+open(f"{w}/rawname.onnx", "wb").write(m)
+# ConstantOfShape of 2^60 elements.
+shape = numpy_helper.from_array(np.array([2**30, 2**30], dtype=np.int64), "shape")
+save([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="cos")], [shape], "huge_cos.onnx", inputs=())
+PY
+out=$("$ondine" inspect "$work/rawname.onnx" 2>&1 >/dev/null)
+rc=$?
+first=$(head -1 <<<"$out")
+if [ "$rc" -ne 1 ] || [ "$(wc -l <<<"$out")" -ne 1 ] || ! grep -qF "node 'ev\\xffl\\x1b[2J\\x0aname' (Add)" <<<"$first" ||
+   LC_ALL=C grep -q $'[\x01-\x1f\x7f-\xff]' <<<"$first"; then
+  echo "FAIL: raw bytes in a node name: exit $rc (want 1, one escaped line), stderr:"
+  echo "$out" | head -5 | cat -v
+  fails=$((fails + 1))
+else
+  passes=$((passes + 1))
+fi
+expect 1 "^ondine: error: .*huge_cos\.onnx: node 'cos' \(ConstantOfShape\): .*too large" -- "$ondine" run "$work/huge_cos.onnx"
+expect 1 "huge_cos\.onnx.*too large" -- "$ondine" inspect "$work/huge_cos.onnx"
+head -c 100000 /dev/urandom >"$work/random.onnx"
+for cmd in inspect run compile bench; do
+  "$ondine" $cmd "$work/random.onnx" >/dev/null 2>"$work/err.txt"
+  rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ] || ! head -1 "$work/err.txt" | grep -q '^ondine: error: '; then
+    echo "FAIL: ondine $cmd on random bytes: exit $rc, stderr:"; head -3 "$work/err.txt" | cat -v
+    fails=$((fails + 1))
+  else
+    passes=$((passes + 1))
+  fi
+done
+
 # Command-line mistakes exit with 2.
 expect 2 "" -- "$ondine" frobnicate
 expect 2 "" -- "$ondine" run

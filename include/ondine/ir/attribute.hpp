@@ -21,6 +21,17 @@ using GraphAttr = std::shared_ptr<Graph>;
 using Attribute = std::variant<std::int64_t, float, std::string, Tensor, std::vector<std::int64_t>,
                                std::vector<float>, std::vector<std::string>, GraphAttr>;
 
+// The ONNX name of an attribute's kind ("INT", "FLOATS", "GRAPH", ...), for error messages.
+inline const char* attribute_kind_name(std::size_t variant_index) {
+  static const char* const names[] = {"INT", "FLOAT", "STRING", "TENSOR", "INTS", "FLOATS", "STRINGS", "GRAPH"};
+  return variant_index < 8 ? names[variant_index] : "?";
+}
+inline const char* attribute_kind_name(const Attribute& a) { return attribute_kind_name(a.index()); }
+template <typename T>
+const char* attribute_kind_name() {
+  return attribute_kind_name(Attribute(T{}).index());
+}
+
 // "graph <name> (N nodes)"; defined in graph.hpp, where Graph is complete.
 inline std::string subgraph_summary(const Graph& g);
 

@@ -253,7 +253,7 @@ class Node {
     auto it = attrs_.find(n);
     if (it == attrs_.end()) throw error("missing required attribute '" + n + "'");
     if (auto* p = std::get_if<T>(&it->second)) return *p;
-    throw error("attribute '" + n + "' has the wrong kind");
+    throw wrong_kind<T>(n, it->second);
   }
   template <typename T> T get(const std::string& n) const {
     auto it = attrs_.find(n);
@@ -273,7 +273,11 @@ class Node {
     if constexpr (std::is_same_v<T, std::vector<float>>) {
       if (auto* v = std::get_if<std::vector<std::int64_t>>(&a)) return T(v->begin(), v->end());
     }
-    throw error("attribute '" + n + "' has the wrong kind");
+    throw wrong_kind<T>(n, a);
+  }
+  template <typename T> Error wrong_kind(const std::string& n, const Attribute& a) const {
+    return error("attribute '" + n + "' has the wrong kind: " + attribute_kind_name(a) + ", expected " +
+                 attribute_kind_name<T>());
   }
 
   std::string op_type_, domain_, name_;

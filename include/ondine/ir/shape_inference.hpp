@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ondine/ir/infer/common.hpp"
+#include "ondine/ir/limits.hpp"
 #include "ondine/ir/infer/control_flow.hpp"
 #include "ondine/ir/infer/einsum.hpp"
 #include "ondine/ir/infer/fused.hpp"
@@ -49,20 +50,38 @@ inline const InferTable& infer_table() {
   return table;
 }
 
+namespace detail {
+// A value whose static dims (symbolic ones left out) overflow int64 or pass Limits::max_tensor_bytes
+// is an Error here, at import or compile, long before anything of that size is allocated.
+inline void check_static_size(const Value& v, const char* what) {
+  const Shape& s = v.shape();
+  if (!s.rank_known()) return;
+  std::vector<std::int64_t> dims;
+  for (const Dim& d : s.dims())
+    if (d.is_static()) dims.push_back(d.value);
+  std::size_t width = v.dtype() == DType::Undefined ? 1 : std::max<std::size_t>(dtype_size(v.dtype()), 1);
+  checked_tensor_bytes(dims, width, std::string(what) + " '" + v.name() + "'");
+}
+}  // namespace detail
+
 // Infers one node: its outputs' dtypes and shapes, then what is known of their elements (shape values,
 // ir/infer/values.hpp). Returns false for an op without inference (its outputs are left as they are).
 inline bool infer_node(Node& n) {
   auto it = infer_table().find(n.op_key());
   if (it == infer_table().end()) return false;
   it->second(n);
+  for (Value* out : n.outputs())
+    if (out) detail::check_static_size(*out, "output");
   infer::propagate_values(n);
   return true;
 }
 
 // Runs inference node by node in topological order, setting every node output's dtype and shape.
-// Inconsistent shapes throw an Error naming the node and op. Nodes of unsupported ops get unknown
-// outputs (check_supported() reports those ops all at once).
+// Inconsistent shapes, and shapes too large to allocate (ir/limits.hpp), throw an Error naming the
+// node and op. Nodes of unsupported ops get unknown outputs (check_supported() reports those ops all
+// at once).
 inline void infer_shapes(Graph& g) {
+  for (Value* in : g.inputs()) detail::check_static_size(*in, "graph input");
   for (Node* n : g.topo_order()) {
     try {
       if (!infer_node(*n))

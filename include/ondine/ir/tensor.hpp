@@ -18,6 +18,7 @@
 #include "ondine/error.hpp"
 #include "ondine/ir/allocate.hpp"
 #include "ondine/ir/dtype.hpp"
+#include "ondine/ir/limits.hpp"
 #include "ondine/ir/shape.hpp"
 
 namespace ondine {
@@ -27,16 +28,9 @@ class Tensor {
   Tensor() = default;
   // Allocates zero-filled storage.
   Tensor(DType dtype, std::vector<std::int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
-    // Reject sizes whose byte count would overflow before anything is allocated (a wrapped size would
-    // allocate a small buffer and then write past it).
-    constexpr std::int64_t kMaxBytes = std::int64_t{1} << 48;
-    std::int64_t elems = 1, width = static_cast<std::int64_t>(std::max<std::size_t>(dtype_size(dtype), 1));
-    for (auto d : dims_) {
-      detail::check(d >= 0, "negative tensor dimension in " + dims_str(dims_));
-      if (d != 0 && elems > kMaxBytes / width / d)
-        throw Error("tensor of shape " + dims_str(dims_) + " is too large to allocate");
-      elems *= d;
-    }
+    // Reject sizes whose byte count would overflow or pass the memory limit before anything is
+    // allocated (a wrapped size would allocate a small buffer and then write past it).
+    detail::checked_tensor_bytes(dims_, dtype_size(dtype), "tensor");
     std::size_t bytes = nbytes();
     void* p = bytes ? detail::aligned_allocate(bytes) : nullptr;
     if (p) std::memset(p, 0, bytes);

@@ -18,6 +18,7 @@
 
 #include "ondine/error.hpp"
 #include "ondine/ir/graph.hpp"
+#include "ondine/ir/limits.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/onnx/detail/proto.hpp"
 
@@ -86,9 +87,14 @@ inline Tensor read_external_tensor(const ::onnx::TensorProto& tp, DType dtype, s
   if (!is_safe_relative_path(location))
     throw Error(label + ": external data file '" + location +
                 "' is not a relative path inside the model's directory");
-  std::string path = join_path(base_dir.empty() ? "." : base_dir, location);
+  const std::string dir = base_dir.empty() ? "." : base_dir;
+  std::string path = join_path(dir, location);
   auto size = regular_file_size(path);
-  if (!size) throw Error(label + ": cannot open external data file '" + path + "'");
+  if (!size) throw Error(label + ": cannot open external data file '" + path + "' (missing, or not a regular file)");
+  // The name stays inside the folder; the file it resolves to (through symlinks) must too.
+  if (!resolves_inside(path, dir))
+    throw Error(label + ": external data file '" + location +
+                "' resolves (through a symbolic link) to a file outside the model's directory");
   if (length && *length != nbytes)
     throw Error(label + ": external data length " + std::to_string(*length) + " does not match shape " +
                 dims_str(dims) + " of " + std::string(dtype_name(dtype)) + " (" + std::to_string(nbytes) +
@@ -208,7 +214,8 @@ inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string
   const std::int64_t numel = checked_numel(dims, label);
   if (tp.has_segment()) throw Error(label + ": segmented tensors are not supported");
   if (*dtype == DType::String) return Tensor(DType::String, std::move(dims));
-  const std::uint64_t nbytes = static_cast<std::uint64_t>(numel) * dtype_size(*dtype);
+  // Within Limits::max_tensor_bytes, checked before reading or allocating anything.
+  const std::uint64_t nbytes = ondine::detail::checked_tensor_bytes(dims, dtype_size(*dtype), label);
 
   if (tp.data_location() == ::onnx::TensorProto::EXTERNAL)
     return read_external_tensor(tp, *dtype, std::move(dims), nbytes, base_dir, label);
@@ -387,6 +394,12 @@ inline std::optional<Attribute> attribute_from_proto(const ::onnx::AttributeProt
 // outputs (applied after inference). Errors carry node context where there is one.
 inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::string& base_dir, const ImportScope* outer,
                          std::vector<std::pair<Value*, DeclaredType>>& declared_types) {
+  int depth = 0;  // subgraph nesting, bounded before recursing (a crafted file could nest thousands deep)
+  for (const ImportScope* s = outer; s; s = s->outer) ++depth;
+  const int max_depth = limits().max_subgraph_depth;
+  if (depth > max_depth)
+    throw Error("subgraphs nest more than " + std::to_string(max_depth) +
+                " deep (ondine::Limits::max_subgraph_depth)");
   ImportScope scope{&g, outer, defined_names(gp)};
   std::set<std::string> defined;  // every name with a definition so far: a second one is an error
   auto define = [&](const std::string& name, const char* what) {
@@ -547,6 +560,7 @@ inline std::unique_ptr<::onnx::ModelProto> parse_model(const void* data, std::si
   if (size > kMaxProtoBytes)
     throw Error("model is " + std::to_string(size) +
                 " bytes; protobuf cannot parse a message larger than 2 GB (store large tensors as external data)");
+  check_model_size(size);
   auto model = std::make_unique<::onnx::ModelProto>();
   if (!model->ParseFromArray(data, static_cast<int>(size)))
     throw Error("not a valid ONNX model (protobuf parse failed)");

@@ -194,6 +194,7 @@ inline bool slice_uses_attributes(const Node& n) { return opset_of(n) < 10 || (!
 inline SliceParams slice_params(const Node& n, std::int64_t rank, const Tensor* starts_v, const Tensor* ends_v,
                                 const Tensor* axes_v, const Tensor* steps_v) {
   SliceParams p;
+  bool steps_unknown = false;
   if (slice_uses_attributes(n)) {
     p.starts = n.attr_ints("starts");
     p.ends = n.attr_ints("ends");
@@ -210,7 +211,8 @@ inline SliceParams slice_params(const Node& n, std::int64_t rank, const Tensor* 
     p.axes = a.values;
     IntParam st = int_param(n, 4, steps_v, "", "steps");
     if (st.given) {
-      if (!st.values) return SliceParams{p.starts, p.ends, p.axes, std::nullopt};
+      // Steps of unknown value: the axes are still checked and normalised below (they index dims).
+      if (!st.values) steps_unknown = true;
       p.steps = st.values;
     }
   }
@@ -232,7 +234,7 @@ inline SliceParams slice_params(const Node& n, std::int64_t rank, const Tensor* 
       if (seen[static_cast<std::size_t>(a)]) throw n.error("axis " + std::to_string(a) + " appears twice in axes");
       seen[static_cast<std::size_t>(a)] = true;
     }
-    if (!p.steps) p.steps = Ints(p.axes->size(), 1);
+    if (!p.steps && !steps_unknown) p.steps = Ints(p.axes->size(), 1);
   }
   if (p.steps) {
     if (p.axes && p.steps->size() != p.axes->size())

@@ -17,6 +17,7 @@
 #include "onnx/onnx_pb.h"
 #include "ondine/error.hpp"
 #include "ondine/ir/dtype.hpp"
+#include "ondine/ir/limits.hpp"
 #include "ondine/ir/shape.hpp"
 
 namespace ondine::onnx::detail {
@@ -100,6 +101,14 @@ inline bool read_at(std::FILE* f, std::uint64_t offset, void* dst, std::uint64_t
   return true;
 }
 
+// A model file over Limits::max_model_bytes is refused before it is read.
+inline void check_model_size(std::uint64_t size) {
+  const std::uint64_t cap = limits().max_model_bytes;
+  if (size > cap)
+    throw Error("file is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(cap) +
+                " bytes (ondine::Limits::max_model_bytes)");
+}
+
 // The whole content of a file for protobuf parsing, in one read. Throws "cannot open file",
 // "empty file" or a size error; the caller adds the file name.
 inline std::vector<char> read_proto_file(const std::string& path) {
@@ -110,19 +119,34 @@ inline std::vector<char> read_proto_file(const std::string& path) {
   if (*size > kMaxProtoBytes)
     throw Error("file is " + std::to_string(*size) +
                 " bytes; protobuf cannot parse a message larger than 2 GB (store large tensors as external data)");
+  check_model_size(*size);
   std::vector<char> bytes(static_cast<std::size_t>(*size));
   if (!read_at(f.get(), 0, bytes.data(), *size)) throw Error("cannot read file");
   return bytes;
 }
 
-// External-data locations must stay inside the model's directory: relative, no "..".
+// External-data locations must stay inside the model's directory: relative, no "..", no NUL byte
+// (the C library would cut the name there).
 inline bool is_safe_relative_path(const std::string& location) {
-  if (location.empty()) return false;
+  if (location.empty() || location.find('\0') != std::string::npos) return false;
   std::filesystem::path p(location);
   if (p.is_absolute() || p.has_root_name() || p.has_root_directory()) return false;
   for (const auto& part : p)
     if (part == "..") return false;
   return true;
+}
+
+// Whether the existing file `path`, with every symbolic link resolved, lies inside the folder `dir`
+// (itself resolved): a link inside the model's folder must not lead out of it.
+inline bool resolves_inside(const std::string& path, const std::string& dir) {
+  std::error_code ec1, ec2;
+  std::filesystem::path file = std::filesystem::canonical(path, ec1);
+  std::filesystem::path folder = std::filesystem::canonical(dir, ec2);
+  if (ec1 || ec2) return false;
+  auto f = file.begin();
+  for (auto d = folder.begin(); d != folder.end(); ++d, ++f)
+    if (f == file.end() || *f != *d) return false;
+  return f != file.end();
 }
 
 inline std::string join_path(const std::string& dir, const std::string& file) {
