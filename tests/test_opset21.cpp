@@ -331,6 +331,32 @@ TEST_CASE("An opset 21 graph runs alike on the compiled engine and the reference
   CHECK(err / mag < 1e-5);
 }
 
+TEST_CASE("Gelu (opset 20) after a Conv joins its post-op chain and matches the reference", "[opset21][gelu][lower]") {
+  Graph g;
+  g.opsets[""] = 20;
+  Value* x = g.add_input("x", DType::Float32, Shape{1, 3, 5, 5});
+  Tensor w(DType::Float32, {4, 3, 3, 3});
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = std::cos(0.7f * static_cast<float>(i)) * 0.5f;
+  Value* c = g.add_node("Conv", {x, g.add_constant("w", w)}, {"c"}, {{"pads", Ints{1, 1, 1, 1}}}, "conv")->output(0);
+  Value* y = g.add_node("Gelu", {c}, {"y"}, {{"approximate", std::string("tanh")}}, "gelu")->output(0);
+  g.add_output(y);
+  infer_shapes(g);
+  Tensor in(DType::Float32, {1, 3, 5, 5});
+  for (std::int64_t i = 0; i < in.numel(); ++i) in.data<float>()[i] = std::sin(0.3f * static_cast<float>(i));
+  const std::map<std::string, Tensor> feeds{{"x", in}};
+  const Tensor want = ReferenceExecutor(g).run(feeds).at("y");
+  CompiledModel m = lower::compile(g);
+  const Tensor got = m.run(feeds).at("y");
+  double err = 0, mag = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    err = std::max(err, std::fabs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
+    mag = std::max(mag, std::fabs(want.at_double(static_cast<std::size_t>(i))));
+  }
+  CHECK(mag > 0.1);
+  CHECK(err / mag < 1e-5);
+  for (const auto& s : m.steps()) CHECK(s.op != "Gelu");  // fused into the convolution, no step of its own
+}
+
 namespace {
 
 // x[2,3] -> op -> y at the given default-domain opset, x and y of `elem_type`.

@@ -54,7 +54,8 @@ inline GroupNormSpec group_norm_spec(const Node& n) {
   if (s.groups <= 0) throw n.error("num_groups must be positive, got " + std::to_string(s.groups));
   s.per_channel = n.opset() == 0 || n.opset() >= 21;
   if (std::int64_t st = n.attr_int("stash_type", 1); st != 1)
-    throw n.error("stash_type " + std::to_string(st) + " is not supported (statistics are computed in double)");
+    throw n.error("stash_type " + std::to_string(st) + " is not supported (only 1, float32 statistics; Ondine computes "
+                  "them in double)");
   return s;
 }
 
