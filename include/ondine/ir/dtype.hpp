@@ -117,6 +117,27 @@ inline std::size_t dtype_size(DType t) {
   return 0;
 }
 
+// Names of the ONNX TensorProto element types Ondine does not represent, for error messages: Debian's
+// libonnx (1.12) predates the float8 (opset 19), 4-bit (opset 21) and later codes, so protobuf's own
+// enum cannot name them. Empty for codes with a DType or unknown to ONNX.
+inline std::string_view onnx_unsupported_type_name(std::int64_t code) {
+  switch (code) {
+    case 14: return "COMPLEX64";
+    case 15: return "COMPLEX128";
+    case 17: return "FLOAT8E4M3FN";
+    case 18: return "FLOAT8E4M3FNUZ";
+    case 19: return "FLOAT8E5M2";
+    case 20: return "FLOAT8E5M2FNUZ";
+    case 21: return "UINT4";
+    case 22: return "INT4";
+    case 23: return "FLOAT4E2M1";
+    case 24: return "FLOAT8E8M0";
+    case 25: return "UINT2";
+    case 26: return "INT2";
+    default: return "";
+  }
+}
+
 inline std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::Undefined: return "undefined";

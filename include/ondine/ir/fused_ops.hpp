@@ -117,7 +117,8 @@ inline std::optional<double> constant_bound(const Node& n, std::size_t i, double
 inline std::optional<Activation> as_activation(const Node& n) {
   const std::string& op = n.op_type();
   if (n.num_outputs() != 1 || !n.input(0) || !is_floating(n.input(0)->dtype())) return std::nullopt;
-  if (n.domain() == kDomain) {
+  // ondine.Gelu, and ONNX's own Gelu (opset 20), which has the same approximate attribute.
+  if (n.domain() == kDomain || (n.domain().empty() && op == "Gelu")) {
     if (op != "Gelu" || n.num_inputs() != 1) return std::nullopt;
     std::string approximate = n.attr_string("approximate", "none");
     if (approximate == "none") return Activation{"Gelu"};

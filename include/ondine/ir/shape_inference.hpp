@@ -13,6 +13,7 @@
 #include "ondine/ir/infer/loss.hpp"
 #include "ondine/ir/infer/math.hpp"
 #include "ondine/ir/infer/nn.hpp"
+#include "ondine/ir/infer/nn_extra.hpp"
 #include "ondine/ir/infer/quantized.hpp"
 #include "ondine/ir/infer/qoperator.hpp"
 #include "ondine/ir/infer/random.hpp"
@@ -31,6 +32,7 @@ inline const InferTable& infer_table() {
   static const InferTable table = [] {
     InferTable t;
     infer::register_nn_infer(t);
+    infer::register_nn_extra_infer(t);
     infer::register_math_infer(t);
     infer::register_tensor_ops_infer(t);
     infer::register_fused_infer(t);

@@ -73,7 +73,7 @@ inline bool is_shape_parameter(const Node& n, std::size_t index) {
   if (op == "DFT") return index == 1 || (index == 2 && n.opset() >= 20);
   if (index != 1) return false;
   return op == "Reshape" || op == "Expand" || op == "Tile" || op == "Pad" || op == "Split" || op == "Squeeze" ||
-         op == "Unsqueeze" || op == "TopK" || op == "OneHot" || op == "Upsample" || op == "CenterCropPad" ||
+         op == "Unsqueeze" || op == "TopK" || op == "OneHot" || op == "Upsample" || op == "CenterCropPad" || op == "AffineGrid" ||
          op.rfind("Reduce", 0) == 0;
 }
 

@@ -94,7 +94,9 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["ondine.FusedGemm"] = t["Gemm"];
     t["Einsum"] = {lower_einsum, "oneDNN matmul on strided views (no transposed copies)",
                    "not float32, or an equation that is not a batched matrix product after transposes"};
-    t["ondine.Gelu"] = {lower_eltwise, "oneDNN eltwise gelu_erf", "not float32"};
+    t["ondine.Gelu"] = {lower_eltwise, "oneDNN eltwise gelu_erf / gelu_tanh (or a post-op of the producer)",
+                        "not float32"};
+    t["Gelu"] = t["ondine.Gelu"];  // opset 20: the same op as ondine.Gelu
     t["ondine.Attention"] = {lower_attention, "oneDNN matmul + softmax + matmul, scores in a per-thread buffer",
                              "not float32, or a mask that does not broadcast to the scores"};
     t["MaxPool"] = {lower_pool, "oneDNN pooling", "not float32, not 1-3 spatial axes, or its Indices output read"};

@@ -28,11 +28,16 @@ struct ImportOptions {
   bool infer_shapes = true;  // run ondine::infer_shapes after import
 };
 
-// Opsets of the default ONNX domain that Ondine implements: 7 to 18 as targeted, and the older ones
+// Opsets of the default ONNX domain that Ondine implements: 7 to 21 as targeted, and the older ones
 // too, since the kernels honour the pre-7 semantics (legacy broadcast=1/axis, PRelu per channel,
-// Clip's attributes) and every opset 1-6 case of the backend suite passes.
+// Clip's attributes) and every opset 1-6 case of the backend suite passes. Opsets 19-21 mostly add
+// element types (float8, int4/uint4, 16-bit quantization), which are refused by name (an initializer,
+// graph input or Cast target of such a type); their semantic changes are implemented (AveragePool
+// dilations, Pad wrap, Resize half_pixel_symmetric, Cast-19's rounding to bfloat16, Gelu, DFT's axis
+// input, GridSample's N-D modes, ReduceMax/Min of bool, AffineGrid, GroupNormalization-21's
+// per-channel scale, QuantizeLinear-21's output_dtype) or refused naming node and attribute (block_size).
 inline constexpr int kMinOpset = 1;
-inline constexpr int kMaxOpset = 18;
+inline constexpr int kMaxOpset = 21;
 
 namespace detail {
 
@@ -54,6 +59,7 @@ inline std::int64_t checked_numel(const std::vector<std::int64_t>& dims, const s
 }
 
 inline std::string elem_type_name(int elem_type) {
+  if (auto name = onnx_unsupported_type_name(elem_type); !name.empty()) return std::string(name);
   if (::onnx::TensorProto::DataType_IsValid(elem_type))
     return ::onnx::TensorProto::DataType_Name(static_cast<::onnx::TensorProto::DataType>(elem_type));
   return std::to_string(elem_type);
@@ -419,6 +425,13 @@ inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::stri
   for (const auto& in : gp.input()) {
     if (initializer_names.count(in.name())) continue;
     define(in.name(), "graph input");
+    // A graph input must be fed, so a type Ondine lacks (float8, int4, ...) is refused here rather than
+    // left Undefined for a confusing failure later.
+    if (in.has_type() && in.type().value_case() == ::onnx::TypeProto::kTensorType &&
+        in.type().tensor_type().elem_type() != ::onnx::TensorProto::UNDEFINED &&
+        !dtype_from_onnx(in.type().tensor_type().elem_type()))
+      throw Error("graph input '" + in.name() + "' has element type " +
+                  elem_type_name(in.type().tensor_type().elem_type()) + ", which Ondine does not support");
     DeclaredType d = type_from_proto(in);
     g.add_input(in.name(), d.dtype, d.shape);
   }

@@ -75,11 +75,12 @@ inline bool same(const QParam& a, const QParam& b) {
   return a.scale == b.scale && a.zero_point == b.zero_point && a.type == b.type;
 }
 
-// A QuantizeLinear with per-tensor parameters (its output type from the zero point, uint8 without).
+// A QuantizeLinear with per-tensor parameters (its output type from the zero point; without one, the
+// inferred output type: uint8, or opset 21's output_dtype).
 inline std::optional<QParam> q_params(const Node* q) {
   if (!is_op(q, "QuantizeLinear") || q->num_outputs() != 1 || !q->input(0) || q->input(0)->dtype() != DType::Float32)
     return std::nullopt;
-  return scalar_params(q, DType::UInt8);
+  return scalar_params(q, q->output(0) ? q->output(0)->dtype() : DType::UInt8);
 }
 
 // dq(x): a DequantizeLinear to float32 of a runtime u8/s8 tensor with per-tensor parameters.

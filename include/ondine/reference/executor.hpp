@@ -20,6 +20,7 @@
 #include "ondine/reference/loss.hpp"
 #include "ondine/reference/math.hpp"
 #include "ondine/reference/nn.hpp"
+#include "ondine/reference/nn_extra.hpp"
 #include "ondine/reference/quantized.hpp"
 #include "ondine/reference/qoperator.hpp"
 #include "ondine/reference/random.hpp"
@@ -52,6 +53,7 @@ inline const KernelTable& kernel_table() {
     register_sampling_kernels(t);
     register_signal_kernels(t);
     register_random_kernels(t);
+    register_nn_extra_kernels(t);
     return t;
   }();
   return table;

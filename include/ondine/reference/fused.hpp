@@ -129,6 +129,7 @@ inline void register_fused_kernels(KernelTable& table) {
   table[d + "FusedMatMul"] = k::fused_matmul;
   table[d + "FusedGemm"] = k::fused_gemm;
   table[d + "Gelu"] = k::gelu;
+  table["Gelu"] = k::gelu;  // ONNX Gelu (opset 20) is ondine.Gelu: approximate "none" (erf) or "tanh"
   table[d + "Attention"] = k::attention;
 }
 

@@ -375,6 +375,15 @@ enum class ReduceKind { Sum, Mean, Max, Min, Prod, SumSquare, L1, L2, LogSum, Lo
 inline Kernel reduce_kernel(ReduceKind kind) {
   return [kind](const Node& n, const std::vector<Tensor>& in) -> std::vector<Tensor> {
     const Tensor& x = required(n, in, 0);
+    if (types::reduce_takes_bool(n) && x.dtype() == DType::Bool) {
+      // Opset 20 ReduceMax / ReduceMin of bool (any / all): the same reduction over 0/1 bytes.
+      std::vector<Tensor> args = in;
+      args[0] = Tensor(DType::UInt8, x.dims());
+      for (std::int64_t i = 0; i < x.numel(); ++i) args[0].data<std::uint8_t>()[i] = x.data<bool>()[i] ? 1 : 0;
+      Tensor r = reduce_kernel(kind)(n, args).at(0), y(DType::Bool, r.dims());
+      for (std::int64_t i = 0; i < r.numel(); ++i) y.data<bool>()[i] = r.data<std::uint8_t>()[i] != 0;
+      return {y};
+    }
     check_type(n, 0, x, types::kNumericTypes);
     bool keepdims = n.attr_int("keepdims", 1) != 0;
     bool noop = n.attr_int("noop_with_empty_axes", 0) != 0;
@@ -780,9 +789,8 @@ inline std::vector<Tensor> quantize_kernel(const Node& n, const std::vector<Tens
   const Tensor* zp = optional_input(in, 2);
   if (x.dtype() != DType::Int32) check_type(n, 0, x, types::kFloatTypes);
   check_type(n, 1, scale, types::kFloatTypes);
-  DType out = zp ? zp->dtype() : DType::UInt8;
-  if (out != DType::UInt8 && out != DType::Int8)
-    throw n.error("zero point has element type " + std::string(dtype_name(out)) + "; uint8 or int8 expected");
+  types::check_not_blocked(n);
+  const DType out = types::quantize_output_type(n, zp ? zp->dtype() : DType::Undefined);
   QuantLayout q = quant_layout(n, x, scale, zp);
   std::vector<double> scales(static_cast<std::size_t>(scale.numel())), zps(scales.size(), 0.0);
   for (std::size_t i = 0; i < scales.size(); ++i) {
@@ -821,6 +829,7 @@ inline std::vector<Tensor> dequantize_kernel(const Node& n, const std::vector<Te
   const Tensor* zp = optional_input(in, 2);
   check_type(n, 0, x, types::kIntTypes);
   check_type(n, 1, scale, types::kFloatTypes);
+  types::check_not_blocked(n);
   if (zp) types::check_same_type(n, 0, x.dtype(), 2, zp->dtype());
   QuantLayout q = quant_layout(n, x, scale, zp);
   std::vector<double> scales(static_cast<std::size_t>(scale.numel())), zps(scales.size(), 0.0);

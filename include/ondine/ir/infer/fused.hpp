@@ -115,6 +115,7 @@ inline void register_fused_infer(InferTable& table) {
   table[d + "FusedMatMul"] = infer_fused_matmul;
   table[d + "FusedGemm"] = infer_fused_gemm;
   table[d + "Gelu"] = infer_gelu;
+  table["Gelu"] = infer_gelu;  // ONNX Gelu (opset 20), the same op
   table[d + "Attention"] = infer_attention;
 }
 

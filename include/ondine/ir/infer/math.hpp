@@ -105,6 +105,9 @@ inline DType dtype_from_onnx_code(const Node& n, std::int64_t code) {
     case 8: throw n.error("casting to string is not supported");
     default: break;
   }
+  if (auto name = onnx_unsupported_type_name(code); !name.empty())
+    throw n.error("unsupported target element type " + std::string(name) + " (code " + std::to_string(code) +
+                  "): Ondine has no " + std::string(name) + " tensors");
   throw n.error("unsupported target element type code " + std::to_string(code));
 }
 
@@ -298,9 +301,14 @@ inline std::vector<bool> reduced_dims_mask(const Node& n, const std::vector<std:
   return mask;
 }
 
+// ReduceMax and ReduceMin take bool from opset 20.
+inline bool reduce_takes_bool(const Node& n) {
+  return (n.op_type() == "ReduceMax" || n.op_type() == "ReduceMin") && (n.opset() == 0 || n.opset() >= 20);
+}
+
 inline void infer_reduce(Node& n) {
   Value& x = required_input(n, 0);
-  check_input_type(n, 0, x.dtype(), kNumericTypes);
+  check_input_type(n, 0, x.dtype(), reduce_takes_bool(n) ? kAllTypes : kNumericTypes);
   if (Value* axes = n.input(1); axes && reduce_axes_are_input(n))
     check_input_type(n, 1, axes->dtype(), kSignedIntTypes);
   bool keepdims = n.attr_int("keepdims", 1) != 0;
@@ -364,18 +372,38 @@ inline void check_quant_params(const Node& n, const Shape& x, const Shape& scale
     throw n.error("zero point of shape " + zero_point->str() + " does not match scale of shape " + scale.str());
 }
 
+// Opset 21's blocked quantization (block_size > 0: one scale per block of X along `axis`) is not
+// implemented; refuse it by name rather than misread the scale's shape as per-axis.
+inline void check_not_blocked(const Node& n) {
+  if (std::int64_t b = n.attr_int("block_size", 0); b != 0)
+    throw n.error("block_size " + std::to_string(b) + " (blocked quantization, opset 21) is not supported");
+}
+
+// QuantizeLinear's output type: the zero point's, else opset 21's output_dtype attribute, else uint8.
+// Only 8-bit integers are computed (the 16-bit, 4-bit and float8 outputs of opsets 19-21 are refused by
+// name; `saturate` only concerns float8 outputs, so it never applies).
+inline DType quantize_output_type(const Node& n, DType zero_point) {
+  const std::int64_t code = n.attr_int("output_dtype", 0);
+  const DType want = code == 0 ? DType::Undefined : dtype_from_onnx_code(n, code);
+  if (want != DType::Undefined && want != DType::UInt8 && want != DType::Int8)
+    throw n.error("output_dtype " + std::string(dtype_name(want)) + " is not supported; uint8 or int8 expected");
+  if (zero_point == DType::Undefined) return want != DType::Undefined ? want : DType::UInt8;
+  if (zero_point != DType::UInt8 && zero_point != DType::Int8)
+    throw n.error("zero point has element type " + std::string(dtype_name(zero_point)) + "; uint8 or int8 expected");
+  if (want != DType::Undefined && want != zero_point)
+    throw n.error("output_dtype " + std::string(dtype_name(want)) + " disagrees with the zero point's element type " +
+                  std::string(dtype_name(zero_point)));
+  return zero_point;
+}
+
 inline void infer_quantize(Node& n) {
   Value& x = required_input(n, 0);
   Value& scale = required_input(n, 1);
   Value* zp = n.input(2);
   if (x.dtype() != DType::Undefined && x.dtype() != DType::Int32) check_input_type(n, 0, x.dtype(), kFloatTypes);
   check_input_type(n, 1, scale.dtype(), kFloatTypes);
-  DType out = DType::UInt8;
-  if (zp && zp->dtype() != DType::Undefined) {
-    if (zp->dtype() != DType::UInt8 && zp->dtype() != DType::Int8)
-      throw n.error("zero point has element type " + std::string(dtype_name(zp->dtype())) + "; uint8 or int8 expected");
-    out = zp->dtype();
-  }
+  check_not_blocked(n);
+  const DType out = quantize_output_type(n, zp ? zp->dtype() : DType::Undefined);
   check_quant_params(n, x.shape(), scale.shape(), zp ? &zp->shape() : nullptr);
   set_output(n, 0, out, x.shape());
 }
@@ -386,6 +414,7 @@ inline void infer_dequantize(Node& n) {
   Value* zp = n.input(2);
   check_input_type(n, 0, x.dtype(), kIntTypes);
   check_input_type(n, 1, scale.dtype(), kFloatTypes);
+  check_not_blocked(n);
   if (zp) check_same_type(n, 0, x.dtype(), 2, zp->dtype());
   check_quant_params(n, x.shape(), scale.shape(), zp ? &zp->shape() : nullptr);
   set_output(n, 0, scale.dtype() != DType::Undefined ? scale.dtype() : DType::Float32, x.shape());

@@ -79,8 +79,8 @@ inline std::optional<EltwiseSpec> eltwise_spec(const Node& n) {
   using A = dnnl::algorithm;
   const std::string& op = n.op_type();
   if (n.num_outputs() != 1 || !is_f32(n.input(0)) || !is_f32(n.output(0))) return std::nullopt;
-  if (!n.domain().empty()) {  // ondine.Gelu
-    auto act = n.domain() == fused::kDomain && op == "Gelu" ? fused::as_activation(n) : std::nullopt;
+  if (!n.domain().empty() || op == "Gelu") {  // ondine.Gelu, or ONNX Gelu (opset 20)
+    auto act = op == "Gelu" ? fused::as_activation(n) : std::nullopt;
     if (!act) return std::nullopt;
     return eltwise_of(*act);
   }
