@@ -2,8 +2,9 @@
 #
 # Compiles an ONNX model into an artifact at build time (`ondine compile MODEL -o <name>.ondine`, rebuilt when
 # the model or the ondine tool changes) and generates <name>.hpp (`ondine header`): class <name> with one typed
-# make_<input>(dims...) per input, struct Outputs, and run(). The library target <name> carries the header's
-# folder and links ondine::runtime (no ONNX or protobuf in the program). Without EMBED the class loads the
+# make_<input>(dims...) per input, struct Outputs, and run(); it includes only ondine/ir/typed_tensor.hpp, and
+# its implementation <name>.cpp (the runtime) is compiled once into the static library target <name>, which
+# carries the header's folder and links ondine::runtime (no ONNX or protobuf in the program). Without EMBED the class loads the
 # artifact from where the build wrote it (the target property ONDINE_ARTIFACT names the file, to install it
 # beside the program: install(FILES $<TARGET_PROPERTY:<name>,ONDINE_ARTIFACT> ...)); with EMBED the artifact is
 # linked into the program through an assembly file (.incbin, 64-byte aligned; the project needs the ASM
@@ -37,7 +38,8 @@ function(ondine_add_model name)
     list(JOIN ARG_TARGETS "," targets)
     list(APPEND compile_args --target "${targets}")
   endif()
-  set(outputs "${artifact}" "${header}")
+  set(source "${out}/${name}.cpp")
+  set(outputs "${artifact}" "${header}" "${source}")
   set(header_args)
   if(ARG_EMBED)
     list(APPEND outputs "${out}/${name}_data.S")
@@ -51,17 +53,15 @@ function(ondine_add_model name)
     DEPENDS "${model}" ondine::cli
     COMMENT "ondine: compiling ${ARG_MODEL} into ${name}.ondine and ${name}.hpp"
     VERBATIM)
+  # A static library: the generated NAME.cpp (the runtime, compiled once) and, with EMBED, the artifact's
+  # bytes. Its users include only the light NAME.hpp.
   if(ARG_EMBED)
-    add_library(${name} STATIC "${out}/${name}_data.S" "${header}")
+    add_library(${name} STATIC "${source}" "${out}/${name}_data.S" "${header}")
     set_source_files_properties("${out}/${name}_data.S" PROPERTIES OBJECT_DEPENDS "${artifact}")
-    target_include_directories(${name} PUBLIC "${out}")
-    target_link_libraries(${name} PUBLIC ondine::runtime)
   else()
-    add_custom_target(${name}_artifact DEPENDS ${outputs})
-    add_library(${name} INTERFACE)
-    add_dependencies(${name} ${name}_artifact)
-    target_include_directories(${name} INTERFACE "${out}")
-    target_link_libraries(${name} INTERFACE ondine::runtime)
+    add_library(${name} STATIC "${source}" "${header}")
   endif()
+  target_include_directories(${name} PUBLIC "${out}")
+  target_link_libraries(${name} PUBLIC ondine::runtime)
   set_target_properties(${name} PROPERTIES ONDINE_ARTIFACT "${artifact}")
 endfunction()

@@ -21,6 +21,13 @@ struct OpSchemaVersions {
   bool deprecated = false;  // its newest version is deprecated (Upsample, Scatter)
 };
 
+// The newest default-domain opset the installed ONNX library knows (Debian 12's libonnx 1.12: 17).
+inline int onnx_library_max_opset() {
+  const auto& map = ::onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  auto it = map.find("");
+  return it == map.end() ? 0 : it->second.second;
+}
+
 // The default domain's ops ("" and "ai.onnx") that exist at some opset Ondine reads, by name.
 inline std::map<std::string, OpSchemaVersions> default_domain_schemas() {
   std::map<std::string, OpSchemaVersions> ops;
