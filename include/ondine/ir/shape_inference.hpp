@@ -18,6 +18,7 @@
 #include "ondine/ir/infer/rnn.hpp"
 #include "ondine/ir/infer/sampling.hpp"
 #include "ondine/ir/infer/selection.hpp"
+#include "ondine/ir/infer/sequence.hpp"
 #include "ondine/ir/infer/signal.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/ir/infer/values.hpp"
@@ -44,6 +45,7 @@ inline const InferTable& infer_table() {
     infer::register_sampling_infer(t);
     infer::register_signal_infer(t);
     infer::register_random_infer(t);
+    infer::register_sequence_infer(t);
     return t;
   }();
   return table;

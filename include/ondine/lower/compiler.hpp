@@ -201,14 +201,16 @@ inline void lower_reference(Lowering& L, const Node& n) {
 // Every graph input must have static dims, and shape inference must give every value a static shape.
 inline void check_static_shapes(const Graph& g) {
   for (Value* in : g.inputs())
-    if (!in->shape().is_static())
+    if (in->is_tensor() && !in->shape().is_static())  // a sequence input goes to the reference kernels
       throw Error("input '" + in->name() + "' has shape " + in->shape().str() +
                   ": compiling needs static shapes; bind its symbolic dims first (ondine::bind_dims)");
 }
 inline bool all_shapes_static(const Graph& g) {
+  for (const Value* in : g.inputs())
+    if (!in->is_tensor()) return false;  // a sequence or optional input: compiled in stages (lower/staged.hpp)
   for (Node* n : g.nodes())
     for (const Value* v : n->outputs())
-      if (v && (v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+      if (v && (!v->is_tensor() || v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
   return true;
 }
 

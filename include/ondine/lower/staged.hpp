@@ -12,6 +12,9 @@
 //      known at compile time gets a symbol of its own), run through a ShapeCache: compiled once per shape
 //      the data gives it, reused while the shapes repeat, and staged again if it has data-dependent
 //      shapes of its own. A run that gives it an empty tensor runs it on the reference kernels.
+// Sequences and optionals are staged the same way, since the compiled plan holds tensors only: a node
+// that makes one or reads a sequence graph input is at the frontier, and a rest that passes them around
+// runs on the reference kernels (no ShapeCache); a sequence graph input goes straight to those stages.
 // The compile log and CompiledModel::to_text() say where the model was split and which nodes run on
 // reference kernels at the frontier.
 #pragma once
@@ -43,6 +46,7 @@ inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, cons
     for (std::size_t i = 0; i < dims.size(); ++i)
       if (!dims[i].is_static()) dims[i] = Dim::named(v->name() + ":" + std::to_string(i));
     map[v] = out.add_input(v->name(), v->dtype(), Shape(dims));
+    map[v]->set_kind(v->kind());
   }
   auto mapped = [&](Value* v) -> Value* {
     if (!v) return nullptr;
@@ -65,11 +69,27 @@ inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, cons
     for (std::size_t i = 0; i < n->num_outputs(); ++i) {
       c->output(i)->set_dtype(n->output(i)->dtype());
       c->output(i)->set_shape(n->output(i)->shape());
+      c->output(i)->set_kind(n->output(i)->kind());
       map[n->output(i)] = c->output(i);
     }
   }
   for (Value* v : outputs) out.add_output(mapped(v));
   return out;
+}
+
+// Sequences and optionals have no static type here: the compiled plan holds tensors only, so nodes that
+// make them run at the frontier and nodes that read them in the rest (on reference kernels, below).
+inline bool has_static_type(const Value* v) {
+  return v->is_tensor() && v->dtype() != DType::Undefined && v->shape().is_static();
+}
+
+inline bool has_non_tensor_values(const Graph& g) {
+  for (Value* v : g.inputs())
+    if (!v->is_tensor()) return true;
+  for (Node* n : g.nodes())
+    for (Value* v : n->outputs())
+      if (v && !v->is_tensor()) return true;
+  return false;
 }
 
 // Stages 2 and 3 of a staged model: the frontier on its reference kernels, then the rest through a
@@ -89,7 +109,9 @@ class StagedRest : public runtime::Continuation {
       rest_names_ = node_names(*rest);
       rest_inputs_ = input_names(*rest);
       rest_graph_ = std::make_shared<Graph>(rest->clone());
-      rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
+      // A rest that passes sequences or optionals around runs on the reference kernels: the compiled
+      // plan carries tensors only.
+      if (!has_non_tensor_values(*rest)) rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
     }
   }
 
@@ -103,7 +125,7 @@ class StagedRest : public runtime::Continuation {
         return run_control_flow(n, args, bodies, contexts[&n]);
       });
     for (auto& [name, t] : frontier.run(in)) values[name] = t;
-    if (!rest_) return;
+    if (!rest_graph_) return;
     std::map<std::string, Tensor> rest_in;
     bool empty = false;
     for (const std::string& name : rest_inputs_) {
@@ -112,8 +134,14 @@ class StagedRest : public runtime::Continuation {
     }
     // Nothing to compute on (no detection, no nonzero): the reference kernels, which take empty
     // tensors everywhere, rather than compiling primitives for zero-sized shapes.
-    auto out = empty ? ReferenceExecutor(*rest_graph_).run(rest_in) : rest_->run(rest_in);
+    auto out = empty || !rest_ ? ReferenceExecutor(*rest_graph_).run(rest_in) : rest_->run(rest_in);
     for (auto& [name, t] : out) values[name] = t;
+  }
+
+  // Sequence and optional graph inputs bypass the compiled part: the frontier and the rest read them.
+  bool reads_input(const std::string& name) const override {
+    auto has = [&](const Graph* g) { return g && g->find_value(name) && g->find_value(name)->is_graph_input(); };
+    return has(frontier_.get()) || has(rest_graph_.get());
   }
 
   std::string to_text() const override {
@@ -124,6 +152,8 @@ class StagedRest : public runtime::Continuation {
     if (rest_)
       s += "  then, compiled per shape at run time (" + std::to_string(rest_->compilations()) +
            " compiled so far): " + rest_names_ + "\n";
+    else if (rest_graph_)
+      s += "  then, on reference kernels (they read sequences or optionals): " + rest_names_ + "\n";
     return s;
   }
 
@@ -151,8 +181,6 @@ class StagedRest : public runtime::Continuation {
   std::string frontier_names_, rest_names_;
 };
 
-inline bool has_static_type(const Value* v) { return v->dtype() != DType::Undefined && v->shape().is_static(); }
-
 // Splits `g` (inputs bound, shapes inferred and folded) into the three stages and compiles the first.
 inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options) {
   std::set<const Value*> available;  // values the static part has (or that are graph inputs / constants)
@@ -160,9 +188,12 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   auto is_available = [&](const Value* v) { return !v || v->is_constant() || available.count(v); };
   std::vector<Node*> order = g.topo_order(), prefix, frontier, rest;
   for (Node* n : order) {
-    bool inputs_ready = true;
-    for (Value* v : n->inputs()) inputs_ready = inputs_ready && is_available(v);
-    bool outputs_static = true;
+    bool inputs_ready = true, inputs_tensors = true;
+    for (Value* v : n->inputs()) {
+      inputs_ready = inputs_ready && is_available(v);
+      inputs_tensors = inputs_tensors && (!v || v->is_tensor());
+    }
+    bool outputs_static = inputs_tensors;  // a node reading a sequence input runs at the frontier
     for (Value* v : n->outputs()) outputs_static = outputs_static && (!v || has_static_type(v));
     if (inputs_ready && outputs_static) {
       prefix.push_back(n);
@@ -192,6 +223,8 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   std::vector<Value*> frontier_out, prefix_out, rest_out;
   std::set<const Value*> seen;
   auto add_unique = [&](std::vector<Value*>& list, Value* v) {
+    // A sequence graph input is not in the compiled part: later stages read it from the run's inputs.
+    if (v->is_graph_input() && !v->is_tensor()) return;
     if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
   };
   for (Value* v : g.outputs()) {
@@ -205,7 +238,9 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   }
   for (Value* v : frontier_in) add_unique(prefix_out, v);
 
-  std::vector<Value*> prefix_inputs(g.inputs().begin(), g.inputs().end());
+  std::vector<Value*> prefix_inputs;
+  for (Value* v : g.inputs())
+    if (v->is_tensor()) prefix_inputs.push_back(v);
   Graph first = extract_graph(g, prefix, prefix_inputs, prefix_out, g.name);
   Graph second = extract_graph(g, frontier, frontier_in, frontier_out, g.name + ".frontier");
   std::optional<Graph> third;

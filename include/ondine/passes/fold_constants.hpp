@@ -175,6 +175,7 @@ inline std::optional<std::vector<Tensor>> evaluate(const Node& n, std::size_t ma
   bool any_read = false;
   for (const Value* out : n.outputs()) {
     if (!read(out)) continue;
+    if (!out->is_tensor()) return std::nullopt;  // a sequence or optional cannot be a constant
     any_read = true;
     std::optional<std::size_t> bytes = static_bytes(out);
     if (bytes ? *bytes > max_bytes : grows_output(n.op_type())) return std::nullopt;
