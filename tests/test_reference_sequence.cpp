@@ -132,6 +132,29 @@ TEST_CASE("Optional OptionalHasElement OptionalGetElement with and without a val
   CHECK_THROWS_WITH(exec.run({{"x", Tensor::sequence(DType::Float32, {})}}), Catch::Contains("'x'"));
 }
 
+TEST_CASE("SequenceMap: the body per element; a tensor input is passed whole", "[sequence]") {
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  Value* e = body->add_input("e", DType::Float32, Shape::unknown());
+  Value* k = body->add_input("k", DType::Float32, Shape::unknown());
+  body->add_output(body->add_node("Add", {e, k}, {"sum"}, {}, "add")->output(0));
+  Graph g;
+  Value* a = g.add_input("a", DType::Float32, Shape{2});
+  Value* b = g.add_input("b", DType::Float32, Shape{3});
+  Value* ten = g.add_constant("ten", Tensor::scalar<float>(10));
+  Value* seq = g.add_node("SequenceConstruct", {a, b}, {"seq"}, {}, "make")->output(0);
+  Value* mapped = g.add_node("SequenceMap", {seq, ten}, {"mapped"}, {{"body", GraphAttr(body)}}, "map")->output(0);
+  g.add_output(g.add_node("ConcatFromSequence", {mapped}, {"cat"}, {{"axis", std::int64_t{0}}}, "cat")->output(0));
+  infer_shapes(g);
+  CHECK(Graph::value_type_str(mapped) == "seq(float32[?])");
+  const Tensor ta = Tensor::from_vector<float>({2}, {1, 2}), tb = Tensor::from_vector<float>({3}, {3, 4, 5});
+  auto out = ReferenceExecutor(g).run({{"a", ta}, {"b", tb}});
+  CHECK(floats(out.at("cat")) == std::vector<float>{11, 12, 13, 14, 15});
+  // Compiled: the sequence part runs on reference kernels after the compiled part.
+  auto compiled = lower::compile(g.clone()).run({{"a", ta}, {"b", tb}});
+  CHECK(floats(compiled.at("cat")) == std::vector<float>{11, 12, 13, 14, 15});
+}
+
 TEST_CASE("A model with sequences inside compiles and equals the reference executor", "[sequence]") {
   Graph g = split_model(nullptr, {{"axis", std::int64_t{0}}}, 2, {{"axis", std::int64_t{1}}, {"new_axis", std::int64_t{1}}});
   const Tensor x = iota({4, 3});

@@ -290,12 +290,36 @@ inline void infer_scan(Node& n) {
   }
 }
 
+// SequenceMap: the body sees element types (a sequence input's elements, a tensor input as it is); each
+// output is a sequence of what the body returns.
+inline void infer_sequence_map(Node& n) {
+  Graph& body = n.attr_graph("body");
+  const std::size_t formal = n.num_formal_inputs();
+  if (body.inputs().size() != formal)
+    throw n.error("its body takes " + std::to_string(body.inputs().size()) + " inputs for " + std::to_string(formal));
+  if (!is_sequence_kind(required_input(n, 0).kind())) throw n.error("input #0 must be a sequence");
+  for (std::size_t j = 0; j < formal; ++j) {
+    const Value& v = required_input(n, j);
+    set_input_type(body.inputs()[j], v.dtype(), v.shape());  // of a sequence: its elements'
+    body.inputs()[j]->set_kind(ValueKind::Tensor);
+  }
+  infer_body(n, body, "body");
+  if (body.outputs().size() != n.num_outputs())
+    throw n.error("its body returns " + std::to_string(body.outputs().size()) + " values for " +
+                  std::to_string(n.num_outputs()) + " outputs");
+  for (std::size_t k = 0; k < n.num_outputs(); ++k) {
+    set_output(n, k, body.outputs()[k]->dtype(), body.outputs()[k]->shape());
+    n.output(k)->set_kind(ValueKind::Sequence);
+  }
+}
+
 }  // namespace detail_control_flow
 
 inline void register_control_flow_infer(InferTable& t) {
   t["If"] = detail_control_flow::infer_if;
   t["Loop"] = detail_control_flow::infer_loop;
   t["Scan"] = detail_control_flow::infer_scan;
+  t["SequenceMap"] = detail_control_flow::infer_sequence_map;
 }
 
 }  // namespace infer
