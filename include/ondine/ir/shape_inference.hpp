@@ -21,6 +21,7 @@
 #include "ondine/ir/infer/sequence.hpp"
 #include "ondine/ir/infer/signal.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
+#include "ondine/ir/infer/text.hpp"
 #include "ondine/ir/infer/values.hpp"
 
 namespace ondine {
@@ -46,6 +47,7 @@ inline const InferTable& infer_table() {
     infer::register_signal_infer(t);
     infer::register_random_infer(t);
     infer::register_sequence_infer(t);
+    infer::register_text_infer(t);
     return t;
   }();
   return table;

@@ -29,6 +29,7 @@
 #include "ondine/reference/sequence.hpp"
 #include "ondine/reference/signal.hpp"
 #include "ondine/reference/tensor_ops.hpp"
+#include "ondine/reference/text.hpp"
 
 namespace ondine {
 
@@ -54,6 +55,7 @@ inline const KernelTable& kernel_table() {
     register_signal_kernels(t);
     register_random_kernels(t);
     register_sequence_kernels(t);
+    register_text_kernels(t);
     return t;
   }();
   return table;
