@@ -77,6 +77,12 @@ std::string compare(const Tensor& got, const Tensor& want, double rtol, double a
   if (got.dtype() != want.dtype())
     return "dtype " + std::string(dtype_name(got.dtype())) + ", expected " + std::string(dtype_name(want.dtype()));
   if (got.dims() != want.dims()) return "shape " + dims_str(got.dims()) + ", expected " + dims_str(want.dims());
+  if (got.dtype() == DType::String) {
+    for (std::size_t i = 0; i < got.strings().size(); ++i)
+      if (got.strings()[i] != want.strings()[i])
+        return "element " + std::to_string(i) + ": got '" + got.strings()[i] + "', expected '" + want.strings()[i] + "'";
+    return "";
+  }
   bool exact = !is_floating(got.dtype());
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     double a = got.at_double(static_cast<std::size_t>(i)), b = want.at_double(static_cast<std::size_t>(i));
@@ -154,12 +160,11 @@ CaseResult run_case(const fs::path& dir, bool compiled) {
     for (auto& op : ops) s += (s.empty() ? "" : ",") + op;
     return {Outcome::Skip, s};
   }
-  // String values are outside Ondine's tensor world (a sequence or optional may have an element type that
+  // A tensor of unknown element type cannot be read (a sequence or optional may have an element type that
   // only its data tells).
   for (const auto* list : {&g.inputs(), &g.outputs()})
     for (Value* v : *list)
-      if ((v->dtype() == DType::Undefined && v->is_tensor()) || v->dtype() == DType::String)
-        return {Outcome::Skip, "non-numeric-types"};
+      if (v->dtype() == DType::Undefined && v->is_tensor()) return {Outcome::Skip, "non-numeric-types"};
   std::vector<fs::path> sets;
   for (auto& e : fs::directory_iterator(dir))
     if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());

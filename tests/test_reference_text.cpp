@@ -1,5 +1,7 @@
-// TfIdfVectorizer on integer tokens (reference/text.hpp): n-grams with skips, unigrams counted once,
-// the three modes, batched rows, and the compiled engine (a reference step) equal to the reference.
+// The text ops (reference/text.hpp). TfIdfVectorizer on integer tokens: n-grams with skips, unigrams
+// counted once, the three modes, batched rows, and the compiled engine (a reference step) equal to the
+// reference. StringNormalizer on string tensors: stopwords (case-sensitive or not), case changes, the
+// one empty string left when all are removed, and compiled (its output size depends on data: staged).
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -56,6 +58,47 @@ TEST_CASE("TfIdfVectorizer modes IDF and TFIDF apply the weights", "[text]") {
   CHECK(ReferenceExecutor(both).run({{"x", x}}).at("y").to_floats() == std::vector<float>{0.5f, 4, 4});
   Graph bad = tfidf({4}, "COUNT");
   CHECK_THROWS_WITH(ReferenceExecutor(bad).run({{"x", x}}), Catch::Contains("tfidf") && Catch::Contains("mode"));
+}
+
+namespace {
+
+Graph normalizer(const std::vector<std::int64_t>& dims, std::map<std::string, Attribute> attrs) {
+  Graph g;
+  Value* x = g.add_input("x", DType::String, Shape::from(dims));
+  g.add_output(g.add_node("StringNormalizer", {x}, {"y"}, std::move(attrs), "norm")->output(0));
+  infer_shapes(g);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("StringNormalizer removes stopwords and changes case", "[text]") {
+  const Tensor x = Tensor::from_strings({1, 4}, {"Monday", "tuesday", "monday", "Wed"});
+  SECTION("case-insensitive stopwords, upper case") {
+    Graph g = normalizer({1, 4}, {{"stopwords", std::vector<std::string>{"MONDAY"}}, {"case_change_action", std::string("UPPER")}});
+    CHECK(g.find_value("y")->shape().str() == Shape{1, Dim()}.str());  // how many remain depends on data
+    const Tensor y = ReferenceExecutor(g).run({{"x", x}}).at("y");
+    CHECK(y.dims() == std::vector<std::int64_t>{1, 2});
+    CHECK(y.strings() == std::vector<std::string>{"TUESDAY", "WED"});
+    const Tensor c = lower::compile(g).run({{"x", x}}).at("y");
+    CHECK(c.strings() == y.strings());
+  }
+  SECTION("case-sensitive stopwords keep the other case, lower case after") {
+    Graph g = normalizer({1, 4}, {{"stopwords", std::vector<std::string>{"monday"}},
+                                  {"is_case_sensitive", std::int64_t{1}},
+                                  {"case_change_action", std::string("LOWER")}});
+    CHECK(ReferenceExecutor(g).run({{"x", x}}).at("y").strings() == std::vector<std::string>{"monday", "tuesday", "wed"});
+  }
+  SECTION("every string removed leaves one empty string") {
+    Graph g = normalizer({2}, {{"stopwords", std::vector<std::string>{"a"}}});
+    const Tensor y = ReferenceExecutor(g).run({{"x", Tensor::from_strings({2}, {"a", "A"})}}).at("y");
+    CHECK(y.dims() == std::vector<std::int64_t>{1});
+    CHECK(y.strings() == std::vector<std::string>{""});
+  }
+  SECTION("without stopwords the shape is known") {
+    Graph g = normalizer({3}, {});
+    CHECK(g.find_value("y")->shape() == Shape{3});
+  }
 }
 
 }  // namespace test_reference_text

@@ -257,6 +257,9 @@ class Node {
     return get_or<std::vector<float>>(n, std::move(def));
   }
   std::vector<std::string> attr_strings(const std::string& n) const { return get<std::vector<std::string>>(n); }
+  std::vector<std::string> attr_strings(const std::string& n, std::vector<std::string> def) const {
+    return get_or<std::vector<std::string>>(n, std::move(def));
+  }
   const Tensor& attr_tensor(const std::string& n) const { return get_ref<Tensor>(n); }
 
   // An Error that names this node; use as `throw node.error("...")`.

@@ -9,6 +9,10 @@
 // element type, items() the elements, no data of its own) and an optional without a value
 // (Kind::None). An optional that holds a value is carried as that value. Only the sequence and
 // optional ops (reference/sequence.hpp) look inside; a dense-tensor kernel given one fails its checks.
+//
+// A string tensor (DType::String) keeps its elements in a shared vector of std::string (they vary in
+// length, so they are not bytes in the storage): Tensor::from_strings, strings(). Only the ops that take
+// strings (StringNormalizer) read them.
 #pragma once
 
 #include <algorithm>
@@ -72,6 +76,22 @@ class Tensor {
   }
   template <typename T>
   static Tensor scalar(T v) { return from_vector<T>({}, std::vector<T>{v}); }
+
+  // A string tensor of `dims` holding `values` (row-major).
+  static Tensor from_strings(std::vector<std::int64_t> dims, std::vector<std::string> values) {
+    Tensor t(DType::String, std::move(dims));
+    detail::check(static_cast<std::size_t>(t.numel()) == values.size(),
+                  "from_strings: " + std::to_string(values.size()) + " strings for shape " + dims_str(t.dims()));
+    t.strings_ = std::make_shared<const std::vector<std::string>>(std::move(values));
+    return t;
+  }
+  // False for a string placeholder (dims only: a model file's string value Ondine does not compute on).
+  bool has_strings() const { return strings_ != nullptr; }
+  // A string tensor's elements (shared and immutable, like a sequence's).
+  const std::vector<std::string>& strings() const {
+    detail::check(dtype_ == DType::String && strings_, "strings() of a tensor that holds no strings");
+    return *strings_;
+  }
 
   enum class Kind : std::uint8_t { Dense, Sequence, None };
   // A sequence of `items`, each of dtype `elem` (checked: ONNX sequences are homogeneous in type).
@@ -150,7 +170,8 @@ class Tensor {
   }
 
   Tensor clone() const {
-    if (kind_ != Kind::Dense) return *this;  // sequences and none are immutable: sharing is a copy
+    // Sequences, none and strings are immutable: sharing them is a copy.
+    if (kind_ != Kind::Dense || dtype_ == DType::String) return *this;
     Tensor t(dtype_, dims_);
     if (nbytes()) std::memcpy(t.raw(), data_, nbytes());
     return t;
@@ -185,6 +206,7 @@ class Tensor {
   bool owns_allocation_ = false;  // storage_ is this class's own heap block (not wrapped memory)
   Kind kind_ = Kind::Dense;
   std::shared_ptr<const std::vector<Tensor>> items_;  // Kind::Sequence's elements
+  std::shared_ptr<const std::vector<std::string>> strings_;  // DType::String's elements
 };
 
 }  // namespace ondine

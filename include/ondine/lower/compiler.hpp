@@ -198,19 +198,24 @@ inline void lower_reference(Lowering& L, const Node& n) {
                                              it->second, std::move(ins), std::move(outs)));
 }
 
+// True for a value the compiled plan holds in a slot: a tensor of fixed-size elements. Sequences,
+// optionals and string tensors are not bytes of a known size; they live outside the plan, where the
+// staged compile (lower/staged.hpp) runs the nodes that make or read them on reference kernels.
+inline bool in_plan(const Value* v) { return v->is_tensor() && v->dtype() != DType::String; }
+
 // Every graph input must have static dims, and shape inference must give every value a static shape.
 inline void check_static_shapes(const Graph& g) {
   for (Value* in : g.inputs())
-    if (in->is_tensor() && !in->shape().is_static())  // a sequence input goes to the reference kernels
+    if (in_plan(in) && !in->shape().is_static())  // a sequence or string input goes to reference kernels
       throw Error("input '" + in->name() + "' has shape " + in->shape().str() +
                   ": compiling needs static shapes; bind its symbolic dims first (ondine::bind_dims)");
 }
 inline bool all_shapes_static(const Graph& g) {
   for (const Value* in : g.inputs())
-    if (!in->is_tensor()) return false;  // a sequence or optional input: compiled in stages (lower/staged.hpp)
+    if (!in_plan(in)) return false;  // a sequence, optional or string input: compiled in stages (lower/staged.hpp)
   for (Node* n : g.nodes())
     for (const Value* v : n->outputs())
-      if (v && (!v->is_tensor() || v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+      if (v && (!in_plan(v) || v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
   return true;
 }
 

@@ -12,7 +12,8 @@
 //      known at compile time gets a symbol of its own), run through a ShapeCache: compiled once per shape
 //      the data gives it, reused while the shapes repeat, and staged again if it has data-dependent
 //      shapes of its own. A run that gives it an empty tensor runs it on the reference kernels.
-// Sequences and optionals are staged the same way, since the compiled plan holds tensors only: a node
+// Sequences, optionals and string tensors are staged the same way, since the compiled plan holds numeric
+// tensors only: a node
 // that makes one or reads a sequence graph input is at the frontier, and a rest that passes them around
 // runs on the reference kernels (no ShapeCache); a sequence graph input goes straight to those stages.
 // The compile log and CompiledModel::to_text() say where the model was split and which nodes run on
@@ -77,18 +78,19 @@ inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, cons
   return out;
 }
 
-// Sequences and optionals have no static type here: the compiled plan holds tensors only, so nodes that
-// make them run at the frontier and nodes that read them in the rest (on reference kernels, below).
+// Sequences, optionals and strings have no static type here: the compiled plan holds tensors of numbers
+// only (in_plan, lower/compiler.hpp), so nodes that make them run at the frontier and nodes that read
+// them in the rest (on reference kernels, below).
 inline bool has_static_type(const Value* v) {
-  return v->is_tensor() && v->dtype() != DType::Undefined && v->shape().is_static();
+  return in_plan(v) && v->dtype() != DType::Undefined && v->shape().is_static();
 }
 
 inline bool has_non_tensor_values(const Graph& g) {
   for (Value* v : g.inputs())
-    if (!v->is_tensor()) return true;
+    if (!in_plan(v)) return true;
   for (Node* n : g.nodes())
     for (Value* v : n->outputs())
-      if (v && !v->is_tensor()) return true;
+      if (v && !in_plan(v)) return true;
   return false;
 }
 
@@ -191,7 +193,7 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
     bool inputs_ready = true, inputs_tensors = true;
     for (Value* v : n->inputs()) {
       inputs_ready = inputs_ready && is_available(v);
-      inputs_tensors = inputs_tensors && (!v || v->is_tensor());
+      inputs_tensors = inputs_tensors && (!v || in_plan(v));
     }
     bool outputs_static = inputs_tensors;  // a node reading a sequence input runs at the frontier
     for (Value* v : n->outputs()) outputs_static = outputs_static && (!v || has_static_type(v));
@@ -224,7 +226,7 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   std::set<const Value*> seen;
   auto add_unique = [&](std::vector<Value*>& list, Value* v) {
     // A sequence graph input is not in the compiled part: later stages read it from the run's inputs.
-    if (v->is_graph_input() && !v->is_tensor()) return;
+    if (v->is_graph_input() && !in_plan(v)) return;
     if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
   };
   for (Value* v : g.outputs()) {
@@ -240,7 +242,7 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
 
   std::vector<Value*> prefix_inputs;
   for (Value* v : g.inputs())
-    if (v->is_tensor()) prefix_inputs.push_back(v);
+    if (in_plan(v)) prefix_inputs.push_back(v);
   Graph first = extract_graph(g, prefix, prefix_inputs, prefix_out, g.name);
   Graph second = extract_graph(g, frontier, frontier_in, frontier_out, g.name + ".frontier");
   std::optional<Graph> third;

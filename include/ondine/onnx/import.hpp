@@ -198,7 +198,7 @@ inline Tensor tensor_from_typed_fields(const ::onnx::TensorProto& tp, DType dtyp
 }  // namespace detail
 
 // A TensorProto as a Tensor. Data comes from raw_data, the typed fields, or an external file looked up
-// relative to `base_dir`. String tensors become DType::String placeholders (dims, no data).
+// relative to `base_dir`. String tensors keep their strings (Tensor::from_strings).
 inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string& base_dir = "") {
   using namespace detail;
   const std::string label = "tensor '" + tp.name() + "'";
@@ -207,7 +207,12 @@ inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string
   std::vector<std::int64_t> dims(tp.dims().begin(), tp.dims().end());
   const std::int64_t numel = checked_numel(dims, label);
   if (tp.has_segment()) throw Error(label + ": segmented tensors are not supported");
-  if (*dtype == DType::String) return Tensor(DType::String, std::move(dims));
+  if (*dtype == DType::String) {
+    if (tp.string_data_size() == 0 && numel > 0) return Tensor(DType::String, std::move(dims));  // a placeholder
+    if (tp.string_data_size() != numel)
+      throw Error(label + ": " + std::to_string(tp.string_data_size()) + " strings for shape " + dims_str(dims));
+    return Tensor::from_strings(std::move(dims), std::vector<std::string>(tp.string_data().begin(), tp.string_data().end()));
+  }
   const std::uint64_t nbytes = static_cast<std::uint64_t>(numel) * dtype_size(*dtype);
 
   if (tp.data_location() == ::onnx::TensorProto::EXTERNAL)

@@ -1,5 +1,10 @@
-// ondine/reference/text.hpp - the TfIdfVectorizer kernel, on integer tokens (string pools are not
-// supported: Ondine has no string tensors to compute on).
+// ondine/reference/text.hpp - the text ops: TfIdfVectorizer on integer tokens (string pools are not
+// supported), and StringNormalizer on string tensors (Tensor::strings).
+//
+// StringNormalizer removes the stopwords (compared exactly, or ASCII-case-insensitively unless
+// is_case_sensitive), then changes case (LOWER / UPPER / NONE) in ASCII: the `locale` attribute is
+// accepted and ignored, so non-ASCII letters keep their case. When every string is removed the output
+// is one empty string, [1] or [1, 1], as ONNX specifies.
 //
 // Counting follows ONNX's reference implementation: for each skip distance d = 1 .. max_skip_count + 1
 // and each start position, the n-grams of tokens start, start + d, start + 2d, ... of every length in
@@ -88,8 +93,42 @@ inline std::vector<Tensor> tfidf_vectorizer(const Node& n, const std::vector<Ten
   return {y};
 }
 
+inline std::string ascii_case(std::string s, bool upper) {
+  for (char& ch : s)
+    if (upper ? (ch >= 'a' && ch <= 'z') : (ch >= 'A' && ch <= 'Z')) ch = static_cast<char>(ch ^ 0x20);
+  return s;
+}
+
+inline std::vector<Tensor> string_normalizer(const Node& n, const std::vector<Tensor>& in) {
+  if (in.empty() || in[0].empty()) throw n.error("missing required input #0");
+  const Tensor& x = in[0];
+  if (x.dtype() != DType::String || !x.has_strings()) throw n.error("input must be a tensor of strings");
+  if (x.rank() != 1 && !(x.rank() == 2 && x.dims()[0] == 1))
+    throw n.error("input must be [C] or [1, C], got " + dims_str(x.dims()));
+  const std::string action = n.attr_string("case_change_action", "NONE");
+  if (action != "NONE" && action != "LOWER" && action != "UPPER")
+    throw n.error("unknown case_change_action '" + action + "'");
+  const bool case_sensitive = n.attr_int("is_case_sensitive", 0) != 0;
+  std::vector<std::string> stopwords = n.attr_strings("stopwords", {});
+  if (!case_sensitive)
+    for (auto& w : stopwords) w = ascii_case(w, false);
+  std::vector<std::string> kept;
+  for (const std::string& s : x.strings()) {
+    const std::string key = case_sensitive ? s : ascii_case(s, false);
+    if (std::find(stopwords.begin(), stopwords.end(), key) != stopwords.end()) continue;
+    kept.push_back(action == "NONE" ? s : ascii_case(s, action == "UPPER"));
+  }
+  if (kept.empty()) kept.emplace_back();  // all removed: one empty string
+  const auto c = static_cast<std::int64_t>(kept.size());
+  return {Tensor::from_strings(x.rank() == 1 ? std::vector<std::int64_t>{c} : std::vector<std::int64_t>{1, c},
+                               std::move(kept))};
+}
+
 }  // namespace detail::text
 
-inline void register_text_kernels(KernelTable& t) { t["TfIdfVectorizer"] = detail::text::tfidf_vectorizer; }
+inline void register_text_kernels(KernelTable& t) {
+  t["TfIdfVectorizer"] = detail::text::tfidf_vectorizer;
+  t["StringNormalizer"] = detail::text::string_normalizer;
+}
 
 }  // namespace ondine::reference
