@@ -4,6 +4,7 @@
 // one empty string left when all are removed, and compiled (its output size depends on data: staged).
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -99,6 +100,33 @@ TEST_CASE("StringNormalizer removes stopwords and changes case", "[text]") {
     Graph g = normalizer({3}, {});
     CHECK(g.find_value("y")->shape() == Shape{3});
   }
+}
+
+TEST_CASE("Cast to and from strings", "[text]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{4});
+  Value* s = g.add_node("Cast", {x}, {"s"}, {{"to", std::int64_t{8}}}, "to_string")->output(0);
+  g.add_output(s);
+  g.add_output(g.add_node("Cast", {s}, {"back"}, {{"to", std::int64_t{1}}}, "to_float")->output(0));
+  infer_shapes(g);
+  CHECK(s->dtype() == DType::String);
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor in = Tensor::from_vector<float>({4}, {0.9767611f, -inf, 1e-8f, 3.0f});
+  auto out = ReferenceExecutor(g).run({{"x", in}});
+  // The shortest text that reads back to the same float32, ONNX's spelling of infinity.
+  CHECK(out.at("s").strings() == std::vector<std::string>{"0.9767611", "-INF", "1e-08", "3"});
+  CHECK(out.at("back").to_floats() == in.to_floats());
+  // Compiled: string values stay out of the plan, the casts run on reference kernels.
+  CHECK(lower::compile(g).run({{"x", in}}).at("s").strings() == out.at("s").strings());
+
+  Graph parse;
+  Value* t = parse.add_input("t", DType::String, Shape{3});
+  parse.add_output(parse.add_node("Cast", {t}, {"v"}, {{"to", std::int64_t{7}}}, "parse")->output(0));
+  infer_shapes(parse);
+  CHECK(ReferenceExecutor(parse).run({{"t", Tensor::from_strings({3}, {"12", "-3", "4e2"})}}).at("v").to_int64s() ==
+        std::vector<std::int64_t>{12, -3, 400});
+  CHECK_THROWS_WITH(ReferenceExecutor(parse).run({{"t", Tensor::from_strings({3}, {"1", "two", "3"})}}),
+                    Catch::Contains("parse") && Catch::Contains("'two'"));
 }
 
 }  // namespace test_reference_text

@@ -98,8 +98,10 @@ inline bool has_non_tensor_values(const Graph& g) {
 // ShapeCache.
 class StagedRest : public runtime::Continuation {
  public:
-  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options)
-      : frontier_(std::make_shared<Graph>(std::move(frontier))) {
+  // `outside_inputs`: the graph inputs the compiled part has no slot for (sequences, optionals, strings).
+  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options,
+             std::set<std::string> outside_inputs = {})
+      : frontier_(std::make_shared<Graph>(std::move(frontier))), outside_inputs_(std::move(outside_inputs)) {
     frontier_names_ = node_names(*frontier_);
     // A Loop or If at the frontier (its output shapes depend on data) still runs its bodies compiled.
     for (Node* n : frontier_->nodes())
@@ -140,11 +142,9 @@ class StagedRest : public runtime::Continuation {
     for (auto& [name, t] : out) values[name] = t;
   }
 
-  // Sequence and optional graph inputs bypass the compiled part: the frontier and the rest read them.
-  bool reads_input(const std::string& name) const override {
-    auto has = [&](const Graph* g) { return g && g->find_value(name) && g->find_value(name)->is_graph_input(); };
-    return has(frontier_.get()) || has(rest_graph_.get());
-  }
+  // Sequence, optional and string graph inputs bypass the compiled part: the later stages read them (or
+  // nothing does).
+  bool reads_input(const std::string& name) const override { return outside_inputs_.count(name) != 0; }
 
   std::string to_text() const override {
     std::string s = "  then, on reference kernels (their output shapes depend on data): " + frontier_names_ + "\n";
@@ -176,6 +176,7 @@ class StagedRest : public runtime::Continuation {
   }
 
   std::shared_ptr<Graph> frontier_;
+  std::set<std::string> outside_inputs_;
   std::map<const Node*, CompiledBodies> frontier_bodies_;
   std::shared_ptr<ShapeCache> rest_;
   std::shared_ptr<Graph> rest_graph_;  // for runs with an empty input
@@ -241,8 +242,11 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   for (Value* v : frontier_in) add_unique(prefix_out, v);
 
   std::vector<Value*> prefix_inputs;
-  for (Value* v : g.inputs())
+  std::set<std::string> outside_inputs;
+  for (Value* v : g.inputs()) {
     if (in_plan(v)) prefix_inputs.push_back(v);
+    else outside_inputs.insert(v->name());
+  }
   Graph first = extract_graph(g, prefix, prefix_inputs, prefix_out, g.name);
   Graph second = extract_graph(g, frontier, frontier_in, frontier_out, g.name + ".frontier");
   std::optional<Graph> third;
@@ -257,7 +261,8 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   CompiledModel model = compile(std::move(first), first_options);
   std::vector<std::string> outputs;
   for (Value* v : g.outputs()) outputs.push_back(v->name());
-  model.set_continuation(std::make_shared<StagedRest>(std::move(second), std::move(third), options), outputs);
+  model.set_continuation(
+      std::make_shared<StagedRest>(std::move(second), std::move(third), options, std::move(outside_inputs)), outputs);
   return model;
 }
 
