@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ondine/artifact/artifact.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/reference/executor.hpp"
@@ -166,6 +167,18 @@ TEST_CASE("A model with sequences inside compiles and equals the reference execu
     CHECK(got.at(name).dims() == want.at(name).dims());
     CHECK(floats(got.at(name)) == floats(want.at(name)));
   }
+}
+
+TEST_CASE("An artifact keeps the kinds of sequence and optional values", "[sequence]") {
+  Graph g = split_model(nullptr, {{"axis", std::int64_t{0}}}, 0, {{"axis", std::int64_t{0}}});
+  g.add_output(g.add_node("Optional", {g.find_value("seq")}, {"opt"}, {}, "wrap")->output(0));
+  infer_shapes(g);
+  const std::string path = std::string(ONDINE_TEST_TMP_DIR) + "/sequence_kinds.ondine";
+  artifact::write(g, {}, path);
+  Graph back = artifact::read(path).graph;
+  CHECK(back.find_value("seq")->kind() == ValueKind::Sequence);
+  CHECK(back.find_value("opt")->kind() == ValueKind::OptionalSequence);
+  CHECK(back.to_text() == g.to_text());
 }
 
 }  // namespace test_reference_sequence
