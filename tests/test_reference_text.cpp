@@ -127,6 +127,19 @@ TEST_CASE("Cast to and from strings", "[text]") {
         std::vector<std::int64_t>{12, -3, 400});
   CHECK_THROWS_WITH(ReferenceExecutor(parse).run({{"t", Tensor::from_strings({3}, {"1", "two", "3"})}}),
                     Catch::Contains("parse") && Catch::Contains("'two'"));
+
+  // A string constant read by Cast, compiled without passes (nothing folds it): the Cast runs staged,
+  // outside the plan, since the plan has no slot for strings.
+  Graph constant;
+  Value* words = constant.add_constant("words", Tensor::from_strings({2}, {"1.5", "-2"}));
+  Value* y = constant.add_input("y", DType::Float32, Shape{2});
+  Value* nums = constant.add_node("Cast", {words}, {"nums"}, {{"to", std::int64_t{1}}}, "parse_const")->output(0);
+  constant.add_output(constant.add_node("Add", {nums, y}, {"z"}, {}, "add")->output(0));
+  infer_shapes(constant);
+  lower::CompileOptions no_passes;
+  no_passes.passes = "none";
+  const Tensor ones = Tensor::from_vector<float>({2}, {1, 1});
+  CHECK(lower::compile(constant, no_passes).run({{"y", ones}}).at("z").to_floats() == std::vector<float>{2.5f, -1});
 }
 
 }  // namespace test_reference_text

@@ -213,9 +213,12 @@ inline void check_static_shapes(const Graph& g) {
 inline bool all_shapes_static(const Graph& g) {
   for (const Value* in : g.inputs())
     if (!in_plan(in)) return false;  // a sequence, optional or string input: compiled in stages (lower/staged.hpp)
-  for (Node* n : g.nodes())
+  for (Node* n : g.nodes()) {
+    for (const Value* v : n->inputs())
+      if (v && !in_plan(v)) return false;  // a string constant: its reader runs staged, outside the plan
     for (const Value* v : n->outputs())
       if (v && (!in_plan(v) || v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+  }
   return true;
 }
 

@@ -121,7 +121,7 @@ class StagedRest : public runtime::Continuation {
 
   void run(std::map<std::string, Tensor>& values) const override {
     std::map<std::string, Tensor> in;
-    for (Value* v : frontier_->inputs()) in[v->name()] = values.at(v->name());
+    for (Value* v : frontier_->inputs()) in[v->name()] = value(values, v->name());
     ReferenceExecutor frontier(*frontier_);
     std::map<const Node*, BodyContexts> contexts;  // this call's: runs on several threads stay apart
     for (auto& [node, bodies] : frontier_bodies_)
@@ -133,7 +133,7 @@ class StagedRest : public runtime::Continuation {
     std::map<std::string, Tensor> rest_in;
     bool empty = false;
     for (const std::string& name : rest_inputs_) {
-      rest_in[name] = values.at(name);
+      rest_in[name] = value(values, name);
       empty = empty || rest_in[name].numel() == 0;
     }
     // Nothing to compute on (no detection, no nonzero): the reference kernels, which take empty
@@ -160,6 +160,13 @@ class StagedRest : public runtime::Continuation {
   }
 
  private:
+  // A value the stage reads: computed before it, or a graph input the compiled part did not bind (a
+  // sequence, optional or string the caller may have left out).
+  static const Tensor& value(const std::map<std::string, Tensor>& values, const std::string& name) {
+    auto it = values.find(name);
+    if (it == values.end()) throw Error("missing input '" + name + "'");
+    return it->second;
+  }
   static std::string node_names(const Graph& g) {
     std::string s;
     std::size_t k = 0;
