@@ -361,7 +361,8 @@ inline Tensor constant_node_value(const ::onnx::NodeProto& np, const std::string
       set(Tensor::from_vector<std::int64_t>({a.ints_size()},
                                             std::vector<std::int64_t>(a.ints().begin(), a.ints().end())));
     else if (n == "value_string") set(Tensor(DType::String, {}));
-    else if (n == "value_strings") set(Tensor(DType::String, {a.strings_size()}));
+    else if (n == "value_strings")
+      set(Tensor::from_strings({a.strings_size()}, std::vector<std::string>(a.strings().begin(), a.strings().end())));
     else if (n == "sparse_value") throw Error("sparse constant tensors (sparse_value) are not supported");
   }
   if (!value) throw Error("Constant has no value attribute");
