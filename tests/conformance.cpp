@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "onnx/onnx_pb.h"
+#include "ondine/onnx/data.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/ondine.hpp"
 
@@ -53,18 +54,35 @@ struct NamedTensor {
   Tensor tensor;
 };
 
-NamedTensor read_pb(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  ::onnx::TensorProto proto;
-  if (!f || !proto.ParseFromIstream(&f)) throw Error("cannot parse TensorProto").in_file(path.string());
-  return {proto.name(), ondine::onnx::tensor_from_proto(proto, path.parent_path().string())};
+// A stored value, read as the kind `like` declares (a TensorProto, SequenceProto or OptionalProto).
+NamedTensor read_pb(const fs::path& path, const Value* like) {
+  NamedTensor t;
+  t.tensor = ondine::onnx::read_value_pb(path.string(), like ? like->kind() : ValueKind::Tensor,
+                                         like ? like->dtype() : DType::Undefined, &t.name);
+  return t;
 }
 
-// Empty string when equal, else what differs.
+// Empty string when equal, else what differs; sequences element by element.
 std::string compare(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  if (got.kind() != want.kind() || got.is_none())
+    return got.kind() == want.kind() ? "" : "a different kind of value (tensor, sequence or none)";
+  if (got.is_sequence()) {
+    if (got.items().size() != want.items().size())
+      return std::to_string(got.items().size()) + " elements, expected " + std::to_string(want.items().size());
+    for (std::size_t i = 0; i < got.items().size(); ++i)
+      if (std::string d = compare(got.items()[i], want.items()[i], rtol, atol); !d.empty())
+        return "element #" + std::to_string(i) + ": " + d;
+    return "";
+  }
   if (got.dtype() != want.dtype())
     return "dtype " + std::string(dtype_name(got.dtype())) + ", expected " + std::string(dtype_name(want.dtype()));
   if (got.dims() != want.dims()) return "shape " + dims_str(got.dims()) + ", expected " + dims_str(want.dims());
+  if (got.dtype() == DType::String) {
+    for (std::size_t i = 0; i < got.strings().size(); ++i)
+      if (got.strings()[i] != want.strings()[i])
+        return "element " + std::to_string(i) + ": got '" + got.strings()[i] + "', expected '" + want.strings()[i] + "'";
+    return "";
+  }
   bool exact = !is_floating(got.dtype());
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     double a = got.at_double(static_cast<std::size_t>(i)), b = want.at_double(static_cast<std::size_t>(i));
@@ -142,10 +160,11 @@ CaseResult run_case(const fs::path& dir, bool compiled) {
     for (auto& op : ops) s += (s.empty() ? "" : ",") + op;
     return {Outcome::Skip, s};
   }
-  // Sequence, optional and string values are outside Ondine's tensor world.
+  // A tensor of unknown element type cannot be read (a sequence or optional may have an element type that
+  // only its data tells).
   for (const auto* list : {&g.inputs(), &g.outputs()})
     for (Value* v : *list)
-      if (v->dtype() == DType::Undefined || v->dtype() == DType::String) return {Outcome::Skip, "non-numeric-types"};
+      if (v->dtype() == DType::Undefined && v->is_tensor()) return {Outcome::Skip, "non-numeric-types"};
   std::vector<fs::path> sets;
   for (auto& e : fs::directory_iterator(dir))
     if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
@@ -157,7 +176,8 @@ CaseResult run_case(const fs::path& dir, bool compiled) {
     for (auto& set : sets) {
       std::map<std::string, Tensor> inputs;
       for (std::size_t i = 0; fs::exists(set / ("input_" + std::to_string(i) + ".pb")); ++i) {
-        NamedTensor t = read_pb(set / ("input_" + std::to_string(i) + ".pb"));
+        NamedTensor t = read_pb(set / ("input_" + std::to_string(i) + ".pb"),
+                                i < g.inputs().size() ? g.inputs()[i] : nullptr);
         Value* by_name = t.name.empty() ? nullptr : g.find_value(t.name);
         std::string name = by_name && by_name->is_graph_input() ? t.name
                            : i < g.inputs().size()               ? g.inputs()[i]->name()
@@ -181,23 +201,29 @@ CaseResult run_case(const fs::path& dir, bool compiled) {
         outputs = exec.run(inputs);
       }
       for (std::size_t i = 0; fs::exists(set / ("output_" + std::to_string(i) + ".pb")); ++i) {
-        NamedTensor want = read_pb(set / ("output_" + std::to_string(i) + ".pb"));
         if (i >= g.outputs().size()) return {Outcome::Fail, "more expected outputs than graph outputs"};
         Value* out = g.outputs()[i];
+        NamedTensor want = read_pb(set / ("output_" + std::to_string(i) + ".pb"), out);
         const Tensor& got = outputs.at(out->name());
         std::string diff = compare(got, as_bfloat16_if_bits(want.tensor, got.dtype()), 1e-3, 1e-7);
         if (!diff.empty()) return {Outcome::Fail, set.filename().string() + " output '" + out->name() + "': " + diff};
-        // Shape inference must agree with the kernels wherever it claims to know a dim.
+        // Shape inference must agree with the kernels wherever it claims to know a dim (of a sequence:
+        // every element's).
         const Shape& inferred = out->shape();
-        if (inferred.rank_known()) {
-          bool ok = inferred.rank() == got.rank();
+        std::vector<Tensor> produced = got.is_sequence() ? got.items() : std::vector<Tensor>{got};
+        if (got.is_none()) produced.clear();
+        for (const Tensor& p : produced) {
+          if (!inferred.rank_known()) break;
+          bool ok = inferred.rank() == p.rank();
           for (std::size_t d = 0; ok && d < inferred.rank(); ++d)
-            ok = !inferred[d].is_static() || inferred[d].value == got.dims()[d];
+            ok = !inferred[d].is_static() || inferred[d].value == p.dims()[d];
           if (!ok)
             return {Outcome::Fail, "shape inference gave " + inferred.str() + " for '" + out->name() +
-                                       "', the kernel produced " + dims_str(got.dims())};
+                                       "', the kernel produced " + dims_str(p.dims())};
         }
-        if (out->dtype() != DType::Undefined && out->dtype() != got.dtype())
+        if (!out->is_tensor() && (got.is_sequence() ? !is_sequence_kind(out->kind()) : got.is_none() && !is_optional_kind(out->kind())))
+          return {Outcome::Fail, "type inference gave " + Graph::value_type_str(out) + " for '" + out->name() + "'"};
+        if (out->dtype() != DType::Undefined && !got.is_none() && out->dtype() != got.dtype())
           return {Outcome::Fail, "type inference gave " + std::string(dtype_name(out->dtype())) + " for '" +
                                      out->name() + "', the kernel produced " + std::string(dtype_name(got.dtype()))};
       }

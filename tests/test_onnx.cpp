@@ -488,7 +488,7 @@ TEST_CASE("bad tensors are rejected with an error naming them", "[onnx]") {
   }
 }
 
-TEST_CASE("string tensors and constants import as placeholders", "[onnx]") {
+TEST_CASE("string tensors and constants import with their strings", "[onnx]") {
   ::onnx::ModelProto m = relu_model();
   auto* g = m.mutable_graph();
   auto* init = g->add_initializer();
@@ -509,10 +509,13 @@ TEST_CASE("string tensors and constants import as placeholders", "[onnx]") {
   CHECK(gr.find_value("words")->constant().dtype() == DType::String);
   CHECK(gr.find_value("words")->constant().dims() == std::vector<std::int64_t>{2});
   CHECK(gr.find_value("more")->constant().dims() == std::vector<std::int64_t>{3});
+  CHECK(gr.find_value("words")->constant().strings() == std::vector<std::string>{"hello", "world"});
+  CHECK(gr.find_value("more")->constant().strings() == std::vector<std::string>{"x", "y", "z"});
   CHECK(gr.find_value("tokens")->dtype() == DType::String);
   std::string p2 = tmp_path("strings2.onnx");
   ox::save_model(gr, p2);
   CHECK(ox::load_model(p2).to_text() == gr.to_text());
+  CHECK(ox::load_model(p2).find_value("words")->constant().strings() == std::vector<std::string>{"hello", "world"});
 }
 
 TEST_CASE("Constant nodes of every form become constants", "[onnx]") {

@@ -76,8 +76,15 @@ inline Row make_row(const std::string& key) {
     r.declines = it->second.declines;
     r.bf16 = it->second.bf16 ? "bf16" : "fp32";
   } else if (r.runs()) {
+    // Ops that make or read sequences, optionals or strings: the plan has no slot for those values, so
+    // the model is staged and these run on their reference kernels after the compiled part.
+    static const std::set<std::string> outside_plan = {
+        "SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceAt", "SequenceErase", "SequenceLength",
+        "SplitToSequence", "ConcatFromSequence", "SequenceMap", "Optional", "OptionalHasElement",
+        "OptionalGetElement", "StringNormalizer"};
     r.compiled = key == "If" || key == "Loop" || key == "Scan" ? "subgraphs compiled, the op steps them"
-                                                                 : "reference kernel (a step of the plan)";
+                 : outside_plan.count(key)                    ? "reference kernel, staged after the compiled part"
+                                                               : "reference kernel (a step of the plan)";
     r.bf16 = "fp32";
   }
   const auto& int8 = FuseQdq::int8_ops();

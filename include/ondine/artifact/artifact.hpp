@@ -197,12 +197,14 @@ class Writer {
     return fb::CreateShape(fbb, s.rank_known(), fbb.CreateVector(dims));
   }
 
+  static_assert(static_cast<int>(fb::ValueKind::OptionalSequence) == static_cast<int>(ValueKind::OptionalSequence),
+                "schema.fbs's ValueKind must list ir/graph.hpp's ValueKind in the same order");
   flatbuffers::Offset<fb::Value> value(const Value& v) {
     auto name = fbb.CreateString(v.name());
     auto sh = shape(v.shape());
     flatbuffers::Offset<fb::TensorData> data;
     if (v.is_constant()) data = tensor(v.constant(), "constant '" + v.name() + "'");
-    return fb::CreateValue(fbb, name, fb::ValueKind::Tensor, static_cast<fb::DType>(v.dtype()), sh,
+    return fb::CreateValue(fbb, name, static_cast<fb::ValueKind>(v.kind()), static_cast<fb::DType>(v.dtype()), sh,
                            static_cast<fb::Layout>(v.layout()), data);
   }
 
@@ -450,7 +452,7 @@ class Reader {
     std::unordered_map<std::string, const fb::Value*> table;
     if (in.values())
       for (const fb::Value* v : *in.values()) {
-        if (v->kind() != fb::ValueKind::Tensor)
+        if (static_cast<unsigned>(v->kind()) > static_cast<unsigned>(fb::ValueKind::MAX))
           throw Error("value '" + v->name()->str() + "' is of a kind this Ondine does not know");
         if (!table.emplace(v->name()->str(), v).second) throw Error("value '" + v->name()->str() + "' is listed twice");
       }
@@ -462,6 +464,7 @@ class Reader {
     auto type = [&](Value* v, const fb::Value* s) {
       v->set_dtype(dtype(s->dtype(), "value '" + v->name() + "'"));
       v->set_shape(shape(s->shape()));
+      v->set_kind(static_cast<ValueKind>(s->kind()));  // checked against fb::ValueKind::MAX above
       if (static_cast<unsigned>(s->layout()) > static_cast<unsigned>(fb::Layout::MAX))
         throw Error("value '" + v->name() + "': unknown layout");
       v->set_layout(static_cast<Layout>(s->layout()));

@@ -51,6 +51,16 @@ enum class Layout {
   Blocked,       // whatever oneDNN prefers for its producer (e.g. nChw16c)
 };
 
+// What a value holds. Almost every value is a tensor; ONNX also has sequences of tensors (SplitToSequence,
+// SequenceConstruct, ...) and optionals of a tensor or a sequence. For a sequence (or an optional one)
+// the value's dtype() and shape() describe its elements: the element type, and the shape all elements
+// share when inference knows one (else unknown). At run time a Tensor carries these values
+// (Tensor::sequence, Tensor::none: ir/tensor.hpp).
+enum class ValueKind : std::uint8_t { Tensor, Sequence, OptionalTensor, OptionalSequence };
+
+inline bool is_sequence_kind(ValueKind k) { return k == ValueKind::Sequence || k == ValueKind::OptionalSequence; }
+inline bool is_optional_kind(ValueKind k) { return k == ValueKind::OptionalTensor || k == ValueKind::OptionalSequence; }
+
 inline const char* layout_name(Layout l) {
   switch (l) {
     case Layout::Unset: return "unset";
@@ -66,6 +76,9 @@ class Value {
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
+  ValueKind kind() const { return kind_; }
+  bool is_tensor() const { return kind_ == ValueKind::Tensor; }
+  void set_kind(ValueKind k) { kind_ = k; }
   void set_dtype(DType t) {
     dtype_ = t;
     clear_element_dims();
@@ -96,6 +109,7 @@ class Value {
     return constant_->is_sole_owner() ? &*constant_ : nullptr;
   }
   void set_constant(Tensor t) {
+    kind_ = ValueKind::Tensor;
     dtype_ = t.dtype();
     shape_ = t.shape();
     constant_ = std::move(t);
@@ -151,6 +165,7 @@ class Value {
   Layout layout_ = Layout::Unset;
   DType dtype_ = DType::Undefined;
   Shape shape_ = Shape::unknown();
+  ValueKind kind_ = ValueKind::Tensor;
   Node* producer_ = nullptr;
   std::size_t producer_output_ = 0;
   std::vector<Use> uses_;
@@ -242,6 +257,9 @@ class Node {
     return get_or<std::vector<float>>(n, std::move(def));
   }
   std::vector<std::string> attr_strings(const std::string& n) const { return get<std::vector<std::string>>(n); }
+  std::vector<std::string> attr_strings(const std::string& n, std::vector<std::string> def) const {
+    return get_or<std::vector<std::string>>(n, std::move(def));
+  }
   const Tensor& attr_tensor(const std::string& n) const { return get_ref<Tensor>(n); }
 
   // An Error that names this node; use as `throw node.error("...")`.
@@ -594,6 +612,7 @@ class Graph {
       Value* c = g.new_value(v->name_);
       c->dtype_ = v->dtype_;
       c->shape_ = v->shape_;
+      c->kind_ = v->kind_;
       c->constant_ = v->constant_;
       c->element_dims_ = v->element_dims_;
       c->known_data_ = v->known_data_;
@@ -633,7 +652,14 @@ class Graph {
   }
 
   static std::string value_type_str(const Value* v) {
-    return std::string(dtype_name(v->dtype())) + v->shape().str();
+    std::string t = std::string(dtype_name(v->dtype())) + v->shape().str();
+    switch (v->kind()) {
+      case ValueKind::Tensor: return t;
+      case ValueKind::Sequence: return "seq(" + t + ")";
+      case ValueKind::OptionalTensor: return "optional(" + t + ")";
+      case ValueKind::OptionalSequence: return "optional(seq(" + t + "))";
+    }
+    return t;
   }
 
   // One line per input, constant, node and output, in topological order when there is one.

@@ -20,8 +20,10 @@
 #include "ondine/ir/infer/rnn.hpp"
 #include "ondine/ir/infer/sampling.hpp"
 #include "ondine/ir/infer/selection.hpp"
+#include "ondine/ir/infer/sequence.hpp"
 #include "ondine/ir/infer/signal.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
+#include "ondine/ir/infer/text.hpp"
 #include "ondine/ir/infer/values.hpp"
 
 namespace ondine {
@@ -47,6 +49,8 @@ inline const InferTable& infer_table() {
     infer::register_sampling_infer(t);
     infer::register_signal_infer(t);
     infer::register_random_infer(t);
+    infer::register_sequence_infer(t);
+    infer::register_text_infer(t);
     return t;
   }();
   return table;

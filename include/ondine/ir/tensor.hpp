@@ -3,6 +3,16 @@
 // Copies are shallow (they share storage), like a view; clone() makes a deep copy. Storage is 64-byte
 // aligned (large blocks on huge pages: ir/allocate.hpp) so kernels can use aligned loads, and may
 // also be borrowed from elsewhere (a mapped file).
+//
+// A Tensor also carries ONNX's two non-tensor values, so that the executor, the kernel signature and
+// every map of named values pass them unchanged: a sequence of tensors (Kind::Sequence: dtype() is the
+// element type, items() the elements, no data of its own) and an optional without a value
+// (Kind::None). An optional that holds a value is carried as that value. Only the sequence and
+// optional ops (reference/sequence.hpp) look inside; a dense-tensor kernel given one fails its checks.
+//
+// A string tensor (DType::String) keeps its elements in a shared vector of std::string (they vary in
+// length, so they are not bytes in the storage): Tensor::from_strings, strings(). Only the ops that take
+// strings (StringNormalizer) read them.
 #pragma once
 
 #include <algorithm>
@@ -61,6 +71,50 @@ class Tensor {
   template <typename T>
   static Tensor scalar(T v) { return from_vector<T>({}, std::vector<T>{v}); }
 
+  // A string tensor of `dims` holding `values` (row-major).
+  static Tensor from_strings(std::vector<std::int64_t> dims, std::vector<std::string> values) {
+    Tensor t(DType::String, std::move(dims));
+    detail::check(static_cast<std::size_t>(t.numel()) == values.size(),
+                  "from_strings: " + std::to_string(values.size()) + " strings for shape " + dims_str(t.dims()));
+    t.strings_ = std::make_shared<const std::vector<std::string>>(std::move(values));
+    return t;
+  }
+  // False for a string placeholder (dims only: a model file's string value Ondine does not compute on).
+  bool has_strings() const { return strings_ != nullptr; }
+  // A string tensor's elements (shared and immutable, like a sequence's).
+  const std::vector<std::string>& strings() const {
+    detail::check(dtype_ == DType::String && strings_, "strings() of a tensor that holds no strings");
+    return *strings_;
+  }
+
+  enum class Kind : std::uint8_t { Dense, Sequence, None };
+  // A sequence of `items`, each of dtype `elem` (checked: ONNX sequences are homogeneous in type).
+  static Tensor sequence(DType elem, std::vector<Tensor> items) {
+    for (const Tensor& t : items)
+      detail::check(t.kind_ == Kind::Dense && t.dtype_ == elem,
+                    "sequence of " + std::string(dtype_name(elem)) + " given an element of " +
+                        std::string(dtype_name(t.dtype_)));
+    Tensor s;
+    s.kind_ = Kind::Sequence;
+    s.dtype_ = elem;
+    s.items_ = std::make_shared<const std::vector<Tensor>>(std::move(items));
+    return s;
+  }
+  // An optional with no value (an empty optional input is still a value, unlike an omitted input).
+  static Tensor none() {
+    Tensor s;
+    s.kind_ = Kind::None;
+    return s;
+  }
+  Kind kind() const { return kind_; }
+  bool is_sequence() const { return kind_ == Kind::Sequence; }
+  bool is_none() const { return kind_ == Kind::None; }
+  // The elements of a sequence (shared, immutable: sequence ops build new sequences).
+  const std::vector<Tensor>& items() const {
+    detail::check(kind_ == Kind::Sequence, "items() of a value that is not a sequence");
+    return *items_;
+  }
+
   DType dtype() const { return dtype_; }
   const std::vector<std::int64_t>& dims() const { return dims_; }
   std::size_t rank() const { return dims_.size(); }
@@ -70,8 +124,11 @@ class Tensor {
     for (auto d : dims_) n *= d;
     return n;
   }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
-  bool empty() const { return dtype_ == DType::Undefined; }
+  std::size_t nbytes() const {
+    return kind_ == Kind::Dense ? static_cast<std::size_t>(numel()) * dtype_size(dtype_) : 0;
+  }
+  // An omitted optional input: no value at all (an optional without a value is none(), not empty).
+  bool empty() const { return kind_ == Kind::Dense && dtype_ == DType::Undefined; }
 
   void* raw() { return data_; }
   const void* raw() const { return data_; }
@@ -107,6 +164,8 @@ class Tensor {
   }
 
   Tensor clone() const {
+    // Sequences, none and strings are immutable: sharing them is a copy.
+    if (kind_ != Kind::Dense || dtype_ == DType::String) return *this;
     Tensor t(dtype_, dims_);
     if (nbytes()) std::memcpy(t.raw(), data_, nbytes());
     return t;
@@ -139,6 +198,9 @@ class Tensor {
   std::shared_ptr<void> storage_;
   void* data_ = nullptr;
   bool owns_allocation_ = false;  // storage_ is this class's own heap block (not wrapped memory)
+  Kind kind_ = Kind::Dense;
+  std::shared_ptr<const std::vector<Tensor>> items_;  // Kind::Sequence's elements
+  std::shared_ptr<const std::vector<std::string>> strings_;  // DType::String's elements
 };
 
 }  // namespace ondine

@@ -200,17 +200,27 @@ inline void lower_reference(Lowering& L, const Node& n) {
                                              it->second, std::move(ins), std::move(outs)));
 }
 
+// True for a value the compiled plan holds in a slot: a tensor of fixed-size elements. Sequences,
+// optionals and string tensors are not bytes of a known size; they live outside the plan, where the
+// staged compile (lower/staged.hpp) runs the nodes that make or read them on reference kernels.
+inline bool in_plan(const Value* v) { return v->is_tensor() && v->dtype() != DType::String; }
+
 // Every graph input must have static dims, and shape inference must give every value a static shape.
 inline void check_static_shapes(const Graph& g) {
   for (Value* in : g.inputs())
-    if (!in->shape().is_static())
+    if (in_plan(in) && !in->shape().is_static())  // a sequence or string input goes to reference kernels
       throw Error("input '" + in->name() + "' has shape " + in->shape().str() +
                   ": compiling needs static shapes; bind its symbolic dims first (ondine::bind_dims)");
 }
 inline bool all_shapes_static(const Graph& g) {
-  for (Node* n : g.nodes())
+  for (const Value* in : g.inputs())
+    if (!in_plan(in)) return false;  // a sequence, optional or string input: compiled in stages (lower/staged.hpp)
+  for (Node* n : g.nodes()) {
+    for (const Value* v : n->inputs())
+      if (v && !in_plan(v)) return false;  // a string constant: its reader runs staged, outside the plan
     for (const Value* v : n->outputs())
-      if (v && (v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+      if (v && (!in_plan(v) || v->dtype() == DType::Undefined || !v->shape().is_static())) return false;
+  }
   return true;
 }
 

@@ -12,6 +12,10 @@
 //      known at compile time gets a symbol of its own), run through a ShapeCache: compiled once per shape
 //      the data gives it, reused while the shapes repeat, and staged again if it has data-dependent
 //      shapes of its own. A run that gives it an empty tensor runs it on the reference kernels.
+// Sequences, optionals and string tensors are staged the same way, since the compiled plan holds numeric
+// tensors only: a node
+// that makes one or reads a sequence graph input is at the frontier, and a rest that passes them around
+// runs on the reference kernels (no ShapeCache); a sequence graph input goes straight to those stages.
 // The compile log and CompiledModel::to_text() say where the model was split and which nodes run on
 // reference kernels at the frontier.
 #pragma once
@@ -43,6 +47,7 @@ inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, cons
     for (std::size_t i = 0; i < dims.size(); ++i)
       if (!dims[i].is_static()) dims[i] = Dim::named(v->name() + ":" + std::to_string(i));
     map[v] = out.add_input(v->name(), v->dtype(), Shape(dims));
+    map[v]->set_kind(v->kind());
   }
   auto mapped = [&](Value* v) -> Value* {
     if (!v) return nullptr;
@@ -65,6 +70,7 @@ inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, cons
     for (std::size_t i = 0; i < n->num_outputs(); ++i) {
       c->output(i)->set_dtype(n->output(i)->dtype());
       c->output(i)->set_shape(n->output(i)->shape());
+      c->output(i)->set_kind(n->output(i)->kind());
       map[n->output(i)] = c->output(i);
     }
   }
@@ -72,12 +78,30 @@ inline Graph extract_graph(const Graph& g, const std::vector<Node*>& nodes, cons
   return out;
 }
 
+// Sequences, optionals and strings have no static type here: the compiled plan holds tensors of numbers
+// only (in_plan, lower/compiler.hpp), so nodes that make them run at the frontier and nodes that read
+// them in the rest (on reference kernels, below).
+inline bool has_static_type(const Value* v) {
+  return in_plan(v) && v->dtype() != DType::Undefined && v->shape().is_static();
+}
+
+inline bool has_non_tensor_values(const Graph& g) {
+  for (Value* v : g.inputs())
+    if (!in_plan(v)) return true;
+  for (Node* n : g.nodes())
+    for (Value* v : n->outputs())
+      if (v && !in_plan(v)) return true;
+  return false;
+}
+
 // Stages 2 and 3 of a staged model: the frontier on its reference kernels, then the rest through a
 // ShapeCache.
 class StagedRest : public runtime::Continuation {
  public:
-  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options)
-      : frontier_(std::make_shared<Graph>(std::move(frontier))) {
+  // `outside_inputs`: the graph inputs the compiled part has no slot for (sequences, optionals, strings).
+  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options,
+             std::set<std::string> outside_inputs = {})
+      : frontier_(std::make_shared<Graph>(std::move(frontier))), outside_inputs_(std::move(outside_inputs)) {
     frontier_names_ = node_names(*frontier_);
     // A Loop or If at the frontier (its output shapes depend on data) still runs its bodies compiled.
     for (Node* n : frontier_->nodes())
@@ -89,13 +113,15 @@ class StagedRest : public runtime::Continuation {
       rest_names_ = node_names(*rest);
       rest_inputs_ = input_names(*rest);
       rest_graph_ = std::make_shared<Graph>(rest->clone());
-      rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
+      // A rest that passes sequences or optionals around runs on the reference kernels: the compiled
+      // plan carries tensors only.
+      if (!has_non_tensor_values(*rest)) rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
     }
   }
 
   void run(std::map<std::string, Tensor>& values) const override {
     std::map<std::string, Tensor> in;
-    for (Value* v : frontier_->inputs()) in[v->name()] = values.at(v->name());
+    for (Value* v : frontier_->inputs()) in[v->name()] = value(values, v->name());
     ReferenceExecutor frontier(*frontier_);
     std::map<const Node*, BodyContexts> contexts;  // this call's: runs on several threads stay apart
     for (auto& [node, bodies] : frontier_bodies_)
@@ -103,18 +129,22 @@ class StagedRest : public runtime::Continuation {
         return run_control_flow(n, args, bodies, contexts[&n]);
       });
     for (auto& [name, t] : frontier.run(in)) values[name] = t;
-    if (!rest_) return;
+    if (!rest_graph_) return;
     std::map<std::string, Tensor> rest_in;
     bool empty = false;
     for (const std::string& name : rest_inputs_) {
-      rest_in[name] = values.at(name);
+      rest_in[name] = value(values, name);
       empty = empty || rest_in[name].numel() == 0;
     }
     // Nothing to compute on (no detection, no nonzero): the reference kernels, which take empty
     // tensors everywhere, rather than compiling primitives for zero-sized shapes.
-    auto out = empty ? ReferenceExecutor(*rest_graph_).run(rest_in) : rest_->run(rest_in);
+    auto out = empty || !rest_ ? ReferenceExecutor(*rest_graph_).run(rest_in) : rest_->run(rest_in);
     for (auto& [name, t] : out) values[name] = t;
   }
+
+  // Sequence, optional and string graph inputs bypass the compiled part: the later stages read them (or
+  // nothing does).
+  bool reads_input(const std::string& name) const override { return outside_inputs_.count(name) != 0; }
 
   std::string to_text() const override {
     std::string s = "  then, on reference kernels (their output shapes depend on data): " + frontier_names_ + "\n";
@@ -124,10 +154,19 @@ class StagedRest : public runtime::Continuation {
     if (rest_)
       s += "  then, compiled per shape at run time (" + std::to_string(rest_->compilations()) +
            " compiled so far): " + rest_names_ + "\n";
+    else if (rest_graph_)
+      s += "  then, on reference kernels (they read sequences or optionals): " + rest_names_ + "\n";
     return s;
   }
 
  private:
+  // A value the stage reads: computed before it, or a graph input the compiled part did not bind (a
+  // sequence, optional or string the caller may have left out).
+  static const Tensor& value(const std::map<std::string, Tensor>& values, const std::string& name) {
+    auto it = values.find(name);
+    if (it == values.end()) throw Error("missing input '" + name + "'");
+    return it->second;
+  }
   static std::string node_names(const Graph& g) {
     std::string s;
     std::size_t k = 0;
@@ -144,14 +183,13 @@ class StagedRest : public runtime::Continuation {
   }
 
   std::shared_ptr<Graph> frontier_;
+  std::set<std::string> outside_inputs_;
   std::map<const Node*, CompiledBodies> frontier_bodies_;
   std::shared_ptr<ShapeCache> rest_;
   std::shared_ptr<Graph> rest_graph_;  // for runs with an empty input
   std::vector<std::string> rest_inputs_;
   std::string frontier_names_, rest_names_;
 };
-
-inline bool has_static_type(const Value* v) { return v->dtype() != DType::Undefined && v->shape().is_static(); }
 
 // Splits `g` (inputs bound, shapes inferred and folded) into the three stages and compiles the first.
 inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options) {
@@ -160,9 +198,12 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   auto is_available = [&](const Value* v) { return !v || v->is_constant() || available.count(v); };
   std::vector<Node*> order = g.topo_order(), prefix, frontier, rest;
   for (Node* n : order) {
-    bool inputs_ready = true;
-    for (Value* v : n->inputs()) inputs_ready = inputs_ready && is_available(v);
-    bool outputs_static = true;
+    bool inputs_ready = true, inputs_tensors = true;
+    for (Value* v : n->inputs()) {
+      inputs_ready = inputs_ready && is_available(v);
+      inputs_tensors = inputs_tensors && (!v || in_plan(v));
+    }
+    bool outputs_static = inputs_tensors;  // a node reading a sequence input runs at the frontier
     for (Value* v : n->outputs()) outputs_static = outputs_static && (!v || has_static_type(v));
     if (inputs_ready && outputs_static) {
       prefix.push_back(n);
@@ -192,6 +233,8 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   std::vector<Value*> frontier_out, prefix_out, rest_out;
   std::set<const Value*> seen;
   auto add_unique = [&](std::vector<Value*>& list, Value* v) {
+    // A sequence graph input is not in the compiled part: later stages read it from the run's inputs.
+    if (v->is_graph_input() && !in_plan(v)) return;
     if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
   };
   for (Value* v : g.outputs()) {
@@ -205,7 +248,12 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   }
   for (Value* v : frontier_in) add_unique(prefix_out, v);
 
-  std::vector<Value*> prefix_inputs(g.inputs().begin(), g.inputs().end());
+  std::vector<Value*> prefix_inputs;
+  std::set<std::string> outside_inputs;
+  for (Value* v : g.inputs()) {
+    if (in_plan(v)) prefix_inputs.push_back(v);
+    else outside_inputs.insert(v->name());
+  }
   Graph first = extract_graph(g, prefix, prefix_inputs, prefix_out, g.name);
   Graph second = extract_graph(g, frontier, frontier_in, frontier_out, g.name + ".frontier");
   std::optional<Graph> third;
@@ -220,7 +268,8 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   CompiledModel model = compile(std::move(first), first_options);
   std::vector<std::string> outputs;
   for (Value* v : g.outputs()) outputs.push_back(v->name());
-  model.set_continuation(std::make_shared<StagedRest>(std::move(second), std::move(third), options), outputs);
+  model.set_continuation(
+      std::make_shared<StagedRest>(std::move(second), std::move(third), options, std::move(outside_inputs)), outputs);
   return model;
 }
 

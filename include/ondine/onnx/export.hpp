@@ -33,9 +33,13 @@ namespace detail {
 
 inline void set_value_type(::onnx::ValueInfoProto* vi, const Value* v) {
   vi->set_name(v->name());
-  // Nothing known (e.g. a sequence-typed value of an unsupported op): no type rather than a bogus one.
-  if (v->dtype() == DType::Undefined && !v->shape().rank_known()) return;
-  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  // Nothing known (e.g. a map-typed value of an unsupported op): no type rather than a bogus one.
+  if (v->is_tensor() && v->dtype() == DType::Undefined && !v->shape().rank_known()) return;
+  // A sequence or optional wraps the tensor type of its elements (ValueKind, ir/graph.hpp).
+  ::onnx::TypeProto* type = vi->mutable_type();
+  if (is_optional_kind(v->kind())) type = type->mutable_optional_type()->mutable_elem_type();
+  if (is_sequence_kind(v->kind())) type = type->mutable_sequence_type()->mutable_elem_type();
+  auto* tt = type->mutable_tensor_type();
   tt->set_elem_type(dtype_to_onnx(v->dtype()));
   if (!v->shape().rank_known()) return;
   auto* shape = tt->mutable_shape();  // present even for scalars: rank 0 is known
@@ -55,11 +59,12 @@ inline void tensor_header(const Tensor& t, const std::string& name, ::onnx::Tens
 }
 
 // Tensor with inline data. Every numeric type goes to raw_data (little-endian, as ONNX specifies);
-// String placeholders carry their dims and empty strings (Ondine keeps no string data).
+// String tensors write their strings (a placeholder without strings: empty ones).
 inline void tensor_to_proto_inline(const Tensor& t, const std::string& name, ::onnx::TensorProto* tp) {
   tensor_header(t, name, tp);
   if (t.dtype() == DType::String) {
-    for (std::int64_t i = 0; i < t.numel(); ++i) tp->add_string_data();
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      tp->add_string_data(t.has_strings() ? t.strings()[static_cast<std::size_t>(i)] : std::string());
     return;
   }
   tp->set_raw_data(static_cast<const char*>(t.raw()), t.nbytes());

@@ -210,7 +210,7 @@ inline Tensor tensor_from_typed_fields(const ::onnx::TensorProto& tp, DType dtyp
 }  // namespace detail
 
 // A TensorProto as a Tensor. Data comes from raw_data, the typed fields, or an external file looked up
-// relative to `base_dir`. String tensors become DType::String placeholders (dims, no data).
+// relative to `base_dir`. String tensors keep their strings (Tensor::from_strings).
 inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string& base_dir = "") {
   using namespace detail;
   const std::string label = "tensor '" + tp.name() + "'";
@@ -219,7 +219,12 @@ inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string
   std::vector<std::int64_t> dims(tp.dims().begin(), tp.dims().end());
   const std::int64_t numel = checked_numel(dims, label);
   if (tp.has_segment()) throw Error(label + ": segmented tensors are not supported");
-  if (*dtype == DType::String) return Tensor(DType::String, std::move(dims));
+  if (*dtype == DType::String) {
+    if (tp.string_data_size() == 0 && numel > 0) return Tensor(DType::String, std::move(dims));  // a placeholder
+    if (tp.string_data_size() != numel)
+      throw Error(label + ": " + std::to_string(tp.string_data_size()) + " strings for shape " + dims_str(dims));
+    return Tensor::from_strings(std::move(dims), std::vector<std::string>(tp.string_data().begin(), tp.string_data().end()));
+  }
   // Within Limits::max_tensor_bytes, checked before reading or allocating anything.
   const std::uint64_t nbytes = ondine::detail::checked_tensor_bytes(dims, dtype_size(*dtype), label);
 
@@ -243,16 +248,26 @@ namespace detail {
 
 // A value's type as declared in the file (graph input/output or value_info).
 struct DeclaredType {
-  DType dtype = DType::Undefined;
-  Shape shape = Shape::unknown();
+  ValueKind kind = ValueKind::Tensor;
+  DType dtype = DType::Undefined;  // of a sequence: its elements'
+  Shape shape = Shape::unknown();  // of a sequence: its elements' (when the file states one)
 };
 
-// Tensor types give dtype + shape; sequences, maps, optionals (only used by unsupported ops) and
-// element types Ondine lacks give Undefined / unknown rather than failing the import.
-inline DeclaredType type_from_proto(const ::onnx::ValueInfoProto& vi) {
+// Tensor types give dtype + shape; a sequence or optional gives its kind and its (elements') tensor
+// type. Maps and element types Ondine lacks give Undefined / unknown rather than failing the import.
+inline DeclaredType type_from_proto(const ::onnx::TypeProto& type) {
   DeclaredType d;
-  if (!vi.has_type() || vi.type().value_case() != ::onnx::TypeProto::kTensorType) return d;
-  const auto& tt = vi.type().tensor_type();
+  const ::onnx::TypeProto* t = &type;
+  if (t->value_case() == ::onnx::TypeProto::kOptionalType) {
+    t = &t->optional_type().elem_type();
+    d.kind = ValueKind::OptionalTensor;
+  }
+  if (t->value_case() == ::onnx::TypeProto::kSequenceType) {
+    t = &t->sequence_type().elem_type();
+    d.kind = d.kind == ValueKind::OptionalTensor ? ValueKind::OptionalSequence : ValueKind::Sequence;
+  }
+  if (t->value_case() != ::onnx::TypeProto::kTensorType) return d;  // a map, or a sequence of sequences
+  const auto& tt = t->tensor_type();
   d.dtype = dtype_from_onnx(tt.elem_type()).value_or(DType::Undefined);
   if (!tt.has_shape()) return d;
   std::vector<Dim> dims;
@@ -268,9 +283,13 @@ inline DeclaredType type_from_proto(const ::onnx::ValueInfoProto& vi) {
   d.shape = Shape(std::move(dims));
   return d;
 }
+inline DeclaredType type_from_proto(const ::onnx::ValueInfoProto& vi) {
+  return vi.has_type() ? type_from_proto(vi.type()) : DeclaredType{};
+}
 
 // Fills what inference left open (undefined dtype, unknown rank or dims) from the declared type.
 inline void merge_declared(Value* v, const DeclaredType& d) {
+  if (v->is_tensor() && d.kind != ValueKind::Tensor) v->set_kind(d.kind);  // an op inference leaves open
   if (v->dtype() == DType::Undefined) v->set_dtype(d.dtype);
   if (!v->shape().rank_known()) {
     v->set_shape(d.shape);
@@ -355,7 +374,8 @@ inline Tensor constant_node_value(const ::onnx::NodeProto& np, const std::string
       set(Tensor::from_vector<std::int64_t>({a.ints_size()},
                                             std::vector<std::int64_t>(a.ints().begin(), a.ints().end())));
     else if (n == "value_string") set(Tensor(DType::String, {}));
-    else if (n == "value_strings") set(Tensor(DType::String, {a.strings_size()}));
+    else if (n == "value_strings")
+      set(Tensor::from_strings({a.strings_size()}, std::vector<std::string>(a.strings().begin(), a.strings().end())));
     else if (n == "sparse_value") throw Error("sparse constant tensors (sparse_value) are not supported");
   }
   if (!value) throw Error("Constant has no value attribute");
@@ -433,7 +453,7 @@ inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::stri
       throw Error("graph input '" + in.name() + "' has element type " +
                   elem_type_name(in.type().tensor_type().elem_type()) + ", which Ondine does not support");
     DeclaredType d = type_from_proto(in);
-    g.add_input(in.name(), d.dtype, d.shape);
+    g.add_input(in.name(), d.dtype, d.shape)->set_kind(d.kind);
   }
 
   for (int i = 0; i < gp.node_size(); ++i) {
@@ -462,9 +482,13 @@ inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::stri
       std::map<std::string, Attribute> attrs;
       std::string skipped;
       std::vector<std::string> captured;  // the outer names the node's subgraphs read, first use first
+      std::optional<DeclaredType> optional_type;  // Optional's `type`: the type of its output
       for (const auto& a : np.attribute()) {
         if (a.name().empty()) throw Error("attribute with an empty name");
-        if (attribute_type(a) == ::onnx::AttributeProto::GRAPH) {
+        if (domain.empty() && op == "Optional" && a.name() == "type" &&
+            attribute_type(a) == ::onnx::AttributeProto::TYPE_PROTO) {
+          optional_type = type_from_proto(a.tp());
+        } else if (attribute_type(a) == ::onnx::AttributeProto::GRAPH) {
           auto sub = std::make_shared<Graph>();
           sub->name = a.g().name().empty() ? name + "." + a.name() : a.g().name();
           sub->opsets = g.opsets;
@@ -486,6 +510,13 @@ inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::stri
         if (!out.empty()) define(out, "node output");
       Node* node = g.add_node(op, inputs, outputs, std::move(attrs), name, domain);
       for (const std::string& c : captured) node->add_implicit_input(scope.resolve(c), c);
+      if (optional_type && node->output(0)) {  // an optional of that type (inference keeps it when no input)
+        Value* out = node->output(0);
+        out->set_dtype(optional_type->dtype);
+        out->set_shape(optional_type->shape);
+        out->set_kind(optional_type->kind == ValueKind::Sequence ? ValueKind::OptionalSequence
+                                                                 : ValueKind::OptionalTensor);
+      }
     } catch (Error& e) {
       if (e.node().empty() && e.op().empty()) e.at_node(name, op);
       throw;
@@ -514,6 +545,7 @@ inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::stri
   for (auto& [v, d] : declared) {
     v->set_dtype(d.dtype);
     v->set_shape(d.shape);
+    v->set_kind(d.kind);
     declared_types.emplace_back(v, d);
   }
 }

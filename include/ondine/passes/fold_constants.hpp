@@ -175,6 +175,8 @@ inline std::optional<std::vector<Tensor>> evaluate(const Node& n, std::size_t ma
   bool any_read = false;
   for (const Value* out : n.outputs()) {
     if (!read(out)) continue;
+    // A sequence or optional cannot be a constant; strings stay out of the compiled plan's constants.
+    if (!out->is_tensor() || out->dtype() == DType::String) return std::nullopt;
     any_read = true;
     std::optional<std::size_t> bytes = static_bytes(out);
     if (bytes ? *bytes > max_bytes : grows_output(n.op_type())) return std::nullopt;

@@ -1,4 +1,5 @@
-// ondine/reference/control_flow.hpp - reference kernels of If, Loop and Scan (ONNX opsets 9-17): each
+// ondine/reference/control_flow.hpp - reference kernels of If, Loop, Scan (ONNX opsets 9-17) and
+// SequenceMap: each
 // runs its subgraph on the reference executor, the subgraph's captures bound to the node's implicit
 // inputs by name. Included at the end of reference/executor.hpp (the kernels need the executor).
 //
@@ -253,12 +254,41 @@ inline std::vector<Tensor> scan_kernel(const Node& n, const std::vector<Tensor>&
   return result;
 }
 
+// SequenceMap: the body once per element of the first input (a sequence); each further input gives the
+// body its element i when it is a sequence (of the same length), itself when it is a tensor. Output k
+// collects the body's output k of every iteration into a sequence.
+inline std::vector<Tensor> sequence_map_kernel(const Node& n, const std::vector<Tensor>& in) {
+  const Graph& body = n.attr_graph("body");
+  const std::size_t formal = n.num_formal_inputs();
+  if (in.empty() || !in[0].is_sequence()) throw n.error("input #0 must be a sequence");
+  const std::size_t len = in[0].items().size();
+  for (std::size_t j = 1; j < formal; ++j)
+    if (in[j].is_sequence() && in[j].items().size() != len)
+      throw n.error("input #" + std::to_string(j) + " has " + std::to_string(in[j].items().size()) +
+                    " elements, input #0 has " + std::to_string(len));
+  Body run(body, nullptr, captures_of(n, in));
+  std::vector<std::vector<Tensor>> collected(body.outputs().size());
+  for (std::size_t i = 0; i < len; ++i) {
+    std::vector<Tensor> args;
+    for (std::size_t j = 0; j < formal; ++j) args.push_back(in[j].is_sequence() ? in[j].items()[i] : in[j]);
+    std::vector<Tensor> results = run(args);
+    for (std::size_t k = 0; k < collected.size(); ++k) collected[k].push_back(results.at(k));
+  }
+  std::vector<Tensor> out;
+  for (std::size_t k = 0; k < collected.size(); ++k) {
+    const DType t = collected[k].empty() ? body.outputs()[k]->dtype() : collected[k][0].dtype();
+    out.push_back(Tensor::sequence(t, std::move(collected[k])));
+  }
+  return out;
+}
+
 }  // namespace detail_control_flow
 
 inline void register_control_flow_kernels(KernelTable& t) {
   t["If"] = [](const Node& n, const std::vector<Tensor>& in) { return detail_control_flow::if_kernel(n, in); };
   t["Loop"] = [](const Node& n, const std::vector<Tensor>& in) { return detail_control_flow::loop_kernel(n, in); };
   t["Scan"] = [](const Node& n, const std::vector<Tensor>& in) { return detail_control_flow::scan_kernel(n, in); };
+  t["SequenceMap"] = detail_control_flow::sequence_map_kernel;
 }
 
 }  // namespace ondine::reference

@@ -27,8 +27,10 @@
 #include "ondine/reference/rnn.hpp"
 #include "ondine/reference/sampling.hpp"
 #include "ondine/reference/selection.hpp"
+#include "ondine/reference/sequence.hpp"
 #include "ondine/reference/signal.hpp"
 #include "ondine/reference/tensor_ops.hpp"
+#include "ondine/reference/text.hpp"
 
 namespace ondine {
 
@@ -54,6 +56,8 @@ inline const KernelTable& kernel_table() {
     register_signal_kernels(t);
     register_random_kernels(t);
     register_nn_extra_kernels(t);
+    register_sequence_kernels(t);
+    register_text_kernels(t);
     return t;
   }();
   return table;
@@ -109,6 +113,16 @@ inline void check_inputs(const Graph& g, const std::map<std::string, Tensor>& in
     auto it = inputs.find(in->name());
     if (it == inputs.end()) throw Error("missing input '" + in->name() + "' (" + Graph::value_type_str(in) + ")");
     const Tensor& t = it->second;
+    if (!in->is_tensor()) {  // a sequence or optional: its kind and element type (the elements' shapes vary)
+      const bool none_ok = is_optional_kind(in->kind()) && t.is_none();
+      const bool kind_ok = none_ok || (is_sequence_kind(in->kind()) ? t.is_sequence() : t.kind() == Tensor::Kind::Dense);
+      if (!kind_ok || (!none_ok && in->dtype() != DType::Undefined && t.dtype() != in->dtype()))
+        throw Error("input '" + in->name() + "' is not a value of type " + Graph::value_type_str(in));
+      continue;
+    }
+    if (t.kind() != Tensor::Kind::Dense)
+      throw Error("input '" + in->name() + "' is a sequence or optional, the model expects a tensor (" +
+                  Graph::value_type_str(in) + ")");
     if (t.dtype() != in->dtype())
       throw Error("input '" + in->name() + "' has dtype " + std::string(dtype_name(t.dtype())) + ", the model expects " +
                   std::string(dtype_name(in->dtype())));

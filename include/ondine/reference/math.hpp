@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -550,10 +552,55 @@ inline Kernel arg_reduce_kernel(bool is_max) {
 
 // --- other kernels ----------------------------------------------------------------------------------------
 
+// A number as Cast writes it into a string: floating values in the shortest form that reads back to the
+// same value of their type (std::to_chars; what numpy's str gives), NaN / INF / -INF as ONNX spells them;
+// integers in decimal, bools as 1 and 0.
+template <typename T>
+std::string number_to_string(T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return std::to_string(static_cast<std::conditional_t<std::is_signed_v<T>, long long, unsigned long long>>(v));
+  } else {
+    using F = std::conditional_t<std::is_same_v<T, double>, double, float>;  // float16/bfloat16 via float
+    const F f = static_cast<F>(static_cast<float>(v));
+    if (std::isnan(f)) return "NaN";
+    if (std::isinf(f)) return f > 0 ? "INF" : "-INF";
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, f);
+    return std::string(buf, r.ptr);
+  }
+}
+
+// A string parsed as Cast reads it: a decimal or scientific number, or NaN / INF / +INF / -INF (any case).
+inline double string_to_number(const Node& n, const std::string& s) {
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin || *end != '\0') throw n.error("cannot read '" + s + "' as a number");
+  return v;
+}
+
 // x converted to `to` (Cast, and CastLike with the type of its second input).
 inline Tensor cast_to(const Node& n, const Tensor& x, DType to) {
-  if (x.dtype() == DType::String) throw n.error("casting from string is not supported");
-  if (to == DType::String) throw n.error("casting to string is not supported");
+  if (x.dtype() == DType::String && to == DType::String) return x;
+  if (x.dtype() == DType::String) {
+    if (!x.has_strings()) throw n.error("the string input holds no strings");
+    Tensor y(to, x.dims());
+    dispatch_dtype(to, [&](auto to_tag) {
+      using To = typename decltype(to_tag)::type;
+      To* py = y.data<To>();
+      for (std::size_t i = 0; i < x.strings().size(); ++i) py[i] = cast_element<To>(string_to_number(n, x.strings()[i]));
+    });
+    return y;
+  }
+  if (to == DType::String) {
+    std::vector<std::string> out(static_cast<std::size_t>(x.numel()));
+    dispatch_dtype(x.dtype(), [&](auto from_tag) {
+      using From = typename decltype(from_tag)::type;
+      const From* px = x.data<From>();
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = number_to_string(px[i]);
+    });
+    return Tensor::from_strings(x.dims(), std::move(out));
+  }
   Tensor y(to, x.dims());
   std::int64_t count = x.numel();
   dispatch_dtype(x.dtype(), [&](auto from_tag) {

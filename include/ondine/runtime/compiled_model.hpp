@@ -88,6 +88,11 @@ class Continuation {
   virtual ~Continuation() = default;
   virtual void run(std::map<std::string, Tensor>& values) const = 0;
   virtual std::string to_text() const = 0;
+  // True for a graph input that only the continuation reads (a sequence: the compiled part has no slot).
+  virtual bool reads_input(const std::string& name) const {
+    (void)name;
+    return false;
+  }
 };
 
 // Per-context mutable state of one step (e.g. library memory objects bound to the context's arena).
@@ -460,7 +465,8 @@ class CompiledModel {
         (void)t;
         bool known = false;
         for (auto& info : p_->inputs) known = known || info.name == name;
-        if (!known) throw Error("'" + name + "' is not an input of the compiled model");
+        if (!known && !(next_ && next_->reads_input(name)))
+          throw Error("'" + name + "' is not an input of the compiled model");
       }
     }
   }

@@ -166,27 +166,36 @@ inline const char *EnumNameLayout(Layout e) {
 
 enum class ValueKind : uint8_t {
   Tensor = 0,
+  Sequence = 1,
+  OptionalTensor = 2,
+  OptionalSequence = 3,
   MIN = Tensor,
-  MAX = Tensor
+  MAX = OptionalSequence
 };
 
-inline const ValueKind (&EnumValuesValueKind())[1] {
+inline const ValueKind (&EnumValuesValueKind())[4] {
   static const ValueKind values[] = {
-    ValueKind::Tensor
+    ValueKind::Tensor,
+    ValueKind::Sequence,
+    ValueKind::OptionalTensor,
+    ValueKind::OptionalSequence
   };
   return values;
 }
 
 inline const char * const *EnumNamesValueKind() {
-  static const char * const names[2] = {
+  static const char * const names[5] = {
     "Tensor",
+    "Sequence",
+    "OptionalTensor",
+    "OptionalSequence",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameValueKind(ValueKind e) {
-  if (flatbuffers::IsOutRange(e, ValueKind::Tensor, ValueKind::Tensor)) return "";
+  if (flatbuffers::IsOutRange(e, ValueKind::Tensor, ValueKind::OptionalSequence)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesValueKind()[index];
 }

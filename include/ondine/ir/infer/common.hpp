@@ -24,6 +24,7 @@ namespace infer {
 
 inline void set_output(Node& n, std::size_t i, DType t, Shape s) {
   if (Value* v = n.output(i)) {
+    v->set_kind(ValueKind::Tensor);  // an op's outputs are tensors unless its rule says otherwise
     v->set_dtype(t);
     v->set_shape(std::move(s));
   }

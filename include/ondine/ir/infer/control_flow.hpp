@@ -43,6 +43,7 @@ inline void type_captures(const Node& n, Graph& body) {
       if (!outer) break;
       c->set_dtype(outer->dtype());
       c->set_shape(outer->shape());
+      c->set_kind(outer->kind());  // a body may read an outer sequence
       break;
     }
   }
@@ -90,6 +91,8 @@ inline void infer_if(Node& n) {
     DType dt = t->dtype() != DType::Undefined ? t->dtype() : e->dtype();
     Shape s = cond ? (*cond ? t->shape() : e->shape()) : merge_shapes(t->shape(), e->shape());
     set_output(n, i, dt, s);
+    // A branch may return a sequence or optional; one whose element type is unknown tells less.
+    n.output(i)->set_kind(t->is_tensor() || t->dtype() == DType::Undefined ? e->kind() : t->kind());
   }
 }
 
@@ -113,10 +116,13 @@ inline void infer_loop(Node& n) {
   set_input_type(body.inputs()[1], DType::Bool, Shape());
   std::vector<Shape> state(carried);
   std::vector<DType> types(carried);
+  std::vector<ValueKind> kinds(carried);  // a loop-carried value may be a sequence (or optional)
   for (std::size_t i = 0; i < carried; ++i) {
     const Value& v = required_input(n, 2 + i);
     types[i] = v.dtype();
     state[i] = v.shape();
+    kinds[i] = v.kind();
+    body.inputs()[2 + i]->set_kind(kinds[i]);
   }
   // The body may change a carried value's dims from one iteration to the next: infer with the merged
   // shapes until they no longer change (each round only forgets dims, so this ends).
@@ -151,7 +157,12 @@ inline void infer_loop(Node& n) {
   if (m && m->is_constant() && m->constant().numel() == 1 && exactly_m)
     trip = Dim(std::max<std::int64_t>(0, m->constant().to_int64s()[0]));
   if (cond_in == false) trip = Dim(0);
-  for (std::size_t i = 0; i < carried && i < n.num_outputs(); ++i) set_output(n, i, types[i], state[i]);
+  for (std::size_t i = 0; i < carried && i < n.num_outputs(); ++i) {
+    set_output(n, i, types[i], state[i]);
+    // What the body returns: an optional sequence may enter and a sequence come out (its value).
+    const Value* out = body.outputs()[1 + i];
+    n.output(i)->set_kind(out->is_tensor() ? kinds[i] : out->kind());
+  }
   for (std::size_t k = 0; k < scans && carried + k < n.num_outputs(); ++k) {
     const Value* s = body.outputs()[1 + carried + k];
     Shape out = Shape::unknown();
@@ -279,12 +290,36 @@ inline void infer_scan(Node& n) {
   }
 }
 
+// SequenceMap: the body sees element types (a sequence input's elements, a tensor input as it is); each
+// output is a sequence of what the body returns.
+inline void infer_sequence_map(Node& n) {
+  Graph& body = n.attr_graph("body");
+  const std::size_t formal = n.num_formal_inputs();
+  if (body.inputs().size() != formal)
+    throw n.error("its body takes " + std::to_string(body.inputs().size()) + " inputs for " + std::to_string(formal));
+  if (!is_sequence_kind(required_input(n, 0).kind())) throw n.error("input #0 must be a sequence");
+  for (std::size_t j = 0; j < formal; ++j) {
+    const Value& v = required_input(n, j);
+    set_input_type(body.inputs()[j], v.dtype(), v.shape());  // of a sequence: its elements'
+    body.inputs()[j]->set_kind(ValueKind::Tensor);
+  }
+  infer_body(n, body, "body");
+  if (body.outputs().size() != n.num_outputs())
+    throw n.error("its body returns " + std::to_string(body.outputs().size()) + " values for " +
+                  std::to_string(n.num_outputs()) + " outputs");
+  for (std::size_t k = 0; k < n.num_outputs(); ++k) {
+    set_output(n, k, body.outputs()[k]->dtype(), body.outputs()[k]->shape());
+    n.output(k)->set_kind(ValueKind::Sequence);
+  }
+}
+
 }  // namespace detail_control_flow
 
 inline void register_control_flow_infer(InferTable& t) {
   t["If"] = detail_control_flow::infer_if;
   t["Loop"] = detail_control_flow::infer_loop;
   t["Scan"] = detail_control_flow::infer_scan;
+  t["SequenceMap"] = detail_control_flow::infer_sequence_map;
 }
 
 }  // namespace infer
