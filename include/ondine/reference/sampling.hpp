@@ -197,8 +197,17 @@ inline std::vector<Tensor> roi_align(const Node& n, const std::vector<Tensor>& i
       rh = std::max(rh, 1.0);
     }
     const double bh = rh / static_cast<double>(PH), bw = rw / static_cast<double>(PW);
-    const int64_t gh = s.sampling_ratio > 0 ? s.sampling_ratio : static_cast<int64_t>(std::ceil(rh / static_cast<double>(PH)));
-    const int64_t gw = s.sampling_ratio > 0 ? s.sampling_ratio : static_cast<int64_t>(std::ceil(rw / static_cast<double>(PW)));
+    // The adaptive grid (sampling_ratio 0) grows with the ROI: a non-finite or absurd ROI would overflow the
+    // conversion and loop without end, so a grid past 65536 samples a side is refused (found by fuzzing).
+    auto grid = [&](double extent, int64_t bins, const char* side) -> int64_t {
+      if (s.sampling_ratio > 0) return s.sampling_ratio;
+      const double g = std::ceil(extent / static_cast<double>(bins));
+      if (!(g <= 65536.0))
+        throw n.error("roi " + std::to_string(r) + " needs a sampling grid of " + std::to_string(g) + " " + side +
+                      " per bin (sampling_ratio 0): not finite or past 65536");
+      return g > 0 ? static_cast<int64_t>(g) : 0;
+    };
+    const int64_t gh = grid(rh, PH, "rows"), gw = grid(rw, PW, "columns");
     const double count = static_cast<double>(std::max<int64_t>(gh * gw, 1));
     for (int64_t c = 0; c < C; ++c) {
       const double* img = xv.data() + (b * C + c) * H * W;
