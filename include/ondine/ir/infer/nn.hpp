@@ -814,8 +814,8 @@ inline void infer_resize(Node& n) {
     else if (!has_sizes && t.scales[i] == 1.0) out[i] = xs[i];
     else if (!has_sizes && !keep_ratio && t.scales[i] >= 1 && t.scales[i] == std::floor(t.scales[i]) && t.scales[i] < 1e6)
       out[i] = dim_mul(xs[i], Dim(static_cast<std::int64_t>(t.scales[i])));  // floor(in * k) = k*in
-    else if (!has_sizes && !keep_ratio && t.scales[i] > 0 && t.scales[i] < 1 &&
-             1.0 / t.scales[i] == std::floor(1.0 / t.scales[i]))
+    else if (!has_sizes && !keep_ratio && t.scales[i] > 0 && t.scales[i] < 1 && 1.0 / t.scales[i] < 1e6 &&
+             1.0 / t.scales[i] == std::floor(1.0 / t.scales[i]))  // bounded: a tiny scale overflowed int64 (fuzzing)
       out[i] = dim_floor_div(xs[i], Dim(static_cast<std::int64_t>(1.0 / t.scales[i])));  // floor(in / k)
     else out[i] = Dim();
   }
