@@ -485,6 +485,10 @@ inline void import_graph(const ::onnx::GraphProto& gp, Graph& g, const std::stri
       std::optional<DeclaredType> optional_type;  // Optional's `type`: the type of its output
       for (const auto& a : np.attribute()) {
         if (a.name().empty()) throw Error("attribute with an empty name");
+        // A repeated name would replace the first value; for a subgraph that frees a graph whose values the
+        // import still holds (found by fuzzing). ONNX's checker refuses duplicates too.
+        if (attrs.count(a.name()) || (a.name() == "type" && optional_type))
+          throw Error("attribute '" + a.name() + "' given twice");
         if (domain.empty() && op == "Optional" && a.name() == "type" &&
             attribute_type(a) == ::onnx::AttributeProto::TYPE_PROTO) {
           optional_type = type_from_proto(a.tp());
