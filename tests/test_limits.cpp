@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ondine/onnx/import.hpp"
+#include "onnx_builders.hpp"
 #include "ondine/reference/executor.hpp"
 
 namespace test_limits {
@@ -20,6 +21,11 @@ namespace fs = std::filesystem;
 namespace ox = ondine::onnx;
 using Catch::Contains;
 using TP = ::onnx::TensorProto;
+
+using test::add_node;
+using test::add_value_info;
+using test::error_of;
+using test::write_file;
 
 namespace {
 
@@ -32,41 +38,6 @@ std::string tmp_dir(const std::string& sub = "") {
   fs::path dir = fs::path(ONDINE_TEST_TMP_DIR) / "limits" / sub;
   fs::create_directories(dir);
   return dir.string();
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("expected an ondine::Error");
-  return "";
-}
-
-void add_value_info(::onnx::ValueInfoProto* vi, const std::string& name, int elem_type,
-                    const std::vector<std::int64_t>& dims) {
-  vi->set_name(name);
-  auto* tt = vi->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(elem_type);
-  auto* shape = tt->mutable_shape();
-  for (auto d : dims) shape->add_dim()->set_dim_value(d);
-}
-
-::onnx::NodeProto* add_node(::onnx::GraphProto* g, const std::string& op, const std::vector<std::string>& inputs,
-                            const std::vector<std::string>& outputs, const std::string& name) {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  n->set_name(name);
-  for (auto& i : inputs) n->add_input(i);
-  for (auto& o : outputs) n->add_output(o);
-  return n;
 }
 
 void add_int64_initializer(::onnx::GraphProto* g, const std::string& name, const std::vector<std::int64_t>& values,

@@ -11,6 +11,7 @@
 
 #include "ondine/onnx/export.hpp"
 #include "ondine/onnx/import.hpp"
+#include "onnx_builders.hpp"
 #include "ondine/reference/executor.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
@@ -22,6 +23,11 @@ namespace fs = std::filesystem;
 namespace ox = ondine::onnx;
 using Catch::Contains;
 
+using test::add_node;
+using test::add_value_info;
+using test::error_of;
+using test::write_file;
+
 namespace {
 
 const std::string kBackendData = "/usr/share/libonnx-testdata/data";
@@ -32,27 +38,10 @@ std::string tmp_path(const std::string& name) {
   return (dir / name).string();
 }
 
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   REQUIRE(in.good());
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// The what() of the ondine::Error that f throws; fails the test when it throws nothing or something else.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("expected an ondine::Error");
-  return "";
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
@@ -104,27 +93,6 @@ Graph conv_graph() {
 }
 
 // --- hand-built ModelProtos for the error cases -------------------------------------------------------
-
-void add_value_info(::onnx::ValueInfoProto* vi, const std::string& name, int elem_type,
-                    const std::vector<std::int64_t>& dims) {
-  vi->set_name(name);
-  auto* tt = vi->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(elem_type);
-  auto* shape = tt->mutable_shape();
-  for (auto d : dims) shape->add_dim()->set_dim_value(d);
-}
-
-::onnx::NodeProto* add_node(::onnx::GraphProto* g, const std::string& op, const std::vector<std::string>& inputs,
-                            const std::vector<std::string>& outputs, const std::string& name = "",
-                            const std::string& domain = "") {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  if (!name.empty()) n->set_name(name);
-  if (!domain.empty()) n->set_domain(domain);
-  for (auto& i : inputs) n->add_input(i);
-  for (auto& o : outputs) n->add_output(o);
-  return n;
-}
 
 // x[2,3] -> Relu (node "relu1") -> y, at the given default-domain opset.
 ::onnx::ModelProto relu_model(int opset = 13) {
