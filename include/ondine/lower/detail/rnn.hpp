@@ -30,6 +30,7 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/lstm_small_batch.hpp"
 #include "ondine/lower/detail/quantized.hpp"
 #include "ondine/lower/isa.hpp"
 
@@ -267,13 +268,16 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
   // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
   const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
+  // At small batch an fp32 LSTM on AVX-512 runs on Ondine's recurrence kernel instead (lstm_small_batch.hpp).
+  const bool small_batch = !quantized && op == "LSTM" && !peep && seq >= 1 && batch >= 1 && batch <= lstm_small_batch::kMaxBatch &&
+                           lstm_small_batch::available(effective_isa().avx512);
   std::vector<Part> parts;
-  if (dirs == 2 && threads >= 2) {
+  if (!small_batch && dirs == 2 && threads >= 2) {
     auto forward = make_part(dir_t::unidirectional_left2right, 0, 1);
     auto backward = make_part(dir_t::unidirectional_right2left, 1, 1);
     if (forward && backward) parts = {*forward, *backward};
   }
-  if (parts.empty()) {
+  if (parts.empty() && !small_batch) {
     auto whole = make_part(dir, 0, dirs);
     if (!whole) {
       L.log(op + " '" + n.name() + "': oneDNN has no primitive for it; it runs on its reference kernel");
@@ -350,6 +354,16 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     L.define(y_c, y_c_slot, plain_md(y_c->shape().sizes()));
   }
 
+  if (small_batch) {
+    lstm_small_batch::RecurrenceStep::Slots slots{};
+    slots.y = layer_slot;
+    if (h0) slots.h0 = h0_slot, slots.has_h0 = true;
+    if (c0) slots.c0 = c0_slot, slots.has_c0 = true;
+    if (wanted(y_h)) slots.y_h = y_h_float_slot, slots.has_y_h = true;
+    if (wanted(y_c)) slots.y_c = y_c_slot, slots.has_y_c = true;
+    lstm_small_batch::lower(L, n, {seq, batch, dirs, in_size, hidden}, direction == "reverse", x_slot, slots);
+    return true;
+  }
   const std::string detail = std::string(int8 ? " int8 (u8 data, s8 weights)" : quantized ? " fp32 (dequantized weights)" : "") +
                              " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" + std::to_string(in_size) +
                              " H" + std::to_string(hidden) + (lbr ? " lbr" : "") + (peep ? " +peepholes" : "");
