@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
-jobs=$(nproc)
+jobs=${SANITIZE_JOBS:-$(nproc)}  # SANITIZE_JOBS: build and test jobs (default: every core)
 supp=$PWD/scripts/sanitize
 
 configure() {  # dir, flags

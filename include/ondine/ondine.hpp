@@ -1,8 +1,10 @@
 // ondine/ondine.hpp - the one entry header of Ondine.
 //
-// Including it brings the whole library: IR, ONNX import/export, shape inference and the reference
-// executor. Code that only needs the IR includes "ondine/ir/graph.hpp" and does not pay for
-// protobuf's or oneDNN's headers.
+// Including it brings the core of the library: IR, ONNX import/export, shape inference, the pass layer
+// and the reference executor. Two parts are opt-in, each one include away: "ondine/quant.hpp"
+// (calibration, Q/DQ insertion, dynamic quantization, error metrics) and "ondine/lower/lower.hpp" (the
+// compiler onto oneDNN, which also registers the quantization passes). Code that only needs the IR
+// includes "ondine/ir/graph.hpp" and does not pay for protobuf's or oneDNN's headers.
 #pragma once
 
 #include "ondine/error.hpp"
@@ -17,10 +19,6 @@
 #include "ondine/passes/pattern.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/passes/rewrite.hpp"
-#include "ondine/quant/calibration.hpp"
-#include "ondine/quant/metrics.hpp"
-#include "ondine/quant/qdq.hpp"
-#include "ondine/quant/quantize_dynamic.hpp"
 #include "ondine/reference/executor.hpp"
 
 namespace ondine {
