@@ -14,6 +14,7 @@
 #include "ondine/ondine.hpp"
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/qdq.hpp"
+#include "ondine/quant/quantize_dynamic.hpp"
 #include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
@@ -229,6 +230,122 @@ TEST_CASE("QLSTM: the PyTorch LSTM tagger quantized, compiled at two sequence le
     // dequantized weights (lower/detail/rnn.hpp), which skips the rounding of X and of the state.
     CHECK(test::rel_error(got, want) < (lower::effective_isa().int8_vnni ? 1e-3 : 0.05));
     CHECK(test::rel_error(got, torch_out[k]) < 0.05);  // int8 vs PyTorch's fp32
+  }
+}
+
+namespace {
+
+// GRU over X [T, N, I] with constant weights (PyTorch's init range) and h0 as an input.
+Graph gru_graph(const std::string& direction, std::int64_t seq, std::int64_t batch, std::int64_t input,
+                std::int64_t hidden, std::int64_t linear_before_reset) {
+  Graph g;
+  const std::int64_t dirs = direction == "bidirectional" ? 2 : 1;
+  const float k = 1.0f / std::sqrt(static_cast<float>(hidden));
+  Value* x = g.add_input("x", DType::Float32, Shape{seq, batch, input});
+  Value* w = g.add_constant("W", test::uniform_tensor({dirs, 3 * hidden, input}, 11, -k, k));
+  Value* r = g.add_constant("R", test::uniform_tensor({dirs, 3 * hidden, hidden}, 12, -k, k));
+  Value* b = g.add_constant("B", test::uniform_tensor({dirs, 6 * hidden}, 13, -k, k));
+  Value* h0 = g.add_input("h0", DType::Float32, Shape{dirs, batch, hidden});
+  std::map<std::string, Attribute> attrs{
+      {"direction", direction}, {"hidden_size", hidden}, {"linear_before_reset", linear_before_reset}};
+  Node* n = g.add_node("GRU", {x, w, r, b, nullptr, h0}, {"y", "y_h"}, attrs, "gru");
+  for (Value* v : n->outputs()) g.add_output(v);
+  infer_shapes(g);
+  return g;
+}
+
+std::map<std::string, Tensor> gru_inputs(const Graph& g, unsigned seed) {
+  std::map<std::string, Tensor> in;
+  for (const Value* v : g.inputs()) in[v->name()] = test::uniform_tensor(v->shape().sizes(), seed++, -2.0f, 2.0f);
+  return in;
+}
+
+Graph quantized_dynamic(Graph g) {
+  QuantizeDynamic pass;
+  PassContext ctx;
+  pass.run(g, ctx);
+  g.verify();
+  infer_shapes(g);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("quantize-dynamic: a GRU's input projection becomes a dynamic int8 product the GRU reads through a column selection",
+          "[quant][rnn][gru][dynamic]") {
+  // Structure: DynamicQuantizeLinear + MatMulInteger for X W^T, the GRU unchanged but for its X (the product)
+  // and W (EyeLike selections); numbers: the int8 projection stays close to the fp32 GRU; compiled (Ondine's
+  // GRU recurrence on AVX-512, which skips the product by the selection; oneDNN's GRU elsewhere) equals the
+  // reference of the quantized graph.
+  const bool avx512 = lower::effective_isa().avx512;
+  struct Case {
+    const char* direction;
+    std::int64_t batch, hidden, lbr;
+  };
+  for (const Case& c : {Case{"bidirectional", 3, 20, 1}, Case{"forward", 1, 64, 1}, Case{"reverse", 5, 16, 1},
+                        Case{"bidirectional", 1, 48, 0}}) {
+    INFO(c.direction << " batch " << c.batch << " hidden " << c.hidden << " linear_before_reset " << c.lbr);
+    Graph fp32 = gru_graph(c.direction, 7, c.batch, 10, c.hidden, c.lbr);
+    Graph q = quantized_dynamic(fp32.clone());
+    CHECK(count_ops(q, "DynamicQuantizeLinear") == 1);
+    CHECK(count_ops(q, "MatMulInteger") == 1);
+    CHECK(count_ops(q, "GRU") == 1);
+    CHECK(count_ops(q, "EyeLike") == (std::string(c.direction) == "bidirectional" ? 2u : 1u));
+    auto in = gru_inputs(fp32, 20);
+    auto want_fp32 = ReferenceExecutor(fp32).run(in);
+    auto want = ReferenceExecutor(q).run(in);
+    for (const char* out : {"y", "y_h"}) CHECK(test::rel_error(want.at(out), want_fp32.at(out)) < 0.03);
+    for (int threads : {1, 2}) {
+      INFO("threads " << threads);
+      lower::CompileOptions options;
+      options.threads = threads;
+      auto model = lower::compile(q, options);
+      std::size_t ours = 0;
+      for (const auto& s : model.steps()) ours += s.op == "GRU" && s.implementation == "ondine:avx512";
+      CHECK(ours == (avx512 && c.lbr ? 1u : 0u));  // without linear_before_reset: oneDNN's GRU, by S
+      for (int k = 0; k < 2; ++k) {
+        auto got = model.run(in);
+        for (const char* out : {"y", "y_h"}) CHECK(test::rel_error(got.at(out), want.at(out)) < 1e-4);
+      }
+    }
+  }
+  // Must not fire: an fp32 GRU (its W is no selection) stays on oneDNN's GRU, and so does one whose W is a
+  // selection but for one entry.
+  Graph fp32 = gru_graph("forward", 4, 1, 48, 16, 1);
+  Graph near = gru_graph("forward", 4, 1, 48, 16, 1);
+  for (Node* n : near.nodes())
+    if (n->name() == "gru") {
+      Tensor sel(DType::Float32, {1, 48, 48});
+      for (std::int64_t k = 0; k < 48; ++k) sel.data<float>()[k * 48 + k] = 1.0f;
+      sel.data<float>()[5] = 0.5f;
+      n->set_input(1, near.add_constant("S", sel));
+    }
+  for (Graph* g : {&fp32, &near}) {
+    lower::CompileOptions options;
+    options.threads = 1;
+    auto model = lower::compile(*g, options);
+    for (const auto& s : model.steps()) CHECK(s.implementation != "ondine:avx512");
+    auto in = gru_inputs(*g, 40);
+    CHECK(test::rel_error(model.run(in).at("y"), ReferenceExecutor(*g).run(in).at("y")) < 1e-5);
+  }
+}
+
+TEST_CASE("quantize-dynamic: the PyTorch GRU tagger, compiled at two sequence lengths", "[quant][rnn][gru][corpus]") {
+  // tests/data/torch/gru_tagger (scripts/make_models.py): Embedding, 2 bidirectional GRU layers, batch_first.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(ONDINE_TEST_DATA_DIR) / "torch" / "gru_tagger";
+  Graph g = quantized_dynamic(ondine::onnx::load_model((dir / "model.onnx").string()));
+  CHECK(count_ops(g, "MatMulInteger") == 3);  // two GRU projections and the head
+  lower::CompileOptions options;
+  options.threads = 2;
+  lower::ShapeCache model(g.clone(), options);
+  for (int k = 0; k < 2; ++k) {
+    INFO("case " << k);
+    const std::string prefix = "case" + std::to_string(k) + ".";
+    std::map<std::string, Tensor> in{{"input_ids", load_npy((dir / (prefix + "input_ids.npy")).string())}};
+    Tensor got = model.run(in).at("tags");
+    CHECK(test::rel_error(got, ReferenceExecutor(g).run(in).at("tags")) < 1e-4);
+    CHECK(test::rel_error(got, load_npy((dir / (prefix + "out.tags.npy")).string())) < 0.05);  // int8 vs PyTorch's fp32
   }
 }
 

@@ -1,5 +1,5 @@
 // ondine/quant/quantize_dynamic.hpp - quantize-dynamic: dynamic int8 quantization of MatMul and Gemm
-// with constant float32 weights, in the standard ONNX form (the one ONNX Runtime's quantize_dynamic
+// with constant float32 weights, and of GRU's input projection (Rewriter::rewrite_gru), in the standard ONNX form (the one ONNX Runtime's quantize_dynamic
 // writes): the activation's range is measured on every call, the weight's once, here.
 //
 //   MatMul(x, W)  ->  Mul(Cast<float>(MatMulInteger(xq, Wq, x_zp, W_zp)), x_scale * W_scale)
@@ -135,6 +135,59 @@ class Rewriter {
     return true;
   }
 
+  // GRU(X, W, R, B, ...) -> GRU(G, S, R, B, ...) with G = X Wcat (Wcat [I, D*3H], every direction's W
+  // transposed side by side) rewritten as a dynamic int8 matrix product above, and S [D, 3H, D*3H] the
+  // selection of direction d's columns of G (S[d][k][j] = 1 when j = d*3H + k): what GRU computes from X W^T
+  // it now computes from G S^T = the same product, so every attribute keeps its meaning. S is written as
+  // nodes (ConstantOfShape, EyeLike with k = d*3H, Reshape, Concat: opsets 9 and up), not as a stored
+  // tensor of (D*3H)^2 D floats; constant folding builds it. A runtime that knows the pattern skips the
+  // product by S (Ondine: lower/detail/recurrence.hpp); any other computes it.
+  bool rewrite_gru(Node& n) {
+    Value *x = n.input(0), *w = n.num_inputs() > 1 ? n.input(1) : nullptr;
+    if (!x || x->dtype() != DType::Float32 || x->shape().rank() != 3 || n.attr_int("layout", 0) != 0) return false;
+    if (!w || !w->is_constant() || w->dtype() != DType::Float32 || w->constant().rank() != 3) return false;
+    const std::int64_t dirs = w->constant().dims()[0], rows = w->constant().dims()[1], in = w->constant().dims()[2];
+    // W [D, 3H, I] -> Wcat [I, D*3H].
+    Tensor wcat(DType::Float32, {in, dirs * rows});
+    const float* src = w->constant().data<float>();
+    for (std::int64_t d = 0; d < dirs; ++d)
+      for (std::int64_t k = 0; k < rows; ++k)
+        for (std::int64_t i = 0; i < in; ++i) wcat.data<float>()[i * dirs * rows + d * rows + k] = src[(d * rows + k) * in + i];
+    const std::string base = n.name() + "/input_projection";
+    Value* wc = g_.add_constant(g_.unique_name(w->name() + ".concatenated"), wcat);
+    Node* mm = add_inferred(g_, "MatMul", {x, wc}, 1, base, {}, base);
+    const std::string product_name = mm->output(0)->name();  // the rewrite's result takes this name
+    if (!rewrite(*mm)) {  // cannot happen for a float32 constant matrix; leave the GRU as it was
+      g_.remove_node(mm);
+      return false;
+    }
+    auto int64s = [&](const std::string& name, std::vector<std::int64_t> v) {
+      return g_.add_constant(g_.unique_name(name), Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(v.size())}, v));
+    };
+    Node* zeros = add_inferred(g_, "ConstantOfShape", {int64s(base + ".selection_shape", {rows, dirs * rows})}, 1,
+                               base + ".zeros", {}, base + "/zeros");
+    zeros->set_opset(std::max(9, zeros->opset()));
+    std::vector<Value*> parts;
+    for (std::int64_t d = 0; d < dirs; ++d) {
+      Node* eye = add_inferred(g_, "EyeLike", {zeros->output(0)}, 1, base + ".selection" + std::to_string(d),
+                               {{"k", d * rows}}, base + "/select" + std::to_string(d));
+      eye->set_opset(std::max(9, eye->opset()));
+      Node* reshaped = add_inferred(g_, "Reshape", {eye->output(0), int64s(base + ".selection_dims", {1, rows, dirs * rows})},
+                                    1, base + ".selection" + std::to_string(d) + ".3d", {},
+                                    base + "/select" + std::to_string(d) + "_3d");
+      parts.push_back(reshaped->output(0));
+    }
+    Value* selection = parts[0];
+    if (dirs > 1)
+      selection = add_inferred(g_, "Concat", parts, 1, base + ".selection", {{"axis", std::int64_t{0}}}, base + "/selection")
+                      ->output(0);
+    Value* product = g_.find_value(product_name);  // the int8 product, rescaled to float
+    if (!product) throw Error("internal: quantize-dynamic lost the projection of GRU '" + n.name() + "'");
+    n.set_input(0, product);
+    n.set_input(1, selection);
+    return true;
+  }
+
  private:
   // One DynamicQuantizeLinear per activation, shared by all its quantized readers.
   Node* dynamic_quantize(Value* x) {
@@ -162,6 +215,14 @@ struct QuantizeDynamic {
     detail::qdyn::Rewriter rw(g, per_column, reduce_range);
     bool changed = false;
     for (Node* n : g.topo_order()) {
+      if (n->domain().empty() && n->op_type() == "GRU") {
+        std::string what = "'" + n->name() + "' (GRU)";
+        if (!rw.rewrite_gru(*n)) continue;
+        ctx.rewrite(what + " -> its input projection as DynamicQuantizeLinear, MatMulInteger (int8 weights, " +
+                    (per_column ? "per column" : "per tensor") + "), then the GRU on it through a column selection");
+        changed = true;
+        continue;
+      }
       if (!n->domain().empty() || (n->op_type() != "MatMul" && n->op_type() != "Gemm")) continue;
       std::string what = "'" + n->name() + "' (" + n->op_type() + ")";
       if (!rw.rewrite(*n)) continue;

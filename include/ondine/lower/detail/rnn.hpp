@@ -30,7 +30,7 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
-#include "ondine/lower/detail/lstm_small_batch.hpp"
+#include "ondine/lower/detail/recurrence.hpp"
 #include "ondine/lower/detail/quantized.hpp"
 #include "ondine/lower/isa.hpp"
 
@@ -268,9 +268,14 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
   // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
   const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
-  // At small batch an fp32 LSTM on AVX-512 runs on Ondine's recurrence kernel instead (lstm_small_batch.hpp).
-  const bool small_batch = !quantized && op == "LSTM" && !peep && seq >= 1 && batch >= 1 && batch <= lstm_small_batch::kMaxBatch &&
-                           lstm_small_batch::available(effective_isa().avx512);
+  // Ondine's recurrence kernels on AVX-512 (recurrence.hpp): an fp32 LSTM at small batch, and a GRU whose
+  // input projection the graph computed (quantize-dynamic's form), which oneDNN would multiply by W again.
+  const bool own_kernels = !quantized && !peep && seq >= 1 && batch >= 1 &&
+                           recurrence::available(effective_isa().avx512);
+  const bool small_lstm = own_kernels && op == "LSTM" && batch <= recurrence::kMaxLstmBatch;
+  const bool projected_gru = own_kernels && op == "GRU" && lbr &&
+                             recurrence::is_column_selection(w->constant(), dirs, gates * hidden);
+  const bool small_batch = small_lstm || projected_gru;
   std::vector<Part> parts;
   if (!small_batch && dirs == 2 && threads >= 2) {
     auto forward = make_part(dir_t::unidirectional_left2right, 0, 1);
@@ -355,13 +360,16 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   }
 
   if (small_batch) {
-    lstm_small_batch::RecurrenceStep::Slots slots{};
+    recurrence::RecurrenceStep::Slots slots{};
     slots.y = layer_slot;
     if (h0) slots.h0 = h0_slot, slots.has_h0 = true;
     if (c0) slots.c0 = c0_slot, slots.has_c0 = true;
     if (wanted(y_h)) slots.y_h = y_h_float_slot, slots.has_y_h = true;
     if (wanted(y_c)) slots.y_c = y_c_slot, slots.has_y_c = true;
-    lstm_small_batch::lower(L, n, {seq, batch, dirs, in_size, hidden}, direction == "reverse", x_slot, slots);
+    recurrence::RnnShape shape{seq, batch, dirs, in_size, hidden,
+                               projected_gru ? recurrence::Cell::Gru : recurrence::Cell::Lstm};
+    if (projected_gru) recurrence::lower_projected_gru(L, n, shape, direction == "reverse", x_slot, slots);
+    else recurrence::lower_lstm(L, n, shape, direction == "reverse", x_slot, slots);
     return true;
   }
   const std::string detail = std::string(int8 ? " int8 (u8 data, s8 weights)" : quantized ? " fp32 (dequantized weights)" : "") +

@@ -1,0 +1,531 @@
+// ondine/lower/detail/recurrence.hpp - Ondine's own recurrence kernels on AVX-512, for the two cases
+// oneDNN 2.6 runs slowly or not at all:
+//
+// 1. An fp32 LSTM at small batch (at most kMaxLstmBatch): oneDNN 2.6's only fp32 LSTM kernel for AVX-512
+//    is brgemm-based; at batch 1 each time step is a [1, H] x [H, 4H] product that it runs at ~30% of the
+//    fp32 peak (PyTorch's bidirectional 2-layer tagger, H 256, T 128, 2 cores of a Zen 4: 107 sequences/s
+//    against ONNX Runtime's 152). Split the way ONNX Runtime and PyTorch do: X W^T + Wb + Rb for all T at
+//    once is a real GEMM (a oneDNN matmul, both directions in one), and what is left per step, G[t] +
+//    h[t-1] R^T and the gates, is a matrix-vector product whose weights stream from cache.
+// 2. A GRU (linear_before_reset, PyTorch's) whose input projection the graph already computed:
+//    quantize-dynamic (quant/quantize_dynamic.hpp) turns GRU(X, W, ...) into G = X W^T as a dynamic int8
+//    matrix product and GRU(G, S, ...) where S selects G's columns of each direction (S[d][k][j] = 1 when
+//    j = d*3H + k): standard ONNX that any runtime computes, at the cost of a product by S. Here that
+//    product is skipped: the recurrence reads G as it is.
+//
+// The kernels keep up to 16 accumulators in registers (the gates of 16 hidden units x up to 4 blocks or
+// batch rows) and apply the gates there, so nothing but h (and LSTM's c) is written per step.
+// Layouts. LSTM's G: [T*N, D*4*Hp] with Hp = H rounded up to 16 and the columns of direction d grouped by
+// blocks of 16 hidden units, gates inside a block (ONNX's order i o f c): column ((d*blocks + j)*4 + g)*16
+// + u. GRU's G: the graph's [T, N, D*3H]. Recurrent weights per direction: [blocks][H][gates][16] (row k of
+// block j holds R[g*H + 16j + u][k]), zero past H. Y is the oneDNN path's dst_layer [T, N, D*H]; the
+// previous step's h is read from there.
+// With two threads or more, the threads split each direction's hidden units (a barrier per step, each
+// core's share of the weights stays in its L2) or take a direction each (split_blocks says which).
+// Measured (bench command in docs/performance.md, "Recurrent networks"): the LSTM tagger at batch 1 went
+// from 9.4 ms (oneDNN) to 4.5 ms, at batch 2 from 11.6 to 6.6 ms, at batch 4 from 14.8 to 12.6 ms; at 8
+// they tie.
+//
+// Taken only when oneDNN's effective ISA has AVX-512 (DNNL_MAX_CPU_ISA caps it) and the node has none of
+// what the oneDNN path declines (rnn_unsupported), nor peepholes.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/silu.hpp"
+
+namespace ondine::lower::detail::recurrence {
+
+constexpr std::int64_t kLanes = 16;
+// Above this batch oneDNN's LSTM kernel wins (measured, docs/performance.md "Recurrent networks").
+constexpr std::int64_t kMaxLstmBatch = 4;
+
+enum class Cell { Lstm, Gru };
+
+struct RnnShape {
+  std::int64_t seq = 0, batch = 0, dirs = 0, input = 0, hidden = 0;
+  Cell cell = Cell::Lstm;
+  std::int64_t gates() const { return cell == Cell::Lstm ? 4 : 3; }
+  std::int64_t blocks() const { return (hidden + kLanes - 1) / kLanes; }
+  std::int64_t padded() const { return blocks() * kLanes; }
+  // G's columns per direction: LSTM's padded blocks, or the graph's 3H.
+  std::int64_t g_cols() const { return cell == Cell::Lstm ? blocks() * 4 * kLanes : 3 * hidden; }
+};
+
+// The operands of one cell call, at batch row 0 (the strides step to the next row). `bias`: GRU's packed
+// biases of the direction (LSTM's are in G); `c`: LSTM's cell state (padded to whole blocks).
+struct CellArgs {
+  const float* g;
+  std::int64_t g_stride;
+  const float* r_packed;
+  const float* bias;
+  std::int64_t hidden;
+  const float* h_prev;
+  std::int64_t h_prev_stride;
+  float* c;
+  std::int64_t c_stride;
+  float* h_out;
+  std::int64_t h_out_stride;
+};
+using CellFn = void (*)(const CellArgs&, std::int64_t block);
+// One cell per shape of the work: `Blocks` blocks of 16 hidden units x `Rows` batch rows.
+struct CellTable {
+  CellFn b4r1, b2r1, b1r1, b2r2, b1r2, b1r3, b1r4;
+};
+
+#ifdef ONDINE_SILU_X86
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// acc[r][b][q] += h_prev[r] R_q^T over the `Gates` gates of blocks [block, block + Blocks): the weights of
+// block j are [H][Gates][16] at r_packed + j * H * Gates * 16, read once for all rows.
+template <int Blocks, int Rows, int Gates>
+__attribute__((target("avx512f"))) inline void recurrent_product(const CellArgs& a, std::int64_t block,
+                                                                 __m512 (&acc)[Rows][Blocks][Gates]) {
+  const std::int64_t block_floats = a.hidden * Gates * kLanes;
+  const float* w = a.r_packed + block * block_floats;
+  for (std::int64_t k = 0; k < a.hidden; ++k) {
+    __m512 hk[Rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < Rows; ++r) hk[r] = _mm512_set1_ps(a.h_prev[r * a.h_prev_stride + k]);
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b)
+#pragma GCC unroll 4
+      for (int q = 0; q < Gates; ++q) {
+        const __m512 wq = _mm512_loadu_ps(w + b * block_floats + (k * Gates + q) * kLanes);
+#pragma GCC unroll 4
+        for (int r = 0; r < Rows; ++r) acc[r][b][q] = _mm512_fmadd_ps(hk[r], wq, acc[r][b][q]);
+      }
+  }
+}
+
+// The mask of the hidden units of the block that starts at `unit` (the last block may be partial).
+inline __mmask16 lanes_of(std::int64_t unit, std::int64_t hidden) {
+  const std::int64_t valid = std::min<std::int64_t>(kLanes, hidden - unit);
+  return static_cast<__mmask16>((1u << valid) - 1u);
+}
+
+// LSTM (gates i o f c, ONNX's order; G holds X W^T + Wb + Rb in this header's padded layout):
+// acc = G + h_prev R^T, then c = f c + i tanh(acc_c), h = o tanh(c).
+template <int Blocks, int Rows>
+__attribute__((target("avx512f"))) inline void lstm_cell(const CellArgs& a, std::int64_t block) {
+  __m512 acc[Rows][Blocks][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) acc[r][b][q] = _mm512_loadu_ps(a.g + r * a.g_stride + ((block + b) * 4 + q) * kLanes);
+  recurrent_product<Blocks, Rows, 4>(a, block, acc);
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b) {
+      const std::int64_t unit = (block + b) * kLanes;  // first hidden unit of the block
+      const __m512 i = silu::sigmoid16(acc[r][b][0]), o = silu::sigmoid16(acc[r][b][1]);
+      const __m512 f = silu::sigmoid16(acc[r][b][2]), cand = silu::tanh16(acc[r][b][3]);
+      float* cp = a.c + r * a.c_stride + unit;  // padded to whole blocks: no mask
+      const __m512 c_new = _mm512_fmadd_ps(f, _mm512_loadu_ps(cp), _mm512_mul_ps(i, cand));
+      _mm512_storeu_ps(cp, c_new);
+      const __m512 h = _mm512_mul_ps(o, silu::tanh16(c_new));
+      _mm512_mask_storeu_ps(a.h_out + r * a.h_out_stride + unit, lanes_of(unit, a.hidden), h);
+    }
+}
+
+// GRU with linear_before_reset (gates z r h; G holds X W^T as the graph computed it, [D*3H] per row;
+// bias per block [bz = Wbz + Rbz, br = Wbr + Rbr, Wbh, Rbh] x 16):
+// z = s(Gz + bz + h Rz^T), r = s(Gr + br + h Rr^T), n = tanh(Gh + Wbh + r (h Rh^T + Rbh)), h' = n + z (h - n).
+template <int Blocks, int Rows>
+__attribute__((target("avx512f"))) inline void gru_cell(const CellArgs& a, std::int64_t block) {
+  __m512 acc[Rows][Blocks][3];
+  const std::int64_t h = a.hidden;
+#pragma GCC unroll 4
+  for (int b = 0; b < Blocks; ++b) {
+    const std::int64_t unit = (block + b) * kLanes;
+    const __mmask16 m = lanes_of(unit, h);
+    const float* bias = a.bias + (block + b) * 4 * kLanes;
+#pragma GCC unroll 4
+    for (int r = 0; r < Rows; ++r) {
+      const float* g = a.g + r * a.g_stride + unit;
+      acc[r][b][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g), _mm512_loadu_ps(bias));
+      acc[r][b][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g + h), _mm512_loadu_ps(bias + kLanes));
+      acc[r][b][2] = _mm512_loadu_ps(bias + 3 * kLanes);
+    }
+  }
+  recurrent_product<Blocks, Rows, 3>(a, block, acc);
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b) {
+      const std::int64_t unit = (block + b) * kLanes;
+      const __mmask16 m = lanes_of(unit, h);
+      const float* bias = a.bias + (block + b) * 4 * kLanes;
+      const __m512 z = silu::sigmoid16(acc[r][b][0]), reset = silu::sigmoid16(acc[r][b][1]);
+      const __m512 gh = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a.g + r * a.g_stride + 2 * h + unit),
+                                      _mm512_loadu_ps(bias + 2 * kLanes));
+      const __m512 n = silu::tanh16(_mm512_fmadd_ps(reset, acc[r][b][2], gh));
+      const __m512 prev = _mm512_maskz_loadu_ps(m, a.h_prev + r * a.h_prev_stride + unit);
+      _mm512_mask_storeu_ps(a.h_out + r * a.h_out_stride + unit, m, _mm512_fmadd_ps(z, _mm512_sub_ps(prev, n), n));
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+inline const CellTable& lstm_cells() {
+  static const CellTable t{lstm_cell<4, 1>, lstm_cell<2, 1>, lstm_cell<1, 1>, lstm_cell<2, 2>,
+                           lstm_cell<1, 2>, lstm_cell<1, 3>, lstm_cell<1, 4>};
+  return t;
+}
+inline const CellTable& gru_cells() {
+  static const CellTable t{gru_cell<4, 1>, gru_cell<2, 1>, gru_cell<1, 1>, gru_cell<2, 2>,
+                           gru_cell<1, 2>, gru_cell<1, 3>, gru_cell<1, 4>};
+  return t;
+}
+
+// One time step of `rows` batch rows (any count) over hidden blocks [block_begin, block_end): blocks of 4
+// per call for one row, rows in groups of up to 4 otherwise (at most 16 accumulators either way).
+inline void time_step(const CellTable& cells, CellArgs a, std::int64_t block_begin, std::int64_t block_end,
+                      std::int64_t rows) {
+  for (std::int64_t r0 = 0; r0 < rows;) {
+    const std::int64_t take = std::min<std::int64_t>(4, rows - r0);
+    CellArgs at = a;
+    at.g += r0 * a.g_stride;
+    at.h_prev += r0 * a.h_prev_stride;
+    if (at.c) at.c += r0 * a.c_stride;
+    at.h_out += r0 * a.h_out_stride;
+    for (std::int64_t j = block_begin; j < block_end;) {
+      const std::int64_t left = block_end - j;
+      auto call = [&](CellFn fn, std::int64_t step) {
+        fn(at, j);
+        j += step;
+      };
+      if (take == 1 && left >= 4) call(cells.b4r1, 4);
+      else if (take == 1 && left >= 2) call(cells.b2r1, 2);
+      else if (take == 1) call(cells.b1r1, 1);
+      else if (take == 2 && left >= 2) call(cells.b2r2, 2);
+      else if (take == 2) call(cells.b1r2, 1);
+      else if (take == 3) call(cells.b1r3, 1);
+      else call(cells.b1r4, 1);
+    }
+    r0 += take;
+  }
+}
+
+#endif  // ONDINE_SILU_X86
+
+// Whether this kernel can run on oneDNN's effective ISA (`avx512`) in this build.
+inline bool available(bool avx512) {
+#ifdef ONDINE_SILU_X86
+  return avx512;
+#else
+  (void)avx512;
+  return false;
+#endif
+}
+
+// Whether W [D, 3H, D*3H] selects G's columns of each direction: W[d][k][j] = 1 when j = d*3H + k, else 0
+// (what quantize-dynamic writes for a GRU whose projection it quantized).
+inline bool is_column_selection(const Tensor& w, std::int64_t dirs, std::int64_t rows) {
+  if (w.dtype() != DType::Float32 || w.dims() != std::vector<std::int64_t>{dirs, rows, dirs * rows}) return false;
+  const float* p = w.data<float>();
+  for (std::int64_t d = 0; d < dirs; ++d)
+    for (std::int64_t k = 0; k < rows; ++k)
+      for (std::int64_t j = 0; j < dirs * rows; ++j)
+        if (p[(d * rows + k) * dirs * rows + j] != (j == d * rows + k ? 1.0f : 0.0f)) return false;
+  return true;
+}
+
+// The recurrent weights R [D, G*H, H] (ONNX) of direction d, packed [blocks][H][G][16].
+inline std::vector<float> pack_recurrent(const Tensor& r, const RnnShape& s, std::int64_t d) {
+  const std::int64_t h = s.hidden, blocks = s.blocks(), gates = s.gates();
+  std::vector<float> out(static_cast<std::size_t>(blocks * h * gates * kLanes), 0.0f);
+  const float* src = r.data<float>() + d * gates * h * h;
+  for (std::int64_t j = 0; j < blocks; ++j)
+    for (std::int64_t k = 0; k < h; ++k)
+      for (std::int64_t q = 0; q < gates; ++q)
+        for (std::int64_t u = 0; u < kLanes && j * kLanes + u < h; ++u)
+          out[static_cast<std::size_t>(((j * h + k) * gates + q) * kLanes + u)] = src[(q * h + j * kLanes + u) * h + k];
+  return out;
+}
+
+// LSTM: the input weights W [D, 4H, I] as the matmul's [I, D*4*Hp] (G's column order), and the bias Wb + Rb.
+inline Tensor pack_lstm_input(const Tensor& w, const RnnShape& s) {
+  const std::int64_t h = s.hidden, in = s.input, cols = s.dirs * s.g_cols();
+  std::vector<float> out(static_cast<std::size_t>(in * cols), 0.0f);
+  const float* src = w.data<float>();
+  for (std::int64_t d = 0; d < s.dirs; ++d)
+    for (std::int64_t q = 0; q < 4; ++q)
+      for (std::int64_t unit = 0; unit < h; ++unit) {
+        const std::int64_t col = d * s.g_cols() + ((unit / kLanes) * 4 + q) * kLanes + unit % kLanes;
+        for (std::int64_t i = 0; i < in; ++i)
+          out[static_cast<std::size_t>(i * cols + col)] = src[(d * 4 * h + q * h + unit) * in + i];
+      }
+  return Tensor::from_vector<float>({in, cols}, out);
+}
+inline Tensor pack_lstm_bias(const Value* b, const RnnShape& s) {
+  const std::int64_t h = s.hidden, cols = s.dirs * s.g_cols();
+  std::vector<float> out(static_cast<std::size_t>(cols), 0.0f);
+  if (b) {
+    const float* src = b->constant().data<float>();
+    for (std::int64_t d = 0; d < s.dirs; ++d)
+      for (std::int64_t q = 0; q < 4; ++q)
+        for (std::int64_t unit = 0; unit < h; ++unit)
+          out[static_cast<std::size_t>(d * s.g_cols() + ((unit / kLanes) * 4 + q) * kLanes + unit % kLanes)] =
+              src[d * 8 * h + q * h + unit] + src[d * 8 * h + 4 * h + q * h + unit];
+  }
+  return Tensor::from_vector<float>({1, cols}, out);
+}
+
+// GRU: the biases of direction d per block of 16 hidden units, [blocks][bz, br, Wbh, Rbh][16], from ONNX's
+// B [D, 6H] = [Wbz Wbr Wbh Rbz Rbr Rbh] (zeros without B).
+inline std::vector<float> pack_gru_bias(const Value* b, const RnnShape& s, std::int64_t d) {
+  const std::int64_t h = s.hidden;
+  std::vector<float> out(static_cast<std::size_t>(s.blocks() * 4 * kLanes), 0.0f);
+  if (!b) return out;
+  const float* wb = b->constant().data<float>() + d * 6 * h;
+  const float* rb = wb + 3 * h;
+  for (std::int64_t unit = 0; unit < h; ++unit) {
+    float* blk = out.data() + (unit / kLanes) * 4 * kLanes + unit % kLanes;
+    blk[0] = wb[unit] + rb[unit];
+    blk[kLanes] = wb[h + unit] + rb[h + unit];
+    blk[2 * kLanes] = wb[2 * h + unit];
+    blk[3 * kLanes] = rb[2 * h + unit];
+  }
+  return out;
+}
+
+// The recurrence over G, writing Y [T, N, D*H], Y_h and Y_c ([1, D, N, H] each, when wanted).
+class RecurrenceStep : public runtime::Step {
+ public:
+  struct Slots {
+    SlotId gates, h0, c0, y, y_h, y_c;
+    bool has_h0 = false, has_c0 = false, has_y_h = false, has_y_c = false;
+  };
+
+  // `r_packed` (and for GRU `bias_packed`): per direction, shared by all contexts, never written.
+  RecurrenceStep(runtime::StepInfo info, RnnShape shape, bool reverse, Slots slots, std::vector<memory> r_packed,
+                 std::vector<memory> bias_packed)
+      : Step(std::move(info), reads_of(slots), writes_of(slots)),
+        s_(shape),
+        reverse_(reverse),
+        slots_(slots),
+        r_packed_(std::move(r_packed)),
+        bias_packed_(std::move(bias_packed)) {}
+
+  struct State : runtime::StepState {
+    std::vector<float> c;      // LSTM: [D, N, Hp]
+    std::vector<float> zeros;  // h before the first step without initial_h: [N, H]
+  };
+  std::unique_ptr<runtime::StepState> make_state(runtime::ExecContext&) const override {
+    auto st = std::make_unique<State>();
+    if (s_.cell == Cell::Lstm) st->c.resize(static_cast<std::size_t>(s_.dirs * s_.batch * s_.padded()));
+    st->zeros.assign(static_cast<std::size_t>(s_.batch * s_.hidden), 0.0f);
+    return st;
+  }
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();  // G comes from the library step before
+    State& st = ctx.state<State>(*this);
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const std::int64_t blocks = s_.blocks();
+    if (threads >= 2 && split_blocks(threads)) {
+      // Each direction in turn, its hidden blocks split between the threads, a barrier after each step.
+      const int nt = static_cast<int>(std::min<std::int64_t>(threads, blocks));
+      for (std::int64_t d = 0; d < s_.dirs; ++d) {
+        begin(ctx, st, d);
+#pragma omp parallel num_threads(nt)
+        {
+          const std::int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+          steps(ctx, st, d, blocks * t / k, blocks * (t + 1) / k, true);
+        }
+        end(ctx, st, d);
+      }
+    } else if (s_.dirs == 2 && threads >= 2) {
+#pragma omp parallel num_threads(2)
+      {
+        const std::int64_t d = omp_get_thread_num();
+        begin(ctx, st, d);
+        steps(ctx, st, d, 0, blocks, false);
+        end(ctx, st, d);
+      }
+    } else {
+      for (std::int64_t d = 0; d < s_.dirs; ++d) {
+        begin(ctx, st, d);
+        steps(ctx, st, d, 0, blocks, false);
+        end(ctx, st, d);
+      }
+    }
+  }
+
+  // Whether `threads` threads split each direction's hidden units (every step then ends at a barrier)
+  // rather than each taking a direction. One direction: always (else a thread idles). Two: at batch 1 when
+  // a direction's recurrent weights (G*H x H floats) pass half of one core's L2 (Zen 4: 1 MiB) and their
+  // halves do not: PyTorch's LSTM tagger (H 256, T 128, 2 cores) runs its recurrences in 2.97 ms split
+  // against 3.6 ms side by side; at batch 2 and 4 side by side wins (6.6 / 13.6 ms against 7.3 / 14.5 ms in
+  // all). Each thread needs at least 2 blocks of 16 hidden units.
+  bool split_blocks(int threads) const {
+    if (s_.blocks() < 2 * threads) return false;
+    const std::int64_t weight_bytes = s_.gates() * s_.hidden * s_.hidden * static_cast<std::int64_t>(sizeof(float));
+    return s_.dirs == 1 || (s_.batch == 1 && weight_bytes > (std::int64_t{1} << 19));
+  }
+
+ private:
+  static std::vector<SlotId> reads_of(const Slots& s) {
+    std::vector<SlotId> out{s.gates};
+    if (s.has_h0) out.push_back(s.h0);
+    if (s.has_c0) out.push_back(s.c0);
+    return out;
+  }
+  static std::vector<SlotId> writes_of(const Slots& s) {
+    std::vector<SlotId> out{s.y};
+    if (s.has_y_h) out.push_back(s.y_h);
+    if (s.has_y_c) out.push_back(s.y_c);
+    return out;
+  }
+
+  bool backward(std::int64_t d) const { return reverse_ || d == 1; }
+
+  // LSTM: the cell state of direction d from initial_c (or zeros).
+  void begin(runtime::ExecContext& ctx, State& st, std::int64_t d) const {
+    if (s_.cell != Cell::Lstm) return;
+    const std::int64_t n = s_.batch, h = s_.hidden, hp = s_.padded();
+    float* c = st.c.data() + d * n * hp;
+    std::fill(c, c + n * hp, 0.0f);
+    if (slots_.has_c0) {
+      const float* c0 = static_cast<const float*>(ctx.ptr(slots_.c0)) + d * n * h;
+      for (std::int64_t r = 0; r < n; ++r) std::memcpy(c + r * hp, c0 + r * h, static_cast<std::size_t>(h) * sizeof(float));
+    }
+  }
+
+  // Every time step of direction d for hidden blocks [j0, j1); `sync`: a barrier after each step (the
+  // threads that share the direction read all of h).
+  void steps(runtime::ExecContext& ctx, State& st, std::int64_t d, std::int64_t j0, std::int64_t j1, bool sync) const {
+#ifdef ONDINE_SILU_X86
+    const std::int64_t n = s_.batch, h = s_.hidden, dh = s_.dirs * h;
+    CellArgs a{};
+    a.g = static_cast<const float*>(ctx.ptr(slots_.gates)) + d * s_.g_cols();
+    a.g_stride = s_.dirs * s_.g_cols();  // between rows of G
+    a.r_packed = static_cast<const float*>(r_packed_[static_cast<std::size_t>(d)].get_data_handle());
+    a.bias = bias_packed_.empty() ? nullptr
+                                  : static_cast<const float*>(bias_packed_[static_cast<std::size_t>(d)].get_data_handle());
+    a.hidden = h;
+    a.h_prev = slots_.has_h0 ? static_cast<const float*>(ctx.ptr(slots_.h0)) + d * n * h : st.zeros.data();
+    a.h_prev_stride = h;
+    a.c = st.c.empty() ? nullptr : st.c.data() + d * n * s_.padded();
+    a.c_stride = s_.padded();
+    a.h_out_stride = dh;
+    float* y = static_cast<float*>(ctx.ptr(slots_.y)) + d * h;
+    const CellTable& cells = s_.cell == Cell::Lstm ? lstm_cells() : gru_cells();
+    const float* g0 = a.g;
+    for (std::int64_t i = 0; i < s_.seq; ++i) {
+      const std::int64_t t = backward(d) ? s_.seq - 1 - i : i;
+      a.g = g0 + t * n * a.g_stride;
+      a.h_out = y + t * n * dh;
+      time_step(cells, a, j0, j1, n);
+      a.h_prev = a.h_out;
+      a.h_prev_stride = dh;
+      if (sync) {
+#pragma omp barrier
+      }
+    }
+#else
+    (void)ctx, (void)st, (void)d, (void)j0, (void)j1, (void)sync;
+    throw Error("internal: Ondine's recurrence kernels are not built for this CPU");
+#endif
+  }
+
+  // Y_h and Y_c of direction d: the last step's h (in Y) and c.
+  void end(runtime::ExecContext& ctx, State& st, std::int64_t d) const {
+    const std::int64_t n = s_.batch, h = s_.hidden, dh = s_.dirs * h;
+    const float* last = static_cast<const float*>(ctx.ptr(slots_.y)) + d * h + (backward(d) ? 0 : (s_.seq - 1) * n * dh);
+    if (slots_.has_y_h) {
+      float* y_h = static_cast<float*>(ctx.ptr(slots_.y_h)) + d * n * h;
+      for (std::int64_t row = 0; row < n; ++row)
+        std::memcpy(y_h + row * h, last + row * dh, static_cast<std::size_t>(h) * sizeof(float));
+    }
+    if (slots_.has_y_c && !st.c.empty()) {
+      const float* c = st.c.data() + d * n * s_.padded();
+      float* y_c = static_cast<float*>(ctx.ptr(slots_.y_c)) + d * n * h;
+      for (std::int64_t row = 0; row < n; ++row)
+        std::memcpy(y_c + row * h, c + row * s_.padded(), static_cast<std::size_t>(h) * sizeof(float));
+    }
+  }
+
+  RnnShape s_;
+  bool reverse_;
+  Slots slots_;
+  std::vector<memory> r_packed_, bias_packed_;
+};
+
+// The packed recurrent weights (and GRU's biases) of each direction as constants, and the step.
+inline void add_recurrence_step(Lowering& L, const Node& n, const RnnShape& s, bool reverse,
+                                RecurrenceStep::Slots slots, const std::string& what) {
+  const Tensor& r = n.input(2)->constant();
+  const Value* b = n.num_inputs() > 3 ? n.input(3) : nullptr;
+  auto as_constant = [&](std::vector<float> values) {
+    const std::int64_t count = static_cast<std::int64_t>(values.size());
+    return L.constant_memory(Tensor::from_vector<float>({count}, values), plain_md({count}));
+  };
+  std::vector<memory> packed, biases;
+  for (std::int64_t d = 0; d < s.dirs; ++d) {
+    packed.push_back(as_constant(pack_recurrent(r, s, d)));
+    if (s.cell == Cell::Gru) biases.push_back(as_constant(pack_gru_bias(b, s, d)));
+  }
+  const std::string detail = std::string(s.dirs == 2 ? "bidirectional" : reverse ? "reverse" : "forward") + " T" +
+                             std::to_string(s.seq) + " N" + std::to_string(s.batch) + " I" + std::to_string(s.input) +
+                             " H" + std::to_string(s.hidden) + ": h R^T and the gates per step, " + what;
+  L.add_step(std::make_unique<RecurrenceStep>(runtime::StepInfo{n.name(), n.op_type(), "ondine:avx512", detail}, s,
+                                              reverse, slots, std::move(packed), std::move(biases)));
+}
+
+// Case 1: an fp32 LSTM `n` (checked by the caller: weights constant, no peepholes, nothing oneDNN
+// declines) onto the matmul + recurrence, given the slots the caller made for X, the states and outputs.
+inline void lower_lstm(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
+                       RecurrenceStep::Slots slots) {
+  const Tensor& w = n.input(1)->constant();
+  const Value* b = n.num_inputs() > 3 ? n.input(3) : nullptr;
+  const std::int64_t rows = s.seq * s.batch, cols = s.dirs * s.g_cols();
+
+  // G = X W^T + Wb + Rb for every step and both directions, into an arena slot.
+  runtime::Slot gslot = Lowering::slot_for(n.input(0), SlotKind::Arena, 0);
+  gslot.name = n.name() + ".gates";
+  gslot.dims = {rows, cols};
+  gslot.bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
+  gslot.layout = "ab";
+  gslot.dtype = DType::Float32;
+  slots.gates = L.add_slot(std::move(gslot));
+  const memory::desc src_md = plain_md({rows, s.input}), dst_md = plain_md({rows, cols});
+  const memory::desc w_any({s.input, cols}, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc bias_md = plain_md({1, cols});
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_any, bias_md, dst_md), Lowering::base_attr(), L.engine());
+  L.add_primitive({n.name() + ":input_projection", n.op_type(), pd.impl_info_str(),
+                   "X [" + std::to_string(rows) + "," + std::to_string(s.input) + "] x W^T -> G [" +
+                       std::to_string(rows) + "," + std::to_string(cols) + "], all directions"},
+                  &n, dnnl::matmul(pd), pd.scratchpad_desc(),
+                  {{DNNL_ARG_SRC, x_slot, src_md}, {DNNL_ARG_DST, slots.gates, dst_md}},
+                  {{DNNL_ARG_WEIGHTS, L.constant_memory(pack_lstm_input(w, s), pd.weights_desc())},
+                   {DNNL_ARG_BIAS, L.constant_memory(pack_lstm_bias(b, s), bias_md)}});
+  add_recurrence_step(L, n, s, reverse, slots, "after the input projection");
+}
+
+// Case 2: a GRU (linear_before_reset) whose W selects its input's columns (is_column_selection): the
+// recurrence reads X as the input projection it is.
+inline void lower_projected_gru(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
+                                RecurrenceStep::Slots slots) {
+  slots.gates = x_slot;
+  add_recurrence_step(L, n, s, reverse, slots, "reading X as the input projection (W selects its columns)");
+}
+
+}  // namespace ondine::lower::detail::recurrence
