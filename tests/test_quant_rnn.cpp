@@ -344,7 +344,9 @@ TEST_CASE("quantize-dynamic: the PyTorch GRU tagger, compiled at two sequence le
     const std::string prefix = "case" + std::to_string(k) + ".";
     std::map<std::string, Tensor> in{{"input_ids", load_npy((dir / (prefix + "input_ids.npy")).string())}};
     Tensor got = model.run(in).at("tags");
-    CHECK(test::rel_error(got, ReferenceExecutor(g).run(in).at("tags")) < 1e-4);
+    // The second layer quantizes the first one's output at run time: a last-bit difference there (fp32 here,
+    // double in the reference) can move a value across a rounding boundary, one quantization step.
+    CHECK(test::rel_error(got, ReferenceExecutor(g).run(in).at("tags")) < 1e-2);
     CHECK(test::rel_error(got, load_npy((dir / (prefix + "out.tags.npy")).string())) < 0.05);  // int8 vs PyTorch's fp32
   }
 }
