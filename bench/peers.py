@@ -13,7 +13,7 @@ round's median latency. Ondine's fraction of peak is FLOPs/sample x samples/s / 
 that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is skipped.
 With --no-passes-column, Ondine also runs with its pass pipeline off (--passes none) in the same rounds.
 With --int8, the QDQ int8 models of bench/check_qdq_vs_ort.sh (out/qdq/<model>/<model>.qdq.onnx: Ondine's own
-export) get rows too ("resnet50-int8"), and BERT its dynamically quantized form (out/qdq/bert/bert.dynamic.onnx,
+export) get rows too ("resnet50-int8"), and BERT and gru_pt their dynamically quantized forms (out/qdq/M/M.dynamic.onnx,
 written here by `ondine compile --passes quantize-dynamic` when missing): Ondine and ONNX Runtime run the very
 same model; their % of peak is
 against oneDNN's u8 x s8 matmul GOP/s (ondine_peak --int8), and a line per batch gives int8 against ONNX
@@ -273,12 +273,12 @@ def main():
                     subprocess.run([os.path.join(a.build, "examples", "ondine"), "quantize", model_path(a.models_dir, m),
                                     "--calib", calib, "-o", q], check=True, stdout=subprocess.DEVNULL)
                     shutil.rmtree(calib, ignore_errors=True)
-            elif m == "bert":  # no static QDQ form: its MatMuls quantize dynamically (the pass quantize-dynamic)
-                q = os.path.join(a.qdq_dir, m, "bert.dynamic.onnx")
+            elif m in ("bert", "gru_pt"):  # no static QDQ form: MatMuls (and GRU input projections) quantize
+                q = os.path.join(a.qdq_dir, m, f"{m}.dynamic.onnx")  # dynamically (the pass quantize-dynamic)
                 if not os.path.exists(q):
                     os.makedirs(os.path.dirname(q), exist_ok=True)
                     subprocess.run([os.path.join(a.build, "examples", "ondine"), "compile",
-                                    os.path.join(a.models_dir, "bert.onnx"), "--passes", "quantize-dynamic", "-o", q],
+                                    model_path(a.models_dir, m), "--passes", "quantize-dynamic", "-o", q],
                                    check=True, stdout=subprocess.DEVNULL)
             elif not os.path.exists(q):
                 sys.exit(f"peers: {q} missing; run bench/check_qdq_vs_ort.sh {m}")
