@@ -389,7 +389,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
     // Ranking the candidates is the long part: a progress line; each node kept fp32 is a result: a log line.
     auto ranking = std::make_shared<ondine::cli::ProgressLine>("bf16 bound");
     bo.progress = [ranking](const std::string& what) {
-      if (what.rfind("ranking", 0) == 0) return ranking->update(0, std::nullopt, what);
+      if (what.rfind("ranking", 0) == 0 || what.rfind("timing", 0) == 0) return ranking->update(0, std::nullopt, what);
       ranking->clear();
       std::cerr << "bf16 bound: " << what << "\n";
     };
@@ -399,7 +399,11 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
     line << "bf16 error bound " << std::defaultfloat << *g_max_error << ": error " << r.error << " (all bf16: "
          << r.initial_error << ")" << (r.met ? "" : " NOT MET") << ", " << r.kept.size() << " node(s) kept fp32 for it";
     for (const std::string& name : r.kept) line << " '" << name << "'";
-    engine.precision = line.str() + "\n" + *precision_line;
+    if (r.bf16_ms > 0)  // auto: timed against fp32, the faster kept
+      line << "\nprecision: auto chose " << (r.chose_fp32 ? "fp32" : "bf16") << " (median of 7 runs: bf16 "
+           << std::fixed << std::setprecision(2) << r.bf16_ms << " ms, fp32 " << r.fp32_ms << " ms"
+           << (r.met ? "" : "; bf16 missed the bound") << ")";
+    engine.precision = line.str() + "\n" + (r.chose_fp32 ? "precision: fp32 in every node" : *precision_line);
   } else {
     model = std::make_shared<CompiledModel>(lower::compile(g, opts));
     engine.precision = *precision_line;

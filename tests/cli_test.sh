@@ -359,7 +359,9 @@ case $isa in
     expect 0 'bf16 error bound 0.5: error .* 0 node\(s\) kept fp32' -- "$ondine" run "$mm" --precision bf16 --max-error 0.5
     expect 0 'bf16 error bound 0: error 0 .* [1-9][0-9]* node\(s\) kept fp32 for it' -- "$ondine" run "$mm" --precision bf16 --max-error 0
     # auto: bf16 here, checked against fp32 with the default bound.
-    expect 0 'bf16 error bound 0.01: error ' -- "$ondine" run "$mm" --precision auto ;;
+    expect 0 'bf16 error bound 0.01: error ' -- "$ondine" run "$mm" --precision auto
+    # ... and timed against fp32: the faster kept, said so.
+    expect 0 'precision: auto chose (fp32|bf16) \(median of 7 runs: bf16 ' -- "$ondine" run "$mm" --precision auto ;;
 esac
 # auto without native bf16 is fp32, said so (no refusal).
 expect 0 'precision: auto is fp32 here \(oneDNN runs avx2' -- env DNNL_MAX_CPU_ISA=AVX2 "$ondine" run "$mm" --precision auto

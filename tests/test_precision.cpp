@@ -224,6 +224,24 @@ TEST_CASE("precision bf16: under an error bound the most sensitive nodes are kep
     CHECK_FALSE(r.met);
     CHECK(r.error <= r.initial_error * 1.5);
   }
+  SECTION("auto: timed against fp32, the faster kept; a bound bf16 misses gives fp32") {
+    options.precision = lower::Precision::Auto;
+    lower::Bf16BoundOptions bo;
+    bo.max_error = 0.5;
+    lower::Bf16BoundResult r = lower::compile_bf16_within(g, options, samples, bo);
+    CHECK(r.met);
+    CHECK(r.bf16_ms > 0);
+    CHECK(r.fp32_ms > 0);
+    // Which one wins depends on the CPU; the choice must follow the timings and show in the model.
+    CHECK(r.chose_fp32 == (r.bf16_ms > r.fp32_ms * (1.0 - lower::kAutoMinGain)));
+    CHECK(r.model.bf16_nodes().empty() == r.chose_fp32);
+    bo.max_error = 1e-7;
+    bo.max_fallbacks = 1;  // cannot meet it
+    lower::Bf16BoundResult missed = lower::compile_bf16_within(g, options, samples, bo);
+    CHECK_FALSE(missed.met);
+    CHECK(missed.chose_fp32);
+    CHECK(missed.model.bf16_nodes().empty());
+  }
   SECTION("bad bounds and no samples are errors") {
     lower::Bf16BoundOptions bo;
     bo.max_error = -1;

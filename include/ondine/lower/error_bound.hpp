@@ -8,6 +8,8 @@
 //   r.kept             the nodes kept float32 for the bound, in order (CompileOptions::keep_fp32 gets them)
 //   r.initial_error, r.error, r.met
 //
+// Precision::Auto also times the result against the float32 compile and keeps the faster (Bf16BoundResult::
+// chose_fp32): the policy is "the fastest precision within the bound", per model.
 // The ranking (only when the first bf16 compile misses the bound): each node that computes in bf16 is
 // compiled alone in bf16, every other one float32, and the output error it then causes is its
 // sensitivity; largest first. That costs one compile and one run per sample per node (ResNet-50: 54 such
@@ -15,9 +17,11 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,7 +39,15 @@ struct Bf16BoundResult {
   std::vector<std::string> kept;                        // nodes kept float32 for the bound, in order
   double initial_error = 0.0, error = 0.0;
   bool met = false;
+  // Precision::Auto only: the bf16 model (within the bound) and the float32 one were timed on the first
+  // sample, and `model` is the faster (float32 unless bf16 is at least kAutoMinGain faster). 0: not timed.
+  double bf16_ms = 0.0, fp32_ms = 0.0;
+  bool chose_fp32 = false;  // `model` is the float32 compile (slower in bf16, or the bound was not met)
 };
+
+// bf16 must beat float32 by this fraction for Precision::Auto to keep it: timing noise must not trade
+// exactness for nothing.
+inline constexpr double kAutoMinGain = 0.03;
 
 struct Bf16BoundOptions {
   double max_error = 0.01;
@@ -50,6 +62,28 @@ inline SampleOutputs run_all(const CompiledModel& model, const std::vector<std::
   SampleOutputs out;
   for (const auto& s : samples) out.push_back(model.run(s));
   return out;
+}
+
+// Median milliseconds per run of `a` and of `b` on `inputs`, runs interleaved (a, b, a, b, ...) so that a
+// change of load hits both, after one warm-up run each.
+inline std::pair<double, double> time_both(const CompiledModel& a, const CompiledModel& b,
+                                           const std::map<std::string, Tensor>& inputs, int runs = 7) {
+  ExecContext ca = a.make_context(), cb = b.make_context();
+  a.run(ca, inputs);
+  b.run(cb, inputs);
+  std::vector<double> ta, tb;
+  auto timed = [&](const CompiledModel& m, ExecContext& c) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.run(c, inputs);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < runs; ++i) {
+    ta.push_back(timed(a, ca));
+    tb.push_back(timed(b, cb));
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
 }
 
 }  // namespace detail::bf16_bound
@@ -67,7 +101,9 @@ inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions op
   fp32.precision = Precision::Fp32;
   if (options.precision == Precision::Auto && resolved_precision(options.precision) == Precision::Fp32)
     return Bf16BoundResult{compile(graph, fp32), {}, {}, 0.0, 0.0, true};
-  const SampleOutputs reference = run_all(compile(graph, fp32), samples);
+  const bool automatic = options.precision == Precision::Auto;
+  CompiledModel fp32_model = compile(graph, fp32);
+  const SampleOutputs reference = run_all(fp32_model, samples);
   options.precision = Precision::Bf16;
   const std::vector<std::string> user_kept = options.keep_fp32;
 
@@ -102,6 +138,16 @@ inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions op
                       std::to_string(before) + " -> " + std::to_string(after));
       });
   r.met = r.error <= bo.max_error;
+  // Auto picks the faster precision that keeps the bound (bf16 is not faster everywhere: depthwise
+  // convolutions, squeeze-and-excitation and element-wise work gain nothing from it and pay conversions).
+  if (automatic) {
+    if (bo.progress) bo.progress("timing bf16 against fp32");
+    std::tie(r.bf16_ms, r.fp32_ms) = detail::bf16_bound::time_both(r.model, fp32_model, samples.front());
+    if (!r.met || r.bf16_ms > r.fp32_ms * (1.0 - kAutoMinGain)) {
+      r.model = std::move(fp32_model);
+      r.chose_fp32 = true;
+    }
+  }
   return r;
 }
 
