@@ -934,6 +934,17 @@ inline std::vector<unsigned char> fill_bytes(DType dtype, double v) {
   return fill;
 }
 
+// Whether the output of a per-axis gather is empty; an Error naming the node when it passes
+// Limits::max_tensor_bytes. Called before the per-axis index maps are built: an axis of 10^12 positions
+// beside an empty one is an empty output, not 10^12 indices (found by fuzzing: a Pad of shape arithmetic).
+inline bool gathered_output_empty(const Node& n, const std::vector<int64_t>& out_dims, DType dtype) {
+  try {
+    return ::ondine::detail::checked_tensor_bytes(out_dims, dtype_size(dtype), "output") == 0;
+  } catch (const Error& e) {
+    throw n.error(e.what());
+  }
+}
+
 // y[o_0, ..., o_r] = x[source[0][o_0], ..., source[r][o_r]], or `fill` when any source index is -1.
 // Nearest-neighbour Resize and every Pad mode are this gather with different per-axis index maps.
 inline Tensor gather_per_axis(const Tensor& x, const std::vector<std::vector<int64_t>>& source,
@@ -1083,10 +1094,12 @@ inline std::vector<Tensor> max_unpool(const Node& n, const std::vector<Tensor>& 
     throw n.error("output_shape must be an int64 vector of " + std::to_string(x.rank()) + " values, got " +
                   std::string(dtype_name(shape.dtype())) + dims_str(shape.dims()));
   const std::vector<int64_t> out_dims = shape.to_int64s();
-  std::vector<std::vector<int64_t>> source(x.rank());
-  for (std::size_t a = 0; a < x.rank(); ++a) {
+  for (std::size_t a = 0; a < x.rank(); ++a)
     if (out_dims[a] < dims[a])
       throw n.error("output_shape " + dims_str(out_dims) + " is smaller than the default output " + dims_str(dims));
+  if (gathered_output_empty(n, out_dims, x.dtype())) return {Tensor(x.dtype(), out_dims)};
+  std::vector<std::vector<int64_t>> source(x.rank());
+  for (std::size_t a = 0; a < x.rank(); ++a) {
     for (int64_t o = 0; o < out_dims[a]; ++o) source[a].push_back(o < dims[a] ? o : -1);
   }
   return {gather_per_axis(y, source, out_dims, fill_bytes(x.dtype(), 0.0))};
@@ -1119,10 +1132,15 @@ inline std::vector<Tensor> pad(const Node& n, const std::vector<Tensor>& inputs)
   std::vector<std::vector<int64_t>> source(rank);
   for (std::size_t a = 0; a < rank; ++a) {
     int64_t len = x.dims()[a], before = pads[a], after = pads[a + rank];
-    out_dims[a] = len + before + after;
+    if (__builtin_add_overflow(len, before, &out_dims[a]) || __builtin_add_overflow(out_dims[a], after, &out_dims[a]))
+      throw n.error("pads " + dims_str(pads) + " overflow int64 on axis " + std::to_string(a));
     if (out_dims[a] < 0)
       throw n.error("pads " + dims_str(pads) + " remove more than the " + std::to_string(len) + " elements of axis " +
                     std::to_string(a));
+  }
+  if (gathered_output_empty(n, out_dims, x.dtype())) return {Tensor(x.dtype(), out_dims)};
+  for (std::size_t a = 0; a < rank; ++a) {
+    int64_t len = x.dims()[a], before = pads[a];
     for (int64_t o = 0; o < out_dims[a]; ++o) {
       int64_t i = o - before;
       if (i < 0 || i >= len) {

@@ -91,6 +91,7 @@ inline std::vector<Tensor> center_crop_pad(const Node& n, const std::vector<Tens
     offset[a] = target[i] <= have ? (have - target[i]) / 2 : -((target[i] - have) / 2);
     out_dims[a] = target[i];
   }
+  if (nn::gathered_output_empty(n, out_dims, x.dtype())) return {Tensor(x.dtype(), out_dims)};
   std::vector<std::vector<int64_t>> source(x.rank());
   for (std::size_t a = 0; a < x.rank(); ++a)
     for (int64_t o = 0; o < out_dims[a]; ++o) {
