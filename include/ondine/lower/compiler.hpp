@@ -53,7 +53,9 @@
 #include "ondine/lower/detail/reorder.hpp"
 #include "ondine/lower/detail/resample.hpp"
 #include "ondine/lower/detail/rnn.hpp"
+#include "ondine/lower/detail/sampling.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
+#include "ondine/lower/detail/signal.hpp"
 #include "ondine/lower/int8_plan.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/executor.hpp"
@@ -150,6 +152,15 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["QuantizeLinear"] = {lower_qdq_reorder, "oneDNN reorder with scales",
                            "scale or zero point computed at run time or per axis, not float32 <-> 8-bit, or scale <= 0"};
     t["DequantizeLinear"] = t["QuantizeLinear"];
+    const char* fft_declines =
+        "not float32, sizes or axis computed at run time, or a build without KissFFT (ONDINE_HAVE_KISSFFT)";
+    t["DFT"] = {lower_dft, "KissFFT (kissfft-float), plans made at compile time; real input on a half-length plan",
+                fft_declines};
+    t["STFT"] = {lower_stft, "KissFFT (kissfft-float) per frame, plans made at compile time", fft_declines};
+    t["GridSample"] = {lower_grid_sample, "Ondine's gather kernel (AVX-512 / AVX2 / C++), taps computed once per point",
+                       "not float32, or not 4-D"};
+    t["RoiAlign"] = {lower_roi_align, "Ondine's kernel, sample taps computed once per ROI and shared by the channels",
+                     "not float32"};
     return t;
   }();
   return table;
