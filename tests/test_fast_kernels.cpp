@@ -89,10 +89,10 @@ std::int64_t largest_prime_factor(std::int64_t n) {
 }
 
 // The DFT bound: float32's 2^-24 per rounding, times the stages (log2 n) and the largest radix (a generic
-// radix-p butterfly sums p products in float), times 8 for the input, twiddle and output roundings and for
-// random lines whose largest bin is below their norm. Measured errors sit 3-10x inside it.
+// radix-p butterfly sums p products in float), times 2 for the input, twiddle and output roundings. The
+// largest error measured over the lengths below is a fifth of it (the test prints the fraction).
 double fft_bound(std::int64_t n) {
-  return 8 * 0x1p-24 * (std::log2(static_cast<double>(std::max<std::int64_t>(n, 2))) +
+  return 2 * 0x1p-24 * (std::log2(static_cast<double>(std::max<std::int64_t>(n, 2))) +
                         static_cast<double>(largest_prime_factor(n)));
 }
 
@@ -109,12 +109,15 @@ bool is_fft(const std::string& impl) { return impl.rfind(kFft, 0) == 0; }
 // --- DFT, STFT --------------------------------------------------------------------------------------------
 
 TEST_CASE("DFT compiled: lengths, real and complex, onesided, inverse, against the double DFT", "[fast-kernels][dft]") {
+  double worst = 0;  // the largest error as a fraction of its bound
   for (std::int64_t n : {1, 2, 3, 4, 7, 8, 12, 15, 64, 97, 100, 256, 1000}) {
     for (std::int64_t channels : {1, 2}) {
       for (int variant = 0; variant < 3; ++variant) {  // forward, onesided, inverse
         const bool onesided = variant == 1, inverse = variant == 2;
         if (onesided && channels == 2) continue;
-        Tensor x = test::uniform_tensor({3, n, channels}, static_cast<unsigned>(n * 10 + channels), -1.0f, 1.0f);
+        // The inverse divides by n: a wider input keeps its output well above rel_error's floor.
+        const float range = inverse ? 2.0f * std::sqrt(static_cast<float>(n)) : 1.0f;
+        Tensor x = test::uniform_tensor({3, n, channels}, static_cast<unsigned>(n * 10 + channels), -range, range);
         OneNode b(17);
         Graph& g = b.input(x).node("DFT", {{"onesided", Attribute(std::int64_t{onesided})},
                                            {"inverse", Attribute(std::int64_t{inverse})}});
@@ -123,9 +126,11 @@ TEST_CASE("DFT compiled: lengths, real and complex, onesided, inverse, against t
         Compared c = compare(g, b.feeds, "DFT");
         CHECK(is_fft(c.implementation));
         CHECK(c.error <= fft_bound(n));
+        worst = std::max(worst, c.error / fft_bound(n));
       }
     }
   }
+  WARN("DFT: largest error " << worst << " of its bound");
 }
 
 TEST_CASE("DFT compiled: axis, dft_length (pad, truncate) and opset 20's inputs", "[fast-kernels][dft]") {

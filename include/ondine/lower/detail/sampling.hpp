@@ -9,14 +9,15 @@
 // GridSample: what costs is the sum over 1, 4 or 16 taps per output point, and it is the same for every
 // channel. So each output row (one batch item, one output row: OpenMP splits N * H_out of them) first turns
 // its W_out grid points into taps, an offset into the image and a weight each (0 for a tap that padding
-// zeros reads outside the image; NaN for a coordinate that is not finite, as the reference's sum gives);
+// zeros reads outside the image; NaN for a NaN grid value, as the reference's sum gives);
 // then every channel's row is sum_k w[k][j] * img[off[k][j]], 16 (AVX-512) or 8 (AVX2) points at a time
 // with gathers, chosen by oneDNN's effective ISA as silu.hpp does.
 //
 // RoiAlign: a bin's samples lie on a grid whose rows and columns are separate (y depends on the bin row and
 // sample row, x on the bin column and sample column, and a sample counts only when both lie within a pixel
 // of the image), so each ROI's row taps and column taps (two indices and two weights each) are computed
-// once and shared by all its channels; OpenMP splits the ROI x channel planes. The ROIs are checked first
+// once and shared by all its channels; OpenMP splits the ROI x channel planes. In mode avg each sample row
+// first blends its two image rows (see roi_plane_avg), so a sample costs two products, not four. The ROIs are checked first
 // (batch index in range, an adaptive grid at most 65536 a side), outside the parallel loop, so a bad one is
 // an ondine::Error naming the node, as on the reference executor.
 #pragma once
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ondine/ir/infer/sampling.hpp"
@@ -261,30 +263,60 @@ inline void roi_taps(const RoiGeometry& g, const Roi& roi, std::vector<SampleTap
                      g.W);
 }
 
-// One channel plane of one ROI: out[ph][pw] from image `img` (H x W).
-inline void roi_plane(const RoiGeometry& g, const Roi& roi, const std::vector<SampleTap>& ys,
-                      const std::vector<SampleTap>& xs, const float* img, float* out) {
+// The range of columns the ROI's column taps read: [first, last].
+inline std::pair<std::int32_t, std::int32_t> column_range(const std::vector<SampleTap>& xs) {
+  std::int32_t first = std::numeric_limits<std::int32_t>::max(), last = -1;
+  for (const SampleTap& x : xs)
+    if (x.valid) {
+      first = std::min(first, x.lo);
+      last = std::max(last, x.hi);
+    }
+  return {first, last};
+}
+
+// One channel plane of one ROI, mode avg: out[ph][pw] from image `img` (H x W). A sample's value is
+// wx_lo * (wy_lo img[ylo][xlo] + wy_hi img[yhi][xlo]) + wx_hi * (... [xhi]): each sample row blends its two
+// image rows once over the columns the ROI reads (a contiguous loop the compiler vectorises), and each sample
+// then costs two products instead of four. `blend` holds W floats, `acc` PW.
+inline void roi_plane_avg(const RoiGeometry& g, const Roi& roi, const std::vector<SampleTap>& ys,
+                          const std::vector<SampleTap>& xs, const float* img, float* out, float* blend, float* acc) {
   const std::int64_t PH = g.s.output_height, PW = g.s.output_width, W = g.W;
   const float count = static_cast<float>(std::max<std::int64_t>(roi.gh * roi.gw, 1));
+  const auto [first, last] = column_range(xs);
+  for (std::int64_t ph = 0; ph < PH; ++ph) {
+    std::fill(acc, acc + PW, 0.0f);
+    for (std::int64_t iy = 0; iy < roi.gh; ++iy) {
+      const SampleTap& y = ys[static_cast<std::size_t>(ph * roi.gh + iy)];
+      if (!y.valid) continue;  // every sample of this row adds 0
+      const float *row_lo = img + y.lo * W, *row_hi = img + y.hi * W;
+      const float w_lo = y.w_lo, w_hi = y.w_hi;
+#pragma omp simd
+      for (std::int32_t c = first; c <= last; ++c) blend[c] = w_lo * row_lo[c] + w_hi * row_hi[c];
+      for (std::int64_t pw = 0; pw < PW; ++pw) {
+        const SampleTap* xrow = xs.data() + pw * roi.gw;
+        float sum = 0.0f;
+        for (std::int64_t ix = 0; ix < roi.gw; ++ix)
+          if (xrow[ix].valid) sum += xrow[ix].w_lo * blend[xrow[ix].lo] + xrow[ix].w_hi * blend[xrow[ix].hi];
+        acc[pw] += sum;
+      }
+    }
+    for (std::int64_t pw = 0; pw < PW; ++pw) out[ph * PW + pw] = acc[pw] / count;
+  }
+}
+
+// One channel plane of one ROI, mode max: each sample is its largest weighted corner (the reference's
+// rule), so the corners stay separate.
+inline void roi_plane_max(const RoiGeometry& g, const Roi& roi, const std::vector<SampleTap>& ys,
+                          const std::vector<SampleTap>& xs, const float* img, float* out) {
+  const std::int64_t PH = g.s.output_height, PW = g.s.output_width, W = g.W;
   for (std::int64_t ph = 0; ph < PH; ++ph)
     for (std::int64_t pw = 0; pw < PW; ++pw) {
       float acc = 0.0f;
       bool any = false;
       for (std::int64_t iy = 0; iy < roi.gh; ++iy) {
         const SampleTap& y = ys[static_cast<std::size_t>(ph * roi.gh + iy)];
-        const float* row_lo = img + y.lo * W;
-        const float* row_hi = img + y.hi * W;
+        const float *row_lo = img + y.lo * W, *row_hi = img + y.hi * W;
         const SampleTap* xrow = xs.data() + pw * roi.gw;
-        if (!g.s.max) {
-          if (!y.valid) continue;  // every sample of this row adds 0
-          for (std::int64_t ix = 0; ix < roi.gw; ++ix) {
-            const SampleTap& x = xrow[ix];
-            if (!x.valid) continue;
-            acc += y.w_lo * x.w_lo * row_lo[x.lo] + y.w_lo * x.w_hi * row_lo[x.hi] + y.w_hi * x.w_lo * row_hi[x.lo] +
-                   y.w_hi * x.w_hi * row_hi[x.hi];
-          }
-          continue;
-        }
         for (std::int64_t ix = 0; ix < roi.gw; ++ix) {
           const SampleTap& x = xrow[ix];
           float m = 0.0f;  // a sample outside the image is 0
@@ -295,7 +327,7 @@ inline void roi_plane(const RoiGeometry& g, const Roi& roi, const std::vector<Sa
           any = true;
         }
       }
-      out[ph * PW + pw] = g.s.max ? acc : acc / count;
+      out[ph * PW + pw] = acc;
     }
 }
 
@@ -385,6 +417,7 @@ class RoiAlignStep : public runtime::Step {
 #pragma omp parallel if (planes > 1)
     {
       std::vector<sampling::SampleTap> ys, xs;
+      std::vector<float> blend(static_cast<std::size_t>(g.W)), acc(static_cast<std::size_t>(g.s.output_width));
       std::int64_t taps_of = -1;  // the ROI whose taps ys/xs hold: a thread's planes are mostly one ROI's
 #pragma omp for schedule(static)
       for (std::int64_t p = 0; p < planes; ++p) {
@@ -394,7 +427,10 @@ class RoiAlignStep : public runtime::Step {
           sampling::roi_taps(g, roi, ys, xs);
           taps_of = r;
         }
-        sampling::roi_plane(g, roi, ys, xs, x + (roi.batch * g.C + c) * g.H * g.W, y + p * plane);
+        const float* img = x + (roi.batch * g.C + c) * g.H * g.W;
+        float* out = y + p * plane;
+        if (g.s.max) sampling::roi_plane_max(g, roi, ys, xs, img, out);
+        else sampling::roi_plane_avg(g, roi, ys, xs, img, out, blend.data(), acc.data());
       }
     }
   }
