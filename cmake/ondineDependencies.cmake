@@ -9,7 +9,7 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 # lower/detail/signal.hpp); without it they run their reference kernel (the double-precision DFT).
 option(ONDINE_KISSFFT "Use KissFFT for compiled DFT/STFT when it is installed" ON)
 if(ONDINE_KISSFFT)
-  find_package(kissfft CONFIG QUIET)
+  find_package(kissfft CONFIG QUIET COMPONENTS SHARED)  # Debian ships the shared library only
 endif()
 if(TARGET kissfft::kissfft-float)
   set(ONDINE_HAVE_KISSFFT ON)
