@@ -10,6 +10,7 @@ packages=(
   libprotobuf-dev protobuf-compiler libonnx-dev  # ONNX's generated protobuf classes
   catch2                         # unit tests (Catch2 2.13)
   libcli11-dev nlohmann-json3-dev  # the command-line tool and its JSON reports
+  libkissfft-dev                 # KissFFT (BSD): compiled DFT/STFT (optional: without it they run the reference DFT)
   libflatbuffers-dev libxxhash-dev  # compiled-model artifacts: FlatBuffers schema and verifier, XXH3 checksums
   flatbuffers-compiler           # the test that the committed generated schema header is current
   libonnx-testdata               # the ONNX backend conformance cases

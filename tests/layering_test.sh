@@ -28,5 +28,8 @@ done
 for dir in ir passes reference quant runtime lower artifact; do
   forbid "$dir" 'onnx/|google/protobuf' "only onnx/ sees protobuf"
 done
+for dir in ir passes reference quant runtime onnx artifact; do
+  forbid "$dir" 'kissfft/' "only lower/ sees KissFFT (optional: lower/detail/signal.hpp)"
+done
 echo "$((checks - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -7,10 +7,11 @@
 // Lowering walks the nodes in topological order. Each op with a oneDNN lowering (conv, conv transpose,
 // matmul/gemm/einsum, pooling, batch norm, layer norm, resize, eltwise, binary, softmax, concat, transpose, views)
 // creates its primitive descriptor and primitive once, here, with weights reordered into the primitive's
-// layout once; the rest run their reference kernel (ondine/reference) on row-major tensors. A lowering
-// that finds its case unsupported (a dtype, a non-constant weight, a shape oneDNN rejects) returns false
-// and the node falls back to the reference kernel, so every graph the reference executor runs also
-// compiles.
+// layout once; GridSample, RoiAlign, DFT and STFT (on KissFFT, when the build has it) run Ondine's own
+// kernels (detail/sampling.hpp, detail/signal.hpp); the rest run their reference kernel (ondine/reference)
+// on row-major tensors. A lowering that finds its case unsupported (a dtype, a non-constant weight, a
+// shape oneDNN rejects) returns false and the node falls back to the reference kernel, so every graph the
+// reference executor runs also compiles.
 //
 // After lowering: steps whose results nothing needs are dropped (e.g. the Shape/Gather/Concat chain
 // feeding a Reshape's shape input), and the intermediate slots are placed in one arena by liveness.
@@ -53,7 +54,9 @@
 #include "ondine/lower/detail/reorder.hpp"
 #include "ondine/lower/detail/resample.hpp"
 #include "ondine/lower/detail/rnn.hpp"
+#include "ondine/lower/detail/sampling.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
+#include "ondine/lower/detail/signal.hpp"
 #include "ondine/lower/int8_plan.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/executor.hpp"
@@ -77,7 +80,7 @@ struct Lowerer {
   bool bf16 = false;
 };
 
-// The ops with a oneDNN lowering (each may still decline a particular node).
+// The ops with a oneDNN lowering or an Ondine kernel (each may still decline a particular node).
 inline const std::map<std::string, Lowerer>& lowering_table() {
   static const std::map<std::string, Lowerer> table = [] {
     std::map<std::string, Lowerer> t;
@@ -150,6 +153,17 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["QuantizeLinear"] = {lower_qdq_reorder, "oneDNN reorder with scales",
                            "scale or zero point computed at run time or per axis, not float32 <-> 8-bit, or scale <= 0"};
     t["DequantizeLinear"] = t["QuantizeLinear"];
+    const char* fft_declines =
+        "not float32, sizes or axis computed at run time, or a build without KissFFT (ONDINE_HAVE_KISSFFT)";
+    t["DFT"] = {lower_dft, "KissFFT (kissfft-float), plans made at compile time; real input on a half-length plan",
+                fft_declines};
+    t["STFT"] = {lower_stft, "KissFFT (kissfft-float) per frame, plans made at compile time",
+                 "not float32, frame_step or frame_length computed at run time, or a build without KissFFT "
+                 "(ONDINE_HAVE_KISSFFT)"};
+    t["GridSample"] = {lower_grid_sample, "Ondine's gather kernel (AVX-512 / AVX2 / C++), taps computed once per point",
+                       "not float32, or not 4-D"};
+    t["RoiAlign"] = {lower_roi_align, "Ondine's kernel, sample taps computed once per ROI and shared by the channels",
+                     "not float32"};
     return t;
   }();
   return table;

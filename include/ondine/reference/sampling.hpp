@@ -64,6 +64,28 @@ inline std::array<double, 4> cubic_weights(double t) {
   return {far(t + 1), near(t), near(1 - t), far(2 - t)};
 }
 
+// The index along an axis of `dim` pixels at which tap `v` reads under the padding mode (lo, hi: the
+// axis's coordinate bounds), or -1 for a zero (padding zeros, outside the image).
+inline int64_t padded_index(spec::GridPadding padding, int64_t v, int64_t dim, double lo, double hi) {
+  if (v >= 0 && v < dim) return v;
+  if (padding == spec::GridPadding::Zeros) return -1;
+  if (padding == spec::GridPadding::Border) return std::clamp<int64_t>(v, 0, dim - 1);
+  return std::clamp<int64_t>(static_cast<int64_t>(reflect(static_cast<double>(v), lo, hi)), 0, dim - 1);
+}
+
+// The pixel coordinate of normalised grid value `v` along an axis of `dim` pixels, rounded (nearest) and
+// clamped (border) or reflected (reflection) into [lo, hi] when outside it.
+inline double grid_coordinate(const spec::GridSampleSpec& s, double v, int64_t dim, double lo, double hi) {
+  const double len = static_cast<double>(dim);
+  double c = s.align_corners ? (v + 1) / 2 * (len - 1) : ((v + 1) * len - 1) / 2;
+  if (s.mode == spec::GridMode::Nearest) c = std::nearbyint(c);
+  if (c < lo || c > hi) {
+    if (s.padding == spec::GridPadding::Border) c = std::clamp(c, 0.0, len - 1);
+    else if (s.padding == spec::GridPadding::Reflection) c = reflect(c, lo, hi);
+  }
+  return c;
+}
+
 struct GridSampler {
   spec::GridSampleSpec s;
   std::vector<int64_t> dims;       // D1..Dr
@@ -74,12 +96,8 @@ struct GridSampler {
   double pixel(const double* img, std::vector<int64_t> idx) const {
     int64_t off = 0;
     for (std::size_t i = 0; i < idx.size(); ++i) {
-      int64_t v = idx[i];
-      if (v < 0 || v >= dims[i]) {
-        if (s.padding == spec::GridPadding::Zeros) return 0.0;
-        if (s.padding == spec::GridPadding::Border) v = std::clamp<int64_t>(v, 0, dims[i] - 1);
-        else v = std::clamp<int64_t>(static_cast<int64_t>(reflect(static_cast<double>(v), lo[i], hi[i])), 0, dims[i] - 1);
-      }
+      const int64_t v = padded_index(s.padding, idx[i], dims[i], lo[i], hi[i]);
+      if (v < 0) return 0.0;
       off += v * strides[i];
     }
     return img[off];
@@ -149,14 +167,7 @@ inline std::vector<Tensor> grid_sample(const Node& n, const std::vector<Tensor>&
       // The grid's last axis lists the coordinates innermost spatial axis first (x, y, z).
       const double* g = gv.data() + (b * points + p) * static_cast<int64_t>(r);
       for (std::size_t i = 0; i < r; ++i) {
-        const double v = g[r - 1 - i], len = static_cast<double>(gs.dims[i]);
-        double c = gs.s.align_corners ? (v + 1) / 2 * (len - 1) : ((v + 1) * len - 1) / 2;
-        if (gs.s.mode == spec::GridMode::Nearest) c = std::nearbyint(c);
-        if (c < gs.lo[i] || c > gs.hi[i]) {
-          if (gs.s.padding == spec::GridPadding::Border) c = std::clamp(c, 0.0, len - 1);
-          else if (gs.s.padding == spec::GridPadding::Reflection) c = reflect(c, gs.lo[i], gs.hi[i]);
-        }
-        coord[i] = c;
+        coord[i] = grid_coordinate(gs.s, g[r - 1 - i], gs.dims[i], gs.lo[i], gs.hi[i]);
       }
       for (int64_t ch = 0; ch < C; ++ch)
         out[static_cast<std::size_t>((b * C + ch) * points + p)] = gs.sample(xv.data() + (b * C + ch) * image, coord);
