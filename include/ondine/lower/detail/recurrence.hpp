@@ -81,6 +81,7 @@ struct CellTable {
 
 #ifdef ONDINE_SILU_X86
 
+// GCC 12's false positive on the intrinsics' own _mm512_undefined_ps() (GCC bug 105593; see silu.hpp).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
