@@ -128,7 +128,8 @@ TEST_CASE("recurrent ops: layout 1 is layout 0 transposed", "[rnn][reference]") 
 }
 
 TEST_CASE("recurrent ops: compiled onto oneDNN, or the reference kernel with the reason logged", "[rnn][lower]") {
-  // A bidirectional GRU with linear_before_reset (PyTorch's) runs on oneDNN's lbr GRU and matches the reference.
+  // A bidirectional GRU with linear_before_reset (PyTorch's) compiles (oneDNN's lbr GRU; on AVX-512 at this
+  // batch Ondine's recurrence kernel) and matches the reference.
   Recurrent gru("GRU", "bidirectional", 6, 2, 3, 4, false);
   Tensor x = test::uniform_tensor({6, 2, 3}, 21, -1.0f, 1.0f);
   lower::CompileOptions options;
@@ -158,12 +159,13 @@ TEST_CASE("recurrent ops: a bidirectional layer runs its two directions side by 
           "[rnn][lower][threads]") {
   // With two threads the directions are two primitives on one thread each (ConcurrentStep), writing their
   // halves of Y, Y_h and Y_c; with one thread, oneDNN's bidirectional primitive. Initial states, peepholes.
+  // Batch 5: below that an fp32 LSTM or GRU runs Ondine's recurrence kernel on AVX-512 (the next test).
   for (const char* op : {"LSTM", "GRU", "RNN"}) {
     INFO(op);
-    Recurrent rnn(op, "bidirectional", 7, 3, 5, 6, false, 0, true);
-    std::map<std::string, Tensor> in{{"x", test::uniform_tensor({7, 3, 5}, 31, -1.0f, 1.0f)},
-                                     {"h0", test::uniform_tensor({2, 3, 6}, 32, -1.0f, 1.0f)}};
-    if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({2, 3, 6}, 33, -1.0f, 1.0f);
+    Recurrent rnn(op, "bidirectional", 7, 5, 5, 6, false, 0, true);
+    std::map<std::string, Tensor> in{{"x", test::uniform_tensor({7, 5, 5}, 31, -1.0f, 1.0f)},
+                                     {"h0", test::uniform_tensor({2, 5, 6}, 32, -1.0f, 1.0f)}};
+    if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({2, 5, 6}, 33, -1.0f, 1.0f);
     auto want = ReferenceExecutor(rnn.g).run(in);
     for (int threads : {1, 2}) {
       INFO("threads " << threads);
@@ -188,7 +190,7 @@ TEST_CASE("recurrent ops: a bidirectional layer runs its two directions side by 
   }
 }
 
-TEST_CASE("recurrent ops: an fp32 LSTM at small batch on AVX-512 runs Ondine's recurrence kernel, equal to the reference",
+TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch on AVX-512 runs Ondine's recurrence kernel, equal to the reference",
           "[rnn][lower][lstm-small-batch]") {
   // lower/detail/lstm_small_batch.hpp: the input projection on a oneDNN matmul, then the recurrence. Hidden
   // sizes on and off the 16-lane blocks (and 1, 2 and 4 blocks per call), batch 1 to 4 (rows grouped by up to
@@ -200,15 +202,16 @@ TEST_CASE("recurrent ops: an fp32 LSTM at small batch on AVX-512 runs Ondine's r
     std::int64_t batch, hidden;
     bool states;
   };
+  for (const char* op : {"LSTM", "GRU"})  // GRU: linear_before_reset (the helper sets it), PyTorch's
   for (const Case& c : {Case{"forward", 1, 64, false}, Case{"reverse", 1, 37, true}, Case{"bidirectional", 1, 48, true},
                         Case{"bidirectional", 2, 20, false}, Case{"forward", 3, 16, true}, Case{"bidirectional", 4, 33, true},
                         Case{"forward", 1, 5, false}}) {
-    INFO(c.direction << " batch " << c.batch << " hidden " << c.hidden << (c.states ? " with states" : ""));
-    Recurrent lstm("LSTM", c.direction, 9, c.batch, 7, c.hidden, false, 0, c.states, false);
+    INFO(op << " " << c.direction << " batch " << c.batch << " hidden " << c.hidden << (c.states ? " with states" : ""));
+    Recurrent lstm(op, c.direction, 9, c.batch, 7, c.hidden, false, 0, c.states, false);
     std::map<std::string, Tensor> in{{"x", test::uniform_tensor({9, c.batch, 7}, 41, -1.0f, 1.0f)}};
     if (c.states) {
       in["h0"] = test::uniform_tensor({lstm.dirs, c.batch, c.hidden}, 42, -1.0f, 1.0f);
-      in["c0"] = test::uniform_tensor({lstm.dirs, c.batch, c.hidden}, 43, -1.0f, 1.0f);
+      if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({lstm.dirs, c.batch, c.hidden}, 43, -1.0f, 1.0f);
     }
     auto want = ReferenceExecutor(lstm.g).run(in);
     for (int threads : {1, 2}) {
@@ -217,7 +220,7 @@ TEST_CASE("recurrent ops: an fp32 LSTM at small batch on AVX-512 runs Ondine's r
       options.threads = threads;
       auto model = lower::compile(lstm.g, options);
       std::size_t ours = 0;
-      for (const auto& s : model.steps()) ours += s.op == "LSTM" && s.implementation == "ondine:avx512";
+      for (const auto& s : model.steps()) ours += s.op == op && s.implementation == "ondine:avx512";
       CHECK(ours == (avx512 ? 1u : 0u));
       for (int k = 0; k < 2; ++k) {  // twice: the per-context state is reset by every run
         auto got = model.run(in);
@@ -228,7 +231,16 @@ TEST_CASE("recurrent ops: an fp32 LSTM at small batch on AVX-512 runs Ondine's r
       }
     }
   }
-  // Must not fire: batch 5 (oneDNN is faster there) and peepholes stay on oneDNN's LSTM.
+  // Must not fire: batch 5 (oneDNN is faster there) and peepholes stay on oneDNN's LSTM; a GRU without
+  // linear_before_reset on oneDNN's GRU.
+  Recurrent plain_gru("GRU", "forward", 4, 1, 3, 16, false);
+  for (Node* node : plain_gru.g.nodes())
+    if (node->name() == "rnn") node->set_attr("linear_before_reset", std::int64_t{0});
+  {
+    lower::CompileOptions options;
+    options.threads = 1;
+    for (const auto& s : lower::compile(plain_gru.g, options).steps()) CHECK(s.implementation != "ondine:avx512");
+  }
   for (bool peep : {false, true}) {
     Recurrent lstm("LSTM", "forward", 4, peep ? 1 : 5, 3, 16, false, 0, peep, peep);
     lower::CompileOptions options;

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -491,33 +492,52 @@ inline void add_recurrence_step(Lowering& L, const Node& n, const RnnShape& s, b
                                               reverse, slots, std::move(packed), std::move(biases)));
 }
 
-// Case 1: an fp32 LSTM `n` (checked by the caller: weights constant, no peepholes, nothing oneDNN
-// declines) onto the matmul + recurrence, given the slots the caller made for X, the states and outputs.
-inline void lower_lstm(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
-                       RecurrenceStep::Slots slots) {
-  const Tensor& w = n.input(1)->constant();
-  const Value* b = n.num_inputs() > 3 ? n.input(3) : nullptr;
+// G = X W^T (+ bias) for every step and all directions, on one oneDNN matmul into an arena slot of
+// [T*N, D*g_cols]; `weights` [I, D*g_cols] in G's column order.
+inline SlotId add_input_projection(Lowering& L, const Node& n, const RnnShape& s, SlotId x_slot, const Tensor& weights,
+                                   const std::optional<Tensor>& bias) {
   const std::int64_t rows = s.seq * s.batch, cols = s.dirs * s.g_cols();
-
-  // G = X W^T + Wb + Rb for every step and both directions, into an arena slot.
   runtime::Slot gslot = Lowering::slot_for(n.input(0), SlotKind::Arena, 0);
   gslot.name = n.name() + ".gates";
   gslot.dims = {rows, cols};
   gslot.bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
   gslot.layout = "ab";
   gslot.dtype = DType::Float32;
-  slots.gates = L.add_slot(std::move(gslot));
+  const SlotId gates = L.add_slot(std::move(gslot));
   const memory::desc src_md = plain_md({rows, s.input}), dst_md = plain_md({rows, cols});
   const memory::desc w_any({s.input, cols}, memory::data_type::f32, memory::format_tag::any);
-  const memory::desc bias_md = plain_md({1, cols});
+  const memory::desc bias_md = bias ? plain_md({1, cols}) : memory::desc();
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_any, bias_md, dst_md), Lowering::base_attr(), L.engine());
+  std::vector<std::pair<int, memory>> consts{{DNNL_ARG_WEIGHTS, L.constant_memory(weights, pd.weights_desc())}};
+  if (bias) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(*bias, bias_md));
   L.add_primitive({n.name() + ":input_projection", n.op_type(), pd.impl_info_str(),
                    "X [" + std::to_string(rows) + "," + std::to_string(s.input) + "] x W^T -> G [" +
                        std::to_string(rows) + "," + std::to_string(cols) + "], all directions"},
                   &n, dnnl::matmul(pd), pd.scratchpad_desc(),
-                  {{DNNL_ARG_SRC, x_slot, src_md}, {DNNL_ARG_DST, slots.gates, dst_md}},
-                  {{DNNL_ARG_WEIGHTS, L.constant_memory(pack_lstm_input(w, s), pd.weights_desc())},
-                   {DNNL_ARG_BIAS, L.constant_memory(pack_lstm_bias(b, s), bias_md)}});
+                  {{DNNL_ARG_SRC, x_slot, src_md}, {DNNL_ARG_DST, gates, dst_md}}, std::move(consts));
+  return gates;
+}
+
+// Case 1: an fp32 LSTM `n` (checked by the caller: weights constant, no peepholes, nothing oneDNN
+// declines) onto the matmul + recurrence, given the slots the caller made for X, the states and outputs.
+inline void lower_lstm(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
+                       RecurrenceStep::Slots slots) {
+  const Value* b = n.num_inputs() > 3 ? n.input(3) : nullptr;
+  slots.gates = add_input_projection(L, n, s, x_slot, pack_lstm_input(n.input(1)->constant(), s), pack_lstm_bias(b, s));
+  add_recurrence_step(L, n, s, reverse, slots, "after the input projection");
+}
+
+// An fp32 GRU (linear_before_reset) at small batch: G = X W^T in the graph's column order ([d][gate][unit],
+// what case 2 reads), the biases in the recurrence.
+inline void lower_small_gru(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
+                            RecurrenceStep::Slots slots) {
+  const Tensor& w = n.input(1)->constant();  // [D, 3H, I]
+  const std::int64_t rows = 3 * s.hidden, in = s.input, cols = s.dirs * rows;
+  Tensor wt(DType::Float32, {in, cols});
+  const float* src = w.data<float>();
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t i = 0; i < in; ++i) wt.data<float>()[i * cols + c] = src[c * in + i];
+  slots.gates = add_input_projection(L, n, s, x_slot, wt, std::nullopt);
   add_recurrence_step(L, n, s, reverse, slots, "after the input projection");
 }
 

@@ -275,7 +275,11 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   const bool small_lstm = own_kernels && op == "LSTM" && batch <= recurrence::kMaxLstmBatch;
   const bool projected_gru = own_kernels && op == "GRU" && lbr &&
                              recurrence::is_column_selection(w->constant(), dirs, gates * hidden);
-  const bool small_batch = small_lstm || projected_gru;
+  // An fp32 GRU at small batch: its input projection on a oneDNN matmul, then the same GRU recurrence
+  // (PyTorch's GRU tagger, 2 threads, loaded machine: batch 1 3.87 -> 3.75 ms, batch 4 10.2 -> 9.4 ms
+  // against oneDNN's GRU; it compiles in half the time).
+  const bool small_gru = own_kernels && op == "GRU" && lbr && !projected_gru && batch <= recurrence::kMaxLstmBatch;
+  const bool small_batch = small_lstm || projected_gru || small_gru;
   std::vector<Part> parts;
   if (!small_batch && dirs == 2 && threads >= 2) {
     auto forward = make_part(dir_t::unidirectional_left2right, 0, 1);
@@ -367,8 +371,9 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     if (wanted(y_h)) slots.y_h = y_h_float_slot, slots.has_y_h = true;
     if (wanted(y_c)) slots.y_c = y_c_slot, slots.has_y_c = true;
     recurrence::RnnShape shape{seq, batch, dirs, in_size, hidden,
-                               projected_gru ? recurrence::Cell::Gru : recurrence::Cell::Lstm};
+                               op == "GRU" ? recurrence::Cell::Gru : recurrence::Cell::Lstm};
     if (projected_gru) recurrence::lower_projected_gru(L, n, shape, direction == "reverse", x_slot, slots);
+    else if (small_gru) recurrence::lower_small_gru(L, n, shape, direction == "reverse", x_slot, slots);
     else recurrence::lower_lstm(L, n, shape, direction == "reverse", x_slot, slots);
     return true;
   }
