@@ -112,6 +112,37 @@ TEST_CASE("a compiled model shared by threads each with its own ExecContext give
   CHECK(mismatches == 0);
 }
 
+TEST_CASE("a staged model (an If at the frontier, its branches compiled) shared by threads gives one thread's bits",
+          "[threads][staged]") {
+  // tests/data/torch/gated_encoder: the If on sample_rate chooses a Conv1d encoder, so its output shape
+  // depends on data. The frontier's branch contexts are pooled between runs (lower/staged.hpp): threads
+  // that run it at once must each get their own, and branches switching between runs must not mix.
+  const std::string dir = std::string(ONDINE_TEST_DATA_DIR) + "/torch/gated_encoder/";
+  Graph g = ondine::onnx::load_model(dir + "model.onnx");
+  lower::CompileOptions options;
+  options.threads = 1;
+  lower::ShapeCache model(std::move(g), options);
+  std::vector<std::map<std::string, Tensor>> inputs;
+  std::vector<Tensor> expected;
+  for (int k = 0; k < 2; ++k) {
+    const std::string prefix = dir + "case" + std::to_string(k) + ".";
+    inputs.push_back({{"audio", load_npy(prefix + "audio.npy")}, {"sample_rate", load_npy(prefix + "sample_rate.npy")}});
+    expected.push_back(model.run(inputs.back()).at("speech"));
+    CHECK(test::rel_error(expected.back(), load_npy(prefix + "out.speech.npy")) < 1e-4);
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) {
+        const std::size_t i = static_cast<std::size_t>(t + r) % inputs.size();
+        if (!same_bits(model.run(inputs[i]).at("speech"), expected[i])) ++mismatches;
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  CHECK(mismatches == 0);
+}
+
 TEST_CASE("a thread compiling a new shape does not hold up runs of a compiled one", "[threads]") {
   // The compile of batch 3 stops in its progress callback until the runs of batch 1 are done: were the
   // runs waiting on the cache's lock, they would never finish (the wait below would time out).

@@ -22,6 +22,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -123,12 +124,16 @@ class StagedRest : public runtime::Continuation {
     std::map<std::string, Tensor> in;
     for (Value* v : frontier_->inputs()) in[v->name()] = value(values, v->name());
     ReferenceExecutor frontier(*frontier_);
-    std::map<const Node*, BodyContexts> contexts;  // this call's: runs on several threads stay apart
+    // This run's body contexts, taken from the pool (runs on several threads never share one) and given
+    // back after a run that succeeded, so that a body's arena and step states are made once, not per run
+    // (gated_pt: a 1 MB branch output's arena allocated and faulted in at every run).
+    std::unique_ptr<FrontierContexts> contexts = take_contexts();
     for (auto& [node, bodies] : frontier_bodies_)
-      frontier.override_kernel(node, [&contexts, &bodies = bodies](const Node& n, const std::vector<Tensor>& args) {
-        return run_control_flow(n, args, bodies, contexts[&n]);
+      frontier.override_kernel(node, [c = contexts.get(), &bodies = bodies](const Node& n, const std::vector<Tensor>& args) {
+        return run_control_flow(n, args, bodies, (*c)[&n]);
       });
     for (auto& [name, t] : frontier.run(in)) values[name] = t;
+    give_back(std::move(contexts));
     if (!rest_graph_) return;
     std::map<std::string, Tensor> rest_in;
     bool empty = false;
@@ -160,6 +165,19 @@ class StagedRest : public runtime::Continuation {
   }
 
  private:
+  using FrontierContexts = std::map<const Node*, BodyContexts>;
+  std::unique_ptr<FrontierContexts> take_contexts() const {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (pool_.empty()) return std::make_unique<FrontierContexts>();
+    std::unique_ptr<FrontierContexts> c = std::move(pool_.back());
+    pool_.pop_back();
+    return c;
+  }
+  void give_back(std::unique_ptr<FrontierContexts> c) const {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    pool_.push_back(std::move(c));
+  }
+
   // A value the stage reads: computed before it, or a graph input the compiled part did not bind (a
   // sequence, optional or string the caller may have left out).
   static const Tensor& value(const std::map<std::string, Tensor>& values, const std::string& name) {
@@ -185,6 +203,8 @@ class StagedRest : public runtime::Continuation {
   std::shared_ptr<Graph> frontier_;
   std::set<std::string> outside_inputs_;
   std::map<const Node*, CompiledBodies> frontier_bodies_;
+  mutable std::mutex pool_mutex_;
+  mutable std::vector<std::unique_ptr<FrontierContexts>> pool_;  // at most one per concurrent run
   std::shared_ptr<ShapeCache> rest_;
   std::shared_ptr<Graph> rest_graph_;  // for runs with an empty input
   std::vector<std::string> rest_inputs_;
