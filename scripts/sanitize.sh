@@ -22,7 +22,8 @@ configure() {  # dir, flags
 if [[ $mode == asan || $mode == all ]]; then
   start=$(date +%s)
   configure build-asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-  cmake --build build-asan -j"$jobs" --target ondine_tests ondine_conformance ondine_cli
+  cmake --build build-asan -j"$jobs" --target ondine_tests ondine_conformance ondine_cli \
+    fuzz_replay_onnx_loader fuzz_replay_npy fuzz_replay_artifact
   # oneDNN's JIT kernels are not instrumented (they are generated at run time): ASan sees their effects on
   # memory only through the C++ code around them. detect_leaks: the suite must not leak.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:check_initialization_order=1 \

@@ -72,9 +72,9 @@ struct FoldMulByOne {
       if (!m) continue;
       Value* x = m->value("x");
       if (x->shape() != n->output(0)->shape() || x->dtype() != n->output(0)->dtype()) continue;
+      ctx.rewrite("removed '" + n->name() + "'");  // before erase_if_dead frees n
       rewrite::replace_value(g, n->output(0), x);
       rewrite::erase_if_dead(g, m->matched_nodes());
-      ctx.rewrite("removed '" + n->name() + "'");
       changed = true;
     }
     return changed;

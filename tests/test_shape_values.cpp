@@ -342,7 +342,7 @@ TEST_CASE("a shape that depends on data compiles in stages, the rest once per sh
       INFO(name);
       REQUIRE(got.at(name).dims() == t.dims());
       REQUIRE(got.at(name).dtype() == t.dtype());
-      CHECK(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()) == 0);
+      CHECK((t.nbytes() == 0 || std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()) == 0));  // empty: no data pointer
     }
   }
   // Counts of 4, 1 and 6 nonzeros compiled a shape each; none at all ran on the reference kernels.

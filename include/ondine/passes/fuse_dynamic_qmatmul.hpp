@@ -121,17 +121,18 @@ struct FuseDynamicQMatMul {
     for (Node* n : candidates) {
       detail::dynq::Match m;
       if (!detail::dynq::match(n, m)) continue;
+      const std::string name = n->name();  // n is erased below
       std::vector<Value*> inputs{m.dql->output(0), m.dql->output(1), m.dql->output(2), n->input(1)};
       if (m.bias) inputs.push_back(m.bias);
       g.opsets.emplace(fused::kDomain, fused::kDomainVersion);
-      Node* f = detail::fusion::add_replacement(g, m.result, "DynQMatMul", inputs, {{"w_scale", m.w_scale}}, n->name(),
+      Node* f = detail::fusion::add_replacement(g, m.result, "DynQMatMul", inputs, {{"w_scale", m.w_scale}}, name,
                                                 fused::kDomain, fused::kDomainVersion);
       fused::write_activations(*f, m.activations);
       std::vector<Node*> dead = m.activation_nodes;
       for (Node* d : {m.add, m.mul, m.cast, n, m.scale})
         if (d) dead.push_back(d);
       detail::fusion::erase_unused(g, dead);
-      ctx.rewrite("'" + n->name() + "' MatMulInteger -> Cast -> Mul" + (m.add ? " -> Add" : "") +
+      ctx.rewrite("'" + name + "' MatMulInteger -> Cast -> Mul" + (m.add ? " -> Add" : "") +
                   " -> ondine.DynQMatMul" +
                   (m.activations.empty() ? "" : " [" + fused::activations_str(m.activations) + "]"));
       changed = true;
