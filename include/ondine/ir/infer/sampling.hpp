@@ -72,6 +72,10 @@ inline void infer_grid_sample(Node& n) {
   if (xs.rank_known()) check_grid_sample_rank(n, s, xs.rank());
   if (!xs.rank_known() && !gs.rank_known()) return set_output(n, 0, x.dtype(), Shape::unknown());
   const std::size_t rank = xs.rank_known() ? xs.rank() : gs.rank();
+  // X [N, C, D1, ..., Dr] and grid [N, O1, ..., Or, r]: rank 3 at least (a lower grid rank with X's rank
+  // unknown wrote past the output dims: found by fuzzing).
+  if (rank < 3)
+    throw n.error("X " + xs.str() + " and grid " + gs.str() + " must have rank 3 or more ([N, C, D1, ...], [N, O1, ..., r])");
   if (gs.rank_known()) {
     if (gs.rank() != rank)
       throw n.error("grid " + gs.str() + " must have the rank of X " + xs.str() + ": [N, O1, ..., Or, r]");
