@@ -310,9 +310,10 @@ TEST_CASE("quantize-dynamic: a GRU's input projection becomes a dynamic int8 pro
     }
   }
   // Must not fire: an fp32 GRU (its W is no selection) stays on oneDNN's GRU, and so does one whose W is a
-  // selection but for one entry.
-  Graph fp32 = gru_graph("forward", 4, 1, 48, 16, 1);
-  Graph near = gru_graph("forward", 4, 1, 48, 16, 1);
+  // selection but for one entry. Batch 5: from batch 1 to 4 an fp32 GRU runs the same recurrence kernel after
+  // its own input projection (test_rnn.cpp), which is not what is checked here.
+  Graph fp32 = gru_graph("forward", 4, 5, 48, 16, 1);
+  Graph near = gru_graph("forward", 4, 5, 48, 16, 1);
   for (Node* n : near.nodes())
     if (n->name() == "gru") {
       Tensor sel(DType::Float32, {1, 48, 48});
