@@ -773,7 +773,8 @@ inline std::vector<Tensor> reverse_sequence(const Node& n, const std::vector<Ten
     if (len < 0 || len > steps)
       throw n.error("sequence_lens[" + std::to_string(b) + "] = " + std::to_string(len) + " is outside [0, " +
                     std::to_string(steps) + "]");
-    for (std::int64_t t = 0; t < len; ++t) std::memcpy(bytes(out) + at(t, b), bytes(x) + at(len - 1 - t, b), row);
+    if (row != 0)  // an empty tensor has no data pointer
+      for (std::int64_t t = 0; t < len; ++t) std::memcpy(bytes(out) + at(t, b), bytes(x) + at(len - 1 - t, b), row);
   }
   return {out};
 }
@@ -852,7 +853,7 @@ inline std::vector<Tensor> gather_nd(const Node& n, const std::vector<Tensor>& i
           throw n.error("index " + std::to_string(i) + " is out of range for axis " + std::to_string(b + j) + " of size " + std::to_string(dim));
         offset += (i < 0 ? i + dim : i) * strides[j];
       }
-      std::memcpy(dst, bytes(data) + static_cast<std::size_t>(offset) * es, slice);
+      if (slice != 0) std::memcpy(dst, bytes(data) + static_cast<std::size_t>(offset) * es, slice);  // empty: null dst
       dst += slice;
     }
   return {out};
