@@ -219,6 +219,11 @@ inline std::vector<Tensor> roi_align(const Node& n, const std::vector<Tensor>& i
       return g > 0 ? static_cast<int64_t>(g) : 0;
     };
     const int64_t gh = grid(rh, PH, "rows"), gw = grid(rw, PW, "columns");
+    // ... and so is one past 2^18 samples a bin (a 512 x 512 grid: a ROI of 3584 feature-map pixels a side at
+    // 7 bins), which no real feature map reaches and which would run for minutes (a fuzzing timeout).
+    if (s.sampling_ratio <= 0 && gh * gw > (int64_t{1} << 18))
+      throw n.error("roi " + std::to_string(r) + " needs a sampling grid of " + std::to_string(gh) + " x " +
+                    std::to_string(gw) + " per bin (sampling_ratio 0): past 2^18 samples");
     const double count = static_cast<double>(std::max<int64_t>(gh * gw, 1));
     for (int64_t c = 0; c < C; ++c) {
       const double* img = xv.data() + (b * C + c) * H * W;

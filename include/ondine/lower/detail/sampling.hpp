@@ -241,6 +241,9 @@ inline Roi roi_of(const Node& n, const RoiGeometry& g, const float* rois, const 
   };
   roi.gh = grid(rh, g.s.output_height, "rows");
   roi.gw = grid(rw, g.s.output_width, "columns");
+  if (g.s.sampling_ratio <= 0 && roi.gh * roi.gw > (std::int64_t{1} << 18))  // as the reference, too
+    throw n.error("roi " + std::to_string(r) + " needs a sampling grid of " + std::to_string(roi.gh) + " x " +
+                  std::to_string(roi.gw) + " per bin (sampling_ratio 0): past 2^18 samples");
   return roi;
 }
 
