@@ -683,6 +683,7 @@ inline std::vector<Tensor> softmax(const Node& n, const std::vector<Tensor>& inp
   require_floating(n, x, "input");
   auto [outer, len, inner] = softmax_rows(n, x);
   std::vector<double> xd = to_doubles(x), y(xd.size());
+  if (xd.empty()) return {from_doubles(x.dtype(), x.dims(), y)};  // no row (and no data pointer to offset)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       const double* xp = xd.data() + o * len * inner + i;
@@ -706,6 +707,7 @@ inline std::vector<Tensor> hardmax(const Node& n, const std::vector<Tensor>& inp
   require_floating(n, x, "input");
   auto [outer, len, inner] = softmax_rows(n, x);
   std::vector<double> xd = to_doubles(x), y(xd.size(), 0.0);
+  if (xd.empty()) return {from_doubles(x.dtype(), x.dims(), y)};  // no row: rows of length 0 have no largest
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       const int64_t base = o * len * inner + i;

@@ -146,7 +146,7 @@ inline std::vector<Tensor> lp_norm(const Node& n, const std::vector<Tensor>& in)
   const double p = rules::lp_order(n);
   if (p != 1 && p != 2) throw n.error("p must be 1 or 2, got " + std::to_string(p));
   std::vector<double> v = to_doubles(x);
-  if (x.rank() == 0) return {from_doubles(x.dtype(), x.dims(), v)};
+  if (x.rank() == 0 || v.empty()) return {from_doubles(x.dtype(), x.dims(), v)};  // (no row to normalise)
   const auto axis = static_cast<std::size_t>(normalize_axis(n, n.attr_int("axis", -1), static_cast<int64_t>(x.rank())));
   const int64_t outer = nn::product(x.dims(), 0, axis), len = x.dims()[axis], inner = nn::product(x.dims(), axis + 1);
   for (int64_t o = 0; o < outer; ++o)
