@@ -27,7 +27,7 @@ python3-matplotlib).
 With --bf16, Ondine also runs each model with --precision bf16 ("resnet50-bf16": convolutions in bfloat16, on
 CPUs with native bf16); ONNX Runtime has no bf16 on CPU and runs the same file in fp32, and a line per batch
 gives bf16 against ONNX Runtime's fp32 and Ondine's fp32.
-The PyTorch exports bert_pt, gpt_pt, vit_pt, lstm_pt, gru_pt and stream_pt (no PyTorch column) come from
+The PyTorch exports bert_pt, gpt_pt, vit_pt, lstm_pt, gru_pt, stream_pt, roihead_pt, ... (no PyTorch column) come from
 /usr/bin/python3 scripts/make_models.py --torch-bench; token models run at their sequence length (INPUTS).
 Make the models with: /usr/bin/python3 scripts/make_models.py --out models (and bench/check_qdq_vs_ort.sh)
 """
@@ -54,7 +54,8 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "ssd_pt": ("image", "detector", 0), "gated_pt": ("audio", "gated", 0),
           "textdet_pt": ("image", "text", 640), "efficientnet_pt": ("image", "image", 0),
           "mobilenetv2_pt": ("image", "image", 0), "convnext_pt": ("image", "image", 0),
-          "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512)}
+          "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512),
+          "roihead_pt": ("image", "roi", 800)}
 
 
 def model_path(models_dir, model):
@@ -86,6 +87,11 @@ def write_input(model, batch, directory):
         arrays = {name: rng.random((batch, 3, seq, seq), dtype=np.float32)}
     elif kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
         arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}
+    elif kind == "roi":  # [batch, 3, 800, 800] images and 300 proposals [k, x1, y1, x2, y2] over them
+        corners = np.sort(rng.uniform(0, seq, size=(300, 2, 2)), axis=1)
+        boxes = np.stack([corners[:, 0, 0], corners[:, 1, 0], corners[:, 0, 1], corners[:, 1, 1]], axis=1)
+        arrays = {name: rng.random((batch, 3, seq, seq), dtype=np.float32),
+                  "proposals": np.concatenate([rng.integers(0, batch, size=(300, 1)), boxes], axis=1).astype(np.float32)}
     elif kind == "gated":  # one second of 16 kHz audio per batch item, and the sample rate that picks the branch
         arrays = {name: rng.standard_normal((batch, 1, 16000), dtype=np.float32),
                   "sample_rate": np.array(16000, np.int64)}
@@ -122,8 +128,8 @@ class Ondine:
         extra = ["--passes", self.passes] if self.passes is not None else []
         if model.endswith("-bf16"):
             extra += ["--precision", "bf16"]
-        if INPUTS[model.split("-")[0]][1] in ("detector", "gated"):
-            # The detections (the work after NMS), or the branch taken, depend on the inputs: Ondine runs
+        if INPUTS[model.split("-")[0]][1] in ("detector", "gated", "roi"):
+            # The detections (the work after NMS), the branch taken, or the proposals depend on the inputs: Ondine runs
             # on the same .npy as ONNX Runtime (`ondine run`: the median of --runs runs; the first one, which
             # also compiles the stages whose shapes depend on data, is among them).
             inputs = [arg for spec in input_spec for arg in ("--input", spec)]

@@ -68,6 +68,10 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    "h_out", "c_out": a VAD-like streaming step on one 32 ms frame at 16 kHz: Linear(512, 64) +
                    ReLU, a 2-layer LSTM over that one step with the state passed in and returned, Linear + Sigmoid.
                    Cases batch 1 and 4.
+  roi_box_head     opset 16  "image" f32 [batch,3,height,width], "proposals" f32 [rois,5] -> "scores" [rois,5],
+                   "deltas" [rois,20]: 4 Conv to 32 channels at stride 16, torchvision.ops.RoIAlign (7x7, ratio 2,
+                   aligned), Flatten, two Linear + ReLU, class softmax and box deltas. Cases 64x64 with 20
+                   proposals, batch 2 of 96x128 with 33 (bench copy roihead_pt: resnet18 to layer3, 800x800, 300).
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -936,6 +940,61 @@ def torch_text_detector(rng, bench=False):
     return spec
 
 
+def torch_roi_box_head(rng, bench=False):
+    import torch
+    import torchvision
+    from torch import nn
+
+    # A two-stage detector's second stage, as Faster R-CNN runs it: a backbone's stride-16 feature map,
+    # torchvision.ops.RoIAlign (7x7 bins, sampling_ratio 2, aligned: RoiAlign-16 with half_pixel) over the
+    # proposals, then the box head (flatten, two Linear + ReLU, class scores and box deltas). Proposals come
+    # in as torchvision takes them, [K, 5] rows of (batch index, x1, y1, x2, y2); K is dynamic. Benchmark:
+    # torchvision resnet18's layers to stride 16 (256 channels), a 800x800 image, 300 proposals; corpus:
+    # three convolutions to 32 channels, 64x64 and 96x128 images.
+    if bench:
+        r = torchvision.models.resnet18(weights=None)
+        backbone = nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool, r.layer1, r.layer2, r.layer3)
+        channels, hidden, classes = 256, 256, 5
+    else:
+        backbone = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 24, 3, 2, 1), nn.ReLU(),
+                                 nn.Conv2d(24, 24, 3, 2, 1), nn.ReLU(), nn.Conv2d(24, 32, 3, 2, 1))
+        channels, hidden, classes = 32, 64, 5
+
+    class BoxHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = backbone
+            self.pool = torchvision.ops.RoIAlign(output_size=7, spatial_scale=1.0 / 16, sampling_ratio=2, aligned=True)
+            self.fc = nn.Sequential(nn.Flatten(), nn.Linear(channels * 49, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                    nn.ReLU())
+            self.scores = nn.Linear(hidden, classes)
+            self.deltas = nn.Linear(hidden, classes * 4)
+
+        def forward(self, image, proposals):
+            x = self.fc(self.pool(self.backbone(image), proposals))
+            return self.scores(x).softmax(-1), self.deltas(x)
+
+    module = BoxHead()
+    spread_init(module, (nn.Conv2d,))
+
+    def proposals(count, batch, height, width):
+        corners = np.sort(rng.uniform(-0.05, 1.05, size=(count, 2, 2)), axis=1)  # partly outside the image
+        boxes = np.stack([corners[:, 0, 0] * width, corners[:, 1, 0] * height, corners[:, 0, 1] * width,
+                          corners[:, 1, 1] * height], axis=1)
+        return np.concatenate([rng.integers(0, batch, size=(count, 1)), boxes], axis=1).astype(np.float32)
+
+    shapes = [(1, 800, 800, 300), (1, 640, 800, 200)] if bench else [(1, 64, 64, 20), (2, 96, 128, 33)]
+    cases = [{"image": rng.random((b, 3, h, w), dtype=np.float32), "proposals": proposals(k, b, h, w)}
+             for b, h, w, k in shapes]
+    spec = TorchSpec(module, 16, ["image", "proposals"], ["scores", "deltas"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "proposals": {0: "rois"},
+                      "scores": {0: "rois"}, "deltas": {0: "rois"}}, cases,
+                     "Faster R-CNN-like box head: " + ("torchvision resnet18 to stride 16" if bench else "4 convs to 32 channels") +
+                     ", torchvision.ops.RoIAlign 7x7 (ratio 2, aligned) over [K, 5] proposals, two-Linear box head")
+    spec.peak_range = (0.1, 1000.0)
+    return spec
+
+
 def torch_vision_net(arch, rng, bench=False):
     """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
     (efficientnet_b0, mobilenet_v2, convnext_tiny: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
@@ -992,6 +1051,7 @@ TORCH_MODELS = {
     "ssdlite_detector": torch_ssdlite_detector,
     "gated_encoder": torch_gated_encoder,
     "text_detector": torch_text_detector,
+    "roi_box_head": torch_roi_box_head,
 }
 
 
@@ -999,7 +1059,7 @@ TORCH_MODELS = {
 # corpus model itself.
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
-               "gated_pt": "gated_encoder", "textdet_pt": "text_detector"}
+               "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 

@@ -20,7 +20,8 @@
 //     Identity, Dropout, Softmax, binary ops on same-shape operands, Concat on channels) inherit the layout
 //     of their data input; their other same-shape operands are reordered to it;
 //   - everything else (reference kernels, Reshape/Flatten/Squeeze/Unsqueeze views, Transpose,
-//     MatMul/Gemm, non-f32 values) reads and writes RowMajor; DepthToSpace reads ChannelsLast too.
+//     MatMul/Gemm, non-f32 values) reads and writes RowMajor; DepthToSpace reads ChannelsLast too, and
+//     RoiAlign its feature map in any layout (its kernel reads channels side by side, lower/detail/sampling.hpp).
 // Graph inputs and outputs are RowMajor: a graph output in another layout becomes a Reorder that
 // takes over the output's name (rewrite::replace_value). Constants keep Layout::Unset (the lowering
 // reorders weights once, at compile time).
@@ -157,6 +158,9 @@ inline std::optional<Layout> need_of(const Node& n, Role role, std::size_t i, co
     case Role::RowMajor:
       // DepthToSpace reads any unblocked layout through strides (lower/detail/shape_ops.hpp).
       if (n.op_type() == "DepthToSpace" && i == 0 && v && v->layout() == Layout::ChannelsLast) return std::nullopt;
+      // RoiAlign reads a float32 feature map in any layout (lower/detail/sampling.hpp): its kernel wants the
+      // channels side by side, as blocked and channels-last hold them.
+      if (n.op_key() == "RoiAlign" && i == 0 && is_f32(v)) return std::nullopt;
       return Layout::RowMajor;
     case Role::Chooses:
       if (i == 0) return out;

@@ -16,10 +16,16 @@
 // RoiAlign: a bin's samples lie on a grid whose rows and columns are separate (y depends on the bin row and
 // sample row, x on the bin column and sample column, and a sample counts only when both lie within a pixel
 // of the image), so each ROI's row taps and column taps (two indices and two weights each) are computed
-// once and shared by all its channels; OpenMP splits the ROI x channel planes. In mode avg each sample row
-// first blends its two image rows (see roi_plane_avg), so a sample costs two products, not four. The ROIs are checked first
-// (batch index in range, an adaptive grid at most 65536 a side), outside the parallel loop, so a bad one is
-// an ondine::Error naming the node, as on the reference executor.
+// once and shared by all its channels. The taps are the same for every channel, so the kernel that counts
+// runs across channels: with X in a layout whose channels lie side by side (a convolution's blocked
+// aBcd16b / aBcd8b or channels-last output, read as it is; the layout pass leaves RoiAlign's input in
+// it), one vector load takes 16 (AVX-512) or 8 (AVX2) channels of a pixel, and a sample costs four loads
+// and six vector operations for all of them; OpenMP splits the ROI x channel-block tasks. A row-major X
+// is reordered to blocked first when the ROIs' samples outnumber its pixels (the reorder then costs less
+// than it saves); otherwise, and without AVX2, the plane kernels run per ROI x channel plane, each sample
+// row blending its two image rows once (roi_plane_avg). The ROIs are checked first (batch index in range,
+// an adaptive grid at most 65536 a side), outside the parallel loop, so a bad one is an ondine::Error
+// naming the node, as on the reference executor.
 #pragma once
 
 #include <algorithm>
@@ -185,7 +191,7 @@ struct SampleTap {
 // The reference's bilinear taps of coordinate v along an axis of `size` pixels.
 inline SampleTap sample_tap(double v, std::int64_t size) {
   SampleTap t;
-  if (v < -1.0 || v > static_cast<double>(size)) return t;
+  if (size <= 0 || v < -1.0 || v > static_cast<double>(size)) return t;  // an empty axis has no pixel
   t.valid = true;
   if (!std::isfinite(v)) {  // NaN: the sample is NaN, as the reference's sum
     t.w_lo = t.w_hi = std::numeric_limits<float>::quiet_NaN();
@@ -334,6 +340,154 @@ inline void roi_plane_max(const RoiGeometry& g, const Roi& roi, const std::vecto
     }
 }
 
+// The channel-vector kernels read X in a layout whose channels lie side by side: oneDNN's blocked
+// aBcd16b / aBcd8b or channels-last acdb (what a convolution writes). Element
+// (n, c, h, w) is at n sN + (c / B) sCB + h sH + w sW + c % B, so one load takes B channels of a pixel.
+struct ChannelLayout {
+  std::int64_t B = 0, sN = 0, sCB = 0, sH = 0, sW = 0;
+};
+
+// A sample row (column) of a bin as offsets into the channel layout: its two pixels' rows (columns)
+// times sH (sW), with the tap's weights.
+struct ChannelTap {
+  std::int64_t lo = 0, hi = 0;
+  float w_lo = 0.0f, w_hi = 0.0f;
+  bool valid = false;
+};
+
+inline void channel_taps(const std::vector<SampleTap>& taps, std::int64_t stride, std::vector<ChannelTap>& out) {
+  out.resize(taps.size());
+  for (std::size_t i = 0; i < taps.size(); ++i)
+    out[i] = ChannelTap{taps[i].lo * stride, taps[i].hi * stride, taps[i].w_lo, taps[i].w_hi, taps[i].valid};
+}
+
+#ifdef ONDINE_SILU_X86
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in silu.hpp
+#endif
+
+// One ROI, 16 channels starting at `base` (its pixel (0, 0)): tile[(ph * PW + pw) * 16 + k] for channel k.
+// Mode avg: each sample is wx_lo (wy_lo p[ylo][xlo] + wy_hi p[yhi][xlo]) + wx_hi (... [xhi]); the sum over
+// the bin's samples, over the sample count. Mode max: the largest of the four weighted corners, the
+// largest over the samples (a sample outside the image is 0), each std::max as the reference takes it:
+// std::max(a, b) is _mm512_max_ps(b, a) for NaNs too (both return their first operand then).
+__attribute__((target("avx512f"))) inline void roi_chunk_avx512(const RoiGeometry& g, const Roi& roi,
+                                                                const std::vector<ChannelTap>& ys,
+                                                                const std::vector<ChannelTap>& xs, const float* base,
+                                                                int lanes, float* tile) {
+  const std::int64_t PH = g.s.output_height, PW = g.s.output_width, gh = roi.gh, gw = roi.gw;
+  const auto mask = static_cast<__mmask16>((1u << lanes) - 1);
+  const __m512 inv = _mm512_set1_ps(1.0f / static_cast<float>(std::max<std::int64_t>(gh * gw, 1)));
+  for (std::int64_t ph = 0; ph < PH; ++ph) {
+    const ChannelTap* yrow = ys.data() + ph * gh;
+    for (std::int64_t pw = 0; pw < PW; ++pw) {
+      const ChannelTap* xrow = xs.data() + pw * gw;
+      __m512 acc = _mm512_setzero_ps();
+      if (!g.s.max) {
+        for (std::int64_t iy = 0; iy < gh; ++iy) {
+          const ChannelTap& y = yrow[iy];
+          if (!y.valid) continue;
+          const float *r0 = base + y.lo, *r1 = base + y.hi;
+          const __m512 wy0 = _mm512_set1_ps(y.w_lo), wy1 = _mm512_set1_ps(y.w_hi);
+          for (std::int64_t ix = 0; ix < gw; ++ix) {
+            const ChannelTap& x = xrow[ix];
+            if (!x.valid) continue;
+            const __m512 p00 = _mm512_maskz_loadu_ps(mask, r0 + x.lo), p01 = _mm512_maskz_loadu_ps(mask, r0 + x.hi);
+            const __m512 p10 = _mm512_maskz_loadu_ps(mask, r1 + x.lo), p11 = _mm512_maskz_loadu_ps(mask, r1 + x.hi);
+            const __m512 lo = _mm512_fmadd_ps(wy1, p10, _mm512_mul_ps(wy0, p00));
+            const __m512 hi = _mm512_fmadd_ps(wy1, p11, _mm512_mul_ps(wy0, p01));
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(x.w_lo), lo, acc);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(x.w_hi), hi, acc);
+          }
+        }
+        acc = _mm512_mul_ps(acc, inv);
+      } else {
+        bool any = false;
+        for (std::int64_t iy = 0; iy < gh; ++iy) {
+          const ChannelTap& y = yrow[iy];
+          const float *r0 = base + y.lo, *r1 = base + y.hi;
+          for (std::int64_t ix = 0; ix < gw; ++ix) {
+            const ChannelTap& x = xrow[ix];
+            __m512 m = _mm512_setzero_ps();
+            if (y.valid && x.valid) {
+              const __m512 a = _mm512_mul_ps(_mm512_set1_ps(y.w_lo * x.w_lo), _mm512_maskz_loadu_ps(mask, r0 + x.lo));
+              const __m512 b = _mm512_mul_ps(_mm512_set1_ps(y.w_lo * x.w_hi), _mm512_maskz_loadu_ps(mask, r0 + x.hi));
+              const __m512 c = _mm512_mul_ps(_mm512_set1_ps(y.w_hi * x.w_lo), _mm512_maskz_loadu_ps(mask, r1 + x.lo));
+              const __m512 d = _mm512_mul_ps(_mm512_set1_ps(y.w_hi * x.w_hi), _mm512_maskz_loadu_ps(mask, r1 + x.hi));
+              m = _mm512_max_ps(_mm512_max_ps(d, c), _mm512_max_ps(b, a));
+            }
+            acc = any ? _mm512_max_ps(m, acc) : m;
+            any = true;
+          }
+        }
+      }
+      _mm512_storeu_ps(tile + (ph * PW + pw) * 16, acc);
+    }
+  }
+}
+
+// The same, 8 channels a vector (AVX2 machines, whose convolutions write aBcd8b).
+__attribute__((target("avx2,fma"))) inline void roi_chunk_avx2(const RoiGeometry& g, const Roi& roi,
+                                                               const std::vector<ChannelTap>& ys,
+                                                               const std::vector<ChannelTap>& xs, const float* base,
+                                                               int lanes, float* tile) {
+  const std::int64_t PH = g.s.output_height, PW = g.s.output_width, gh = roi.gh, gw = roi.gw;
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256 inv = _mm256_set1_ps(1.0f / static_cast<float>(std::max<std::int64_t>(gh * gw, 1)));
+  for (std::int64_t ph = 0; ph < PH; ++ph) {
+    const ChannelTap* yrow = ys.data() + ph * gh;
+    for (std::int64_t pw = 0; pw < PW; ++pw) {
+      const ChannelTap* xrow = xs.data() + pw * gw;
+      __m256 acc = _mm256_setzero_ps();
+      if (!g.s.max) {
+        for (std::int64_t iy = 0; iy < gh; ++iy) {
+          const ChannelTap& y = yrow[iy];
+          if (!y.valid) continue;
+          const float *r0 = base + y.lo, *r1 = base + y.hi;
+          const __m256 wy0 = _mm256_set1_ps(y.w_lo), wy1 = _mm256_set1_ps(y.w_hi);
+          for (std::int64_t ix = 0; ix < gw; ++ix) {
+            const ChannelTap& x = xrow[ix];
+            if (!x.valid) continue;
+            const __m256 p00 = _mm256_maskload_ps(r0 + x.lo, mask), p01 = _mm256_maskload_ps(r0 + x.hi, mask);
+            const __m256 p10 = _mm256_maskload_ps(r1 + x.lo, mask), p11 = _mm256_maskload_ps(r1 + x.hi, mask);
+            const __m256 lo = _mm256_fmadd_ps(wy1, p10, _mm256_mul_ps(wy0, p00));
+            const __m256 hi = _mm256_fmadd_ps(wy1, p11, _mm256_mul_ps(wy0, p01));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(x.w_lo), lo, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(x.w_hi), hi, acc);
+          }
+        }
+        acc = _mm256_mul_ps(acc, inv);
+      } else {
+        bool any = false;
+        for (std::int64_t iy = 0; iy < gh; ++iy) {
+          const ChannelTap& y = yrow[iy];
+          const float *r0 = base + y.lo, *r1 = base + y.hi;
+          for (std::int64_t ix = 0; ix < gw; ++ix) {
+            const ChannelTap& x = xrow[ix];
+            __m256 m = _mm256_setzero_ps();
+            if (y.valid && x.valid) {
+              const __m256 a = _mm256_mul_ps(_mm256_set1_ps(y.w_lo * x.w_lo), _mm256_maskload_ps(r0 + x.lo, mask));
+              const __m256 b = _mm256_mul_ps(_mm256_set1_ps(y.w_lo * x.w_hi), _mm256_maskload_ps(r0 + x.hi, mask));
+              const __m256 c = _mm256_mul_ps(_mm256_set1_ps(y.w_hi * x.w_lo), _mm256_maskload_ps(r1 + x.lo, mask));
+              const __m256 d = _mm256_mul_ps(_mm256_set1_ps(y.w_hi * x.w_hi), _mm256_maskload_ps(r1 + x.hi, mask));
+              m = _mm256_max_ps(_mm256_max_ps(d, c), _mm256_max_ps(b, a));
+            }
+            acc = any ? _mm256_max_ps(m, acc) : m;
+            any = true;
+          }
+        }
+      }
+      _mm256_storeu_ps(tile + (ph * PW + pw) * 8, acc);
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // ONDINE_SILU_X86
+
 }  // namespace sampling
 
 // GridSample, 4-D float32: X [N, C, H, W], grid [N, Ho, Wo, 2] -> Y [N, C, Ho, Wo].
@@ -400,12 +554,16 @@ inline bool lower_grid_sample(Lowering& L, const Node& n) {
   return true;
 }
 
-// RoiAlign, float32: X [N, C, H, W], rois [R, 4], batch_indices int64 [R] -> Y [R, C, PH, PW].
+// RoiAlign, float32: X [N, C, H, W], rois [R, 4], batch_indices int64 [R] -> Y [R, C, PH, PW] (row-major).
+// With a channel layout (`layout.B` > 0) each (ROI, block of B channels) runs the channel-vector kernel
+// into a tile that is then stored plane by plane; else each (ROI, channel) plane runs the plane kernels
+// on row-major X.
 class RoiAlignStep : public runtime::Step {
  public:
   RoiAlignStep(runtime::StepInfo info, const Node* node, SlotId x, SlotId rois, SlotId batch, SlotId y,
-               sampling::RoiGeometry g)
-      : Step(std::move(info), {x, rois, batch}, {y}), node_(node), x_(x), rois_(rois), batch_(batch), y_(y), g_(g) {}
+               sampling::RoiGeometry g, sampling::ChannelLayout layout, silu::Kernel kernel)
+      : Step(std::move(info), {x, rois, batch}, {y}), node_(node), x_(x), rois_(rois), batch_(batch), y_(y), g_(g),
+        layout_(layout), kernel_(kernel) {}
 
   void execute(runtime::ExecContext& ctx) const override {
     ctx.backend()->wait();
@@ -415,7 +573,15 @@ class RoiAlignStep : public runtime::Step {
     auto* y = static_cast<float*>(ctx.ptr(y_));
     const sampling::RoiGeometry& g = g_;
     std::vector<sampling::Roi> boxes(static_cast<std::size_t>(g.R));
-    for (std::int64_t r = 0; r < g.R; ++r) boxes[static_cast<std::size_t>(r)] = sampling::roi_of(*node_, g, rois, batch, r);
+    for (std::int64_t r = 0; r < g.R; ++r)
+      boxes[static_cast<std::size_t>(r)] = sampling::roi_of(*node_, g, rois, batch, r);
+    if (layout_.B > 0) run_channel_blocks(x, y, boxes);
+    else run_planes(x, y, boxes);
+  }
+
+ private:
+  void run_planes(const float* x, float* y, const std::vector<sampling::Roi>& boxes) const {
+    const sampling::RoiGeometry& g = g_;
     const std::int64_t planes = g.R * g.C, plane = g.s.output_height * g.s.output_width;
 #pragma omp parallel if (planes > 1)
     {
@@ -438,11 +604,70 @@ class RoiAlignStep : public runtime::Step {
     }
   }
 
- private:
+  void run_channel_blocks(const float* x, float* y, const std::vector<sampling::Roi>& boxes) const {
+    const sampling::RoiGeometry& g = g_;
+    const sampling::ChannelLayout& l = layout_;
+    const std::int64_t blocks = (g.C + l.B - 1) / l.B, tasks = g.R * blocks;
+    const std::int64_t plane = g.s.output_height * g.s.output_width;
+#pragma omp parallel if (tasks > 1)
+    {
+      std::vector<sampling::SampleTap> ys, xs;
+      std::vector<sampling::ChannelTap> cys, cxs;
+      std::vector<float> tile(static_cast<std::size_t>(plane * l.B));
+      std::int64_t taps_of = -1;
+#pragma omp for schedule(static)
+      for (std::int64_t t = 0; t < tasks; ++t) {
+        const std::int64_t r = t / blocks, cb = t % blocks;
+        const sampling::Roi& roi = boxes[static_cast<std::size_t>(r)];
+        if (r != taps_of) {
+          sampling::roi_taps(g, roi, ys, xs);
+          sampling::channel_taps(ys, l.sH, cys);
+          sampling::channel_taps(xs, l.sW, cxs);
+          taps_of = r;
+        }
+        const float* base = x + roi.batch * l.sN + cb * l.sCB;
+        // A last block of channels-last X reads only its channels (a blocked layout pads its last block).
+        const std::int64_t lanes = std::min(l.B, g.C - cb * l.B);
+#ifdef ONDINE_SILU_X86
+        if (kernel_ == silu::Kernel::Avx512)
+          sampling::roi_chunk_avx512(g, roi, cys, cxs, base, static_cast<int>(lanes), tile.data());
+        else
+          sampling::roi_chunk_avx2(g, roi, cys, cxs, base, static_cast<int>(lanes), tile.data());
+#endif
+        // The tile is [PH * PW][B]; Y's planes are [PH * PW] each, one per channel.
+        float* out = y + (r * g.C + cb * l.B) * plane;
+        for (std::int64_t k = 0; k < lanes; ++k)
+          for (std::int64_t i = 0; i < plane; ++i) out[k * plane + i] = tile[static_cast<std::size_t>(i * l.B + k)];
+      }
+    }
+  }
+
   const Node* node_;
   SlotId x_, rois_, batch_, y_;
   sampling::RoiGeometry g_;
+  sampling::ChannelLayout layout_;
+  silu::Kernel kernel_;
 };
+
+// X's layout as the channel-vector kernel reads it with B-channel vectors: oneDNN's blocked layout of
+// block B (aBcd16b, aBcd8b), or channels-last (its last vector masked when B does not divide C); B = 0 for
+// any other (or offset) layout.
+inline sampling::ChannelLayout channel_layout(const memory::desc& md, std::int64_t C, std::int64_t B) {
+  sampling::ChannelLayout l;
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.data_type != dnnl_f32 || d.offset0 != 0 || d.extra.flags != 0)
+    return l;
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  const bool blocked = b.inner_nblks == 1 && b.inner_idxs[0] == 1 && b.inner_blks[0] == B;
+  const bool channels_last = b.inner_nblks == 0 && b.strides[1] == 1 && b.strides[3] >= C;
+  if (!blocked && !channels_last) return l;
+  l.B = B;
+  l.sN = b.strides[0];
+  l.sCB = blocked ? b.strides[1] : B;
+  l.sH = b.strides[2];
+  l.sW = b.strides[3];
+  return l;
+}
 
 inline bool lower_roi_align(Lowering& L, const Node& n) {
   const Value *x = n.input(0), *rois = n.input(1), *batch = n.input(2), *y = n.output(0);
@@ -452,7 +677,8 @@ inline bool lower_roi_align(Lowering& L, const Node& n) {
   if (!x->shape().is_static() || !rois->shape().is_static() || !batch->shape().is_static()) return false;
   const Dims xd = x->shape().sizes(), rd = rois->shape().sizes(), bd = batch->shape().sizes();
   if (xd.size() != 4 || rd.size() != 2 || rd[1] != 4 || bd != Dims{rd[0]}) return false;  // the reference says why
-  if (xd[2] * xd[3] >= std::numeric_limits<std::int32_t>::max()) return false;
+  // An empty image (every sample outside it: zeros) is left to the reference kernel.
+  if (xd[2] <= 0 || xd[3] <= 0 || xd[2] * xd[3] >= std::numeric_limits<std::int32_t>::max()) return false;
   sampling::RoiGeometry g;
   g.s = sampling::spec::roi_align_spec(n);
   g.N = xd[0];
@@ -460,13 +686,36 @@ inline bool lower_roi_align(Lowering& L, const Node& n) {
   g.H = xd[2];
   g.W = xd[3];
   g.R = rd[0];
-  SlotId xs = L.row_major_slot(x), rs = L.row_major_slot(rois), bs = L.row_major_slot(batch), ys = L.new_plain_slot(y);
+  // X with its channels side by side (a convolution's blocked output, as detectors feed RoiAlign) is read
+  // as it is, B channels a vector; a row-major X is reordered to blocked when the ROIs' samples (taking 2x2
+  // a bin) outnumber its pixels, so the reorder costs less than what it saves; else the plane kernels read it.
+  const IsaInfo isa = effective_isa();
+  const silu::Kernel kernel = silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa));
+  const std::int64_t B = kernel == silu::Kernel::Avx512 ? 16 : kernel == silu::Kernel::Avx2 ? 8 : 0;
+  SlotId xs = 0;
+  sampling::ChannelLayout layout;
+  memory::desc read_md;
+  if (B > 0 && L.md_of(x).data.format_kind == dnnl_blocked) {
+    read_md = L.md_of(x);
+    layout = channel_layout(read_md, g.C, B);
+    if (layout.B == 0 && g.R * g.s.output_height * g.s.output_width * 4 >= g.N * g.H * g.W && g.C > B / 2) {
+      const auto tag = B == 16 ? memory::format_tag::aBcd16b : memory::format_tag::aBcd8b;
+      read_md = memory::desc(xd, memory::data_type::f32, tag);
+      layout = channel_layout(read_md, g.C, B);
+    }
+    if (layout.B > 0) xs = L.slot_in(x, read_md);
+  }
+  if (layout.B == 0) xs = L.row_major_slot(x);
+  SlotId rs = L.row_major_slot(rois), bs = L.row_major_slot(batch), ys = L.new_plain_slot(y);
   L.define_plain(y, ys);
+  const std::string kernel_name = layout.B > 0 ? silu::kernel_name(kernel) : "ondine:c++";
   L.add_step(std::make_unique<RoiAlignStep>(
-      runtime::StepInfo{n.name(), n.op_type(), "ondine:c++",
-                        Graph::value_type_str(x) + ", " + std::to_string(g.R) + " rois -> " + Graph::value_type_str(y) +
-                            (g.s.max ? ": max" : ": avg") + (g.s.half_pixel ? ", half_pixel" : ", output_half_pixel")},
-      &n, xs, rs, bs, ys, g));
+      runtime::StepInfo{n.name(), n.op_type(), kernel_name,
+                        Graph::value_type_str(x) + (layout.B > 0 ? " (" + layout_name(read_md) + ")" : "") + ", " +
+                            std::to_string(g.R) + " rois -> " + Graph::value_type_str(y) +
+                            (g.s.max ? ": max" : ": avg") + (g.s.half_pixel ? ", half_pixel" : ", output_half_pixel") +
+                            (layout.B > 0 ? ", " + std::to_string(layout.B) + " channels a vector" : "")},
+      &n, xs, rs, bs, ys, g, layout, kernel));
   return true;
 }
 
