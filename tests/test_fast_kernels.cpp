@@ -349,6 +349,22 @@ TEST_CASE("RoiAlign compiled: bad ROIs are errors naming the node; double stays 
   CHECK(huge_roi.find("under_test") != std::string::npos);
   CHECK(huge_roi.find("65536") != std::string::npos);
 
+  // A NaN box with a fixed sampling grid: its samples are NaN in both engines (mode avg and max).
+  for (const char* mode : {"avg", "max"}) {
+    OneNode e(16);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Graph& g = e.input(x).input(Tensor::from_vector<float>({2, 4}, {0, 0, 4, 4, nan, 1, 3, 3}))
+                   .input(Tensor::from_vector<std::int64_t>({2}, {0, 0}))
+                   .node("RoiAlign", {{"mode", Attribute(std::string(mode))}, {"sampling_ratio", Attribute(std::int64_t{2})},
+                                      {"output_height", Attribute(std::int64_t{2})},
+                                      {"output_width", Attribute(std::int64_t{2})}});
+    for (const Tensor& got : {ReferenceExecutor(g).run(e.feeds).at("out"), lower::compile(g).run(e.feeds).at("out")}) {
+      REQUIRE(got.shape() == Shape{2, 2, 2, 2});
+      for (std::int64_t i = 0; i < 8; ++i) CHECK(std::isfinite(got.data<float>()[i]));
+      for (std::int64_t i = 8; i < 16; ++i) CHECK(std::isnan(got.data<float>()[i]));
+    }
+  }
+
   // An empty image: every sample is outside it, so zeros (the reference kernel, in both engines).
   for (const char* mode : {"avg", "max"}) {
     OneNode e(16);

@@ -238,8 +238,12 @@ inline std::vector<Tensor> roi_align(const Node& n, const std::vector<Tensor>& i
               // A sample more than a pixel outside the image contributes 0 (ONNX Runtime's rule).
               std::array<double, 4> v{0, 0, 0, 0};
               // An empty image (H or W 0) has no pixel to read: every sample is outside it.
-              if (H > 0 && W > 0 &&
-                  !(yy < -1.0 || yy > static_cast<double>(H) || xx < -1.0 || xx > static_cast<double>(W))) {
+              // A NaN coordinate (a NaN box) makes its sample NaN.
+              const bool inside = H > 0 && W > 0 &&
+                                  !(yy < -1.0 || yy > static_cast<double>(H) || xx < -1.0 || xx > static_cast<double>(W));
+              if (inside && (std::isnan(yy) || std::isnan(xx))) {
+                v.fill(std::numeric_limits<double>::quiet_NaN());
+              } else if (inside) {
                 yy = std::max(yy, 0.0);
                 xx = std::max(xx, 0.0);
                 auto ylo = static_cast<int64_t>(yy), xlo = static_cast<int64_t>(xx), yhi = ylo + 1, xhi = xlo + 1;
