@@ -190,6 +190,48 @@ TEST_CASE("recurrent ops: a bidirectional layer runs its two directions side by 
   }
 }
 
+TEST_CASE("recurrent ops: Precision::Bf16 runs oneDNN's bf16 primitive, within bf16's error of the reference",
+          "[rnn][lower][bf16]") {
+  // Where the CPU has native bf16 (elsewhere Precision::Bf16 is refused): X, the hidden states, Y and the
+  // weights in bf16, the cell state and bias in f32, X / initial_h / Y / Y_h converted at the edges. Batch 5
+  // (below that an fp32 LSTM or GRU keeps Ondine's fp32 recurrence kernel on AVX-512), both thread counts.
+  if (!lower::effective_isa().bf16_native) return;
+  for (const char* op : {"LSTM", "GRU", "RNN"}) {
+    INFO(op);
+    Recurrent rnn(op, "bidirectional", 7, 5, 5, 6, false, 0, true, false);
+    std::map<std::string, Tensor> in{{"x", test::uniform_tensor({7, 5, 5}, 41, -1.0f, 1.0f)},
+                                     {"h0", test::uniform_tensor({2, 5, 6}, 42, -1.0f, 1.0f)}};
+    if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({2, 5, 6}, 43, -1.0f, 1.0f);
+    auto want = ReferenceExecutor(rnn.g).run(in);
+    for (int threads : {1, 2}) {
+      INFO("threads " << threads);
+      lower::CompileOptions options;
+      options.threads = threads;
+      options.precision = lower::Precision::Bf16;
+      auto model = lower::compile(rnn.g, options);
+      INFO(model.to_text());
+      std::size_t bf16_steps = 0;
+      for (const auto& s : model.steps()) bf16_steps += s.op == op && s.detail.find(" bf16 (") != std::string::npos;
+      CHECK(bf16_steps == 1);
+      auto got = model.run(in);
+      for (auto& [name, t] : want) {
+        INFO(name);
+        // bf16 keeps 8 significant bits (2^-9 relative per rounding): 7 steps of products and gates.
+        CHECK(test::rel_error(got.at(name), t) < 3e-2);
+        CHECK(test::rel_error(got.at(name), t) > 0);  // it did compute in bf16
+      }
+    }
+  }
+  // Small batch keeps Ondine's fp32 kernel; keep_fp32 keeps the node fp32.
+  Recurrent small("LSTM", "forward", 7, 2, 5, 6, false);
+  lower::CompileOptions options;
+  options.precision = lower::Precision::Bf16;
+  for (const auto& s : lower::compile(small.g, options).steps()) CHECK(s.detail.find(" bf16 (") == std::string::npos);
+  Recurrent kept("GRU", "forward", 7, 5, 5, 6, false);
+  options.keep_fp32 = {"rnn"};
+  for (const auto& s : lower::compile(kept.g, options).steps()) CHECK(s.detail.find(" bf16 (") == std::string::npos);
+}
+
 TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch on AVX-512 runs Ondine's recurrence kernel, equal to the reference",
           "[rnn][lower][lstm-small-batch]") {
   // lower/detail/lstm_small_batch.hpp: the input projection on a oneDNN matmul, then the recurrence. Hidden

@@ -135,9 +135,12 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["Slice"] = {lower_slice, "a view or oneDNN reorder",
                   "starts/ends/axes/steps computed at run time, a negative step, rank above 6, or an empty output"};
     for (const char* op : {"LSTM", "GRU", "RNN"})
-      t[op] = {lower_recurrent, "oneDNN lstm_forward / gru_forward / lbr_gru_forward / vanilla_rnn_forward",
+      t[op] = {lower_recurrent,
+               "oneDNN lstm_forward / gru_forward / lbr_gru_forward / vanilla_rnn_forward (an fp32 LSTM or lbr GRU at "
+               "batch 1-4 on AVX-512: Ondine's recurrence kernel)",
                "weights computed at run time, clip, input_forget, sequence_lens shorter than the sequence, "
-               "non-default activations, or layout 1"};
+               "non-default activations, or layout 1",
+               true};
     t["Identity"] = {lower_identity, "an alias (no copy)", "dims not static"};
     t["Dropout"] = {lower_identity, "an alias (no copy)", "training_mode, a ratio that is not a constant 0, or the mask read"};
     t["ondine.Reorder"] = {lower_reorder, "oneDNN reorder", "a dtype oneDNN lacks"};

@@ -14,6 +14,11 @@
 // reference kernel, and the compile log says why. A sequence_lens that is a constant of full lengths is
 // no sequence_lens at all.
 //
+// Precision::Bf16 (from batch 5: below, Ondine's fp32 recurrence kernel runs on AVX-512): oneDNN's bf16
+// primitive, X / states / Y / W / R in bfloat16, bias and cell state in float32; X and initial_h are
+// converted by reorders before it, Y and Y_h after it (PyTorch's 2-layer bidirectional LSTM tagger, batch 16,
+// seq 128, one thread, loaded machine: 100 ms fp32 -> 57 ms bf16).
+//
 // ondine.QLSTM (ir/infer/rnn.hpp) is oneDNN's int8 LSTM: X (and initial_h) quantized to u8 by a reorder
 // before it, weights s8 packed once with their per-gate-row scales (the reorder computes oneDNN's
 // zero-point compensation, which is why the packing starts from float), Y and Y_c written as f32, the
@@ -160,10 +165,38 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     return Tensor::from_vector<float>({1, count, 3, hidden}, p);
   };
 
+  // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
+  // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
+  const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
+  // Ondine's recurrence kernels on AVX-512 (recurrence.hpp): an fp32 LSTM at small batch, and a GRU whose
+  // input projection the graph computed (quantize-dynamic's form), which oneDNN would multiply by W again.
+  const bool own_kernels = !quantized && !peep && seq >= 1 && batch >= 1 &&
+                           recurrence::available(effective_isa().avx512);
+  const bool small_lstm = own_kernels && op == "LSTM" && batch <= recurrence::kMaxLstmBatch;
+  const bool projected_gru = own_kernels && op == "GRU" && lbr &&
+                             recurrence::is_column_selection(w->constant(), dirs, gates * hidden);
+  // An fp32 GRU at small batch: its input projection on a oneDNN matmul, then the same GRU recurrence
+  // (PyTorch's GRU tagger, 2 threads, loaded machine: batch 1 3.87 -> 3.75 ms, batch 4 10.2 -> 9.4 ms
+  // against oneDNN's GRU; it compiles in half the time).
+  const bool small_gru = own_kernels && op == "GRU" && lbr && !projected_gru && batch <= recurrence::kMaxLstmBatch;
+  const bool small_batch = small_lstm || projected_gru || small_gru;
   using tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
-  const auto data_dt = int8 ? memory::data_type::u8 : f32;  // X and the hidden state
-  const auto weight_dt = int8 ? memory::data_type::s8 : f32;
+  // Precision::Bf16 (not at small batch, where Ondine's fp32 recurrence reads R from cache): X, the hidden
+  // states, Y and the weights in bfloat16; the bias and the cell state stay float32, and X, initial_h, Y and
+  // Y_h are converted at the node's edges. Without a bf16 primitive it stays fp32 (the log says so).
+  bool bf16 = !quantized && !small_batch && L.choose_bf16(n, true);
+  memory::data_type data_dt = f32, weight_dt = f32;  // X and the hidden state; W and R
+  memory::desc src_layer, h_state_md, dst_layer;
+  auto set_types = [&](bool half) {
+    const auto bf = memory::data_type::bf16;
+    data_dt = int8 ? memory::data_type::u8 : half ? bf : f32;
+    weight_dt = int8 ? memory::data_type::s8 : half ? bf : f32;
+    src_layer = plain_md({seq, batch, in_size}, data_dt);
+    h_state_md = plain_md({1, dirs, batch, hidden}, data_dt);
+    dst_layer = plain_md({seq, batch, dirs * hidden}, half ? bf : f32);
+  };
+  set_types(bf16);
   const auto prop = dnnl::prop_kind::forward_inference;
   dnnl::primitive_attr attr = Lowering::base_attr();
   // int8: u8 = round(v * data_scale + data_shift); s8 weight = round(w * weight_scale[g, o]), one scale per
@@ -192,10 +225,7 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     L.constant_bytes += want.get_size();
     return dst;
   };
-  const memory::desc src_layer = plain_md({seq, batch, in_size}, data_dt);
   const memory::desc state_md = plain_md({1, dirs, batch, hidden});
-  const memory::desc h_state_md = plain_md({1, dirs, batch, hidden}, data_dt);
-  const memory::desc dst_layer = plain_md({seq, batch, dirs * hidden});
 
   // One primitive over directions [first, first + count): all of them (count = dirs), or one direction of
   // a bidirectional layer, whose states and output are that direction's part of the node's.
@@ -265,50 +295,51 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     return part;
   };
 
-  // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
-  // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
-  const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
-  // Ondine's recurrence kernels on AVX-512 (recurrence.hpp): an fp32 LSTM at small batch, and a GRU whose
-  // input projection the graph computed (quantize-dynamic's form), which oneDNN would multiply by W again.
-  const bool own_kernels = !quantized && !peep && seq >= 1 && batch >= 1 &&
-                           recurrence::available(effective_isa().avx512);
-  const bool small_lstm = own_kernels && op == "LSTM" && batch <= recurrence::kMaxLstmBatch;
-  const bool projected_gru = own_kernels && op == "GRU" && lbr &&
-                             recurrence::is_column_selection(w->constant(), dirs, gates * hidden);
-  // An fp32 GRU at small batch: its input projection on a oneDNN matmul, then the same GRU recurrence
-  // (PyTorch's GRU tagger, 2 threads, loaded machine: batch 1 3.87 -> 3.75 ms, batch 4 10.2 -> 9.4 ms
-  // against oneDNN's GRU; it compiles in half the time).
-  const bool small_gru = own_kernels && op == "GRU" && lbr && !projected_gru && batch <= recurrence::kMaxLstmBatch;
-  const bool small_batch = small_lstm || projected_gru || small_gru;
   std::vector<Part> parts;
-  if (!small_batch && dirs == 2 && threads >= 2) {
-    auto forward = make_part(dir_t::unidirectional_left2right, 0, 1);
-    auto backward = make_part(dir_t::unidirectional_right2left, 1, 1);
-    if (forward && backward) parts = {*forward, *backward};
+  auto make_parts = [&] {
+    std::vector<Part> made;
+    if (!small_batch && dirs == 2 && threads >= 2) {
+      auto forward = make_part(dir_t::unidirectional_left2right, 0, 1);
+      auto backward = make_part(dir_t::unidirectional_right2left, 1, 1);
+      if (forward && backward) made = {*forward, *backward};
+    }
+    if (made.empty() && !small_batch)
+      if (auto whole = make_part(dir, 0, dirs)) made = {*whole};
+    return made;
+  };
+  parts = make_parts();
+  if (parts.empty() && bf16) {
+    L.log(op + " '" + n.name() + "': oneDNN has no bf16 primitive for it; it runs in fp32");
+    L.bf16_nodes.erase(std::find(L.bf16_nodes.begin(), L.bf16_nodes.end(), &n));
+    L.kept_fp32_nodes.push_back(&n);
+    bf16 = false;
+    set_types(false);
+    parts = make_parts();
   }
   if (parts.empty() && !small_batch) {
-    auto whole = make_part(dir, 0, dirs);
-    if (!whole) {
-      L.log(op + " '" + n.name() + "': oneDNN has no primitive for it; it runs on its reference kernel");
-      return false;
-    }
-    parts = {*whole};
+    L.log(op + " '" + n.name() + "': oneDNN has no primitive for it; it runs on its reference kernel");
+    return false;
   }
 
   // Slots: the inputs' row-major bytes; Y (oneDNN's [T, N, D*H] is Y [T, D, N, H] read through strides),
   // Y_h and Y_c written by every part.
-  SlotId x_slot = L.row_major_slot(x);
-  SlotId h0_slot = h0 ? L.row_major_slot(h0) : SlotId{};
+  const auto bf16_dt = memory::data_type::bf16;
+  SlotId x_slot = bf16 ? L.slot_in(x, plain_md(xd, bf16_dt)) : L.row_major_slot(x);
+  SlotId h0_slot = !h0 ? SlotId{} : bf16 ? L.slot_in(h0, plain_md(h0->shape().sizes(), bf16_dt)) : L.row_major_slot(h0);
   const SlotId c0_slot = c0 ? L.row_major_slot(c0) : SlotId{};
-  // int8: a u8 arena slot for `what` ([dims]); X and initial_h are quantized into theirs by a reorder.
-  auto u8_slot = [&](const Value* like, const std::string& what, const Dims& dims) {
+  // An arena slot of `dtype` for `what` ([dims]): int8's u8 X, initial_h and Y_h (quantized by a reorder),
+  // bf16's Y and Y_h (converted to float32 after the primitive).
+  auto edge_slot = [&](const Value* like, const std::string& what, const Dims& dims, DType dtype) {
     runtime::Slot slot = Lowering::slot_for(like, SlotKind::Arena, 0);
     slot.name = n.name() + "." + what;
     slot.dims = dims;
-    slot.bytes = static_cast<std::size_t>(md_numel(plain_md(dims)));
+    slot.bytes = static_cast<std::size_t>(md_numel(plain_md(dims))) * dtype_size(dtype);
     slot.layout = plain_layout_name(dims.size());
-    slot.dtype = DType::UInt8;
+    slot.dtype = dtype;
     return L.add_slot(std::move(slot));
+  };
+  auto u8_slot = [&](const Value* like, const std::string& what, const Dims& dims) {
+    return edge_slot(like, what, dims, DType::UInt8);
   };
   char qtext[64];
   std::snprintf(qtext, sizeof qtext, "scale %g zp %d", qp.x_scale, qp.x_zero_point);
@@ -356,12 +387,18 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   if (wanted(y_h)) {
     y_h_float_slot = L.new_value_slot(y_h, state_md);
     L.define(y_h, y_h_float_slot, plain_md(y_h->shape().sizes()));
-    y_h_slot = int8 ? u8_slot(y_h, "y_h_u8", {1, dirs, batch, hidden}) : y_h_float_slot;
+    y_h_slot = int8   ? u8_slot(y_h, "y_h_u8", {1, dirs, batch, hidden})
+               : bf16 ? edge_slot(y_h, "y_h_bf16", {1, dirs, batch, hidden}, DType::BFloat16)
+                      : y_h_float_slot;
   }
   if (wanted(y_c)) {
     y_c_slot = L.new_value_slot(y_c, state_md);
     L.define(y_c, y_c_slot, plain_md(y_c->shape().sizes()));
   }
+
+  // bf16: the primitive writes Y into a bf16 slot, converted into Y's float32 one after it.
+  const SlotId layer_f32_slot = layer_slot;
+  if (bf16) layer_slot = edge_slot(y ? y : x, "dst_layer_bf16", {seq, batch, dirs * hidden}, DType::BFloat16);
 
   if (small_batch) {
     recurrence::RecurrenceStep::Slots slots{};
@@ -377,7 +414,10 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     else recurrence::lower_lstm(L, n, shape, direction == "reverse", x_slot, slots);
     return true;
   }
-  const std::string detail = std::string(int8 ? " int8 (u8 data, s8 weights)" : quantized ? " fp32 (dequantized weights)" : "") +
+  const std::string detail = std::string(int8        ? " int8 (u8 data, s8 weights)"
+                                         : quantized ? " fp32 (dequantized weights)"
+                                         : bf16      ? " bf16 (bf16 data and weights, f32 cell state)"
+                                                     : "") +
                              " T" + std::to_string(seq) + " N" + std::to_string(batch) + " I" + std::to_string(in_size) +
                              " H" + std::to_string(hidden) + (lbr ? " lbr" : "") + (peep ? " +peepholes" : "");
   std::vector<std::unique_ptr<PrimitiveStep>> steps;
@@ -412,6 +452,10 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
         std::move(steps)));
   }
   if (int8 && wanted(y_h)) convert(false, y_h_slot, y_h_float_slot, {1, dirs, batch, hidden}, "Y_h from u8");
+  if (bf16 && wanted(y))
+    L.add_reorder(n.name() + ".Y", layer_slot, dst_layer, layer_f32_slot, plain_md({seq, batch, dirs * hidden}));
+  if (bf16 && wanted(y_h))
+    L.add_reorder(n.name() + ".Y_h", y_h_slot, h_state_md, y_h_float_slot, state_md);
   return true;
 }
 
