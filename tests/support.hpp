@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -51,6 +52,68 @@ inline double rel_error(const Tensor& a, const Tensor& b) {
   REQUIRE(mag > 0.05);
   return err / mag;
 }
+
+// max |t|
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.at_double(static_cast<std::size_t>(i))));
+  return m;
+}
+
+// Non-trivial: finite, not all equal (so not all zero).
+inline void require_nontrivial(const Tensor& t, const std::string& what) {
+  INFO(what << " " << dims_str(t.dims()));
+  REQUIRE(t.numel() > 0);
+  double lo = t.at_double(0), hi = lo;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.at_double(static_cast<std::size_t>(i));
+    REQUIRE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  REQUIRE(hi > lo);
+}
+
+// max |got - want| / max |want| (max |got - want| when `want` is all zero), same dims and dtype. For
+// outputs checked to be non-trivial first; rel_error also requires a real magnitude.
+inline double relative_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.dims() == want.dims());
+  REQUIRE(got.dtype() == want.dtype());
+  double scale = max_abs(want), err = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i)
+    err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
+  return scale > 0 ? err / scale : err;
+}
+
+// A seeded graph builder: constants get fresh names and reproducible U(-scale, scale) values. Test files
+// derive their own from it (convolutions, LayerNorm as exporters write it, ...).
+struct GraphBuilder {
+  using Dims = std::vector<std::int64_t>;
+  Graph g;
+  unsigned seed = 1;
+  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
+  Value* weight(const Dims& dims, float scale = 0.5f) {
+    return g.add_constant(g.unique_name("w"), uniform_tensor(dims, seed++, -scale, scale));
+  }
+  Value* positive(const Dims& dims, float lo, float hi) {
+    return g.add_constant(g.unique_name("p"), uniform_tensor(dims, seed++, lo, hi));
+  }
+  Value* scalar(float v) { return g.add_constant(g.unique_name("c"), Tensor::from_vector<float>({}, {v})); }
+  Value* floats(const std::vector<float>& v) {
+    return g.add_constant(g.unique_name("f"), Tensor::from_vector<float>({static_cast<std::int64_t>(v.size())}, v));
+  }
+  Value* ints(const Dims& v) {
+    return g.add_constant(g.unique_name("i"), Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(v.size())}, v));
+  }
+  Node* node(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {},
+             std::size_t outputs = 1, const std::string& domain = "") {
+    return g.add_node(type, inputs, std::vector<std::string>(outputs, ""), std::move(attrs), g.unique_name(type), domain);
+  }
+  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {},
+            const std::string& domain = "") {
+    return node(type, inputs, std::move(attrs), 1, domain)->output(0);
+  }
+};
 
 // `count` input maps for `g`, every graph input N(0, 1) at its static shape.
 inline std::vector<quant::Sample> random_samples(const Graph& g, std::size_t count, std::uint32_t seed) {

@@ -11,6 +11,7 @@
 
 #include "ondine/lower/lower.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_lower_ops {
@@ -21,65 +22,16 @@ using Dims = std::vector<std::int64_t>;
 namespace {
 
 Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Tensor t(DType::Float32, dims);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
-  return t;
+  return test::uniform_tensor(dims, seed, lo, hi);
 }
 
-struct Builder {
-  Graph g;
-  unsigned seed = 1;
-  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
-  Value* weight(const Dims& dims, float scale = 0.5f) {
-    return g.add_constant(g.unique_name("w"), random_tensor(dims, seed++, -scale, scale));
-  }
-  Value* floats(const std::vector<float>& v) {
-    return g.add_constant(g.unique_name("f"), Tensor::from_vector<float>({static_cast<std::int64_t>(v.size())}, v));
-  }
-  Value* ints(const Dims& v) {
-    return g.add_constant(g.unique_name("i"), Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(v.size())}, v));
-  }
-  Node* node(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {},
-             std::size_t outputs = 1) {
-    return g.add_node(type, inputs, std::vector<std::string>(outputs, ""), std::move(attrs), g.unique_name(type));
-  }
-  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {}) {
-    return node(type, inputs, std::move(attrs))->output(0);
-  }
-};
+using Builder = test::GraphBuilder;
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.at_double(static_cast<std::size_t>(i))));
-  return m;
-}
 
-// Non-trivial: finite, not all equal.
-void require_nontrivial(const Tensor& t, const std::string& what) {
-  INFO(what << " " << dims_str(t.dims()));
-  REQUIRE(t.numel() > 0);
-  double lo = t.at_double(0), hi = lo;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    double v = t.at_double(static_cast<std::size_t>(i));
-    REQUIRE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  REQUIRE(hi > lo);
-}
 
-// max |a - b| / max |b|
-double relative_error(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.dims() == want.dims());
-  REQUIRE(got.dtype() == want.dtype());
-  double scale = max_abs(want), err = 0;
-  for (std::int64_t i = 0; i < want.numel(); ++i)
-    err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
-  return scale > 0 ? err / scale : err;
-}
+using test::max_abs;
+using test::relative_error;
+using test::require_nontrivial;
 
 // The two ways compile() sees a graph: after the default passes (the layout pass decides the
 // activation layouts: row-major around graph inputs and outputs), and without passes (format_tag::any:

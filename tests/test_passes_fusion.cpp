@@ -41,31 +41,11 @@ using fused::Activation;
 namespace {
 
 Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Tensor t(DType::Float32, dims);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
-  return t;
+  return test::uniform_tensor(dims, seed, lo, hi);
 }
 
-Value* scalar_const(Graph& g, float v) {
-  return g.add_constant(g.unique_name("c"), Tensor::from_vector<float>({}, {v}));
-}
-
-// A seeded graph builder: constants get fresh names and reproducible values.
-struct Builder {
-  Graph g;
-  unsigned seed = 1;
-  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
-  Value* weight(const Dims& dims, float scale = 0.5f) {
-    return g.add_constant(g.unique_name("w"), random_tensor(dims, seed++, -scale, scale));
-  }
-  Value* scalar(float v) { return scalar_const(g, v); }
-  Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {},
-            const std::string& domain = "") {
-    return g.add_node(type, inputs, {""}, std::move(attrs), g.unique_name(type), domain)->output(0);
-  }
+// test::GraphBuilder with padded convolutions, GELU and LayerNorm as exporters write them.
+struct Builder : test::GraphBuilder {
   Value* conv(Value* x, std::int64_t out_channels, std::int64_t in_channels, std::int64_t k, bool bias = true) {
     std::vector<Value*> in{x, weight({out_channels, in_channels, k, k})};
     if (bias) in.push_back(weight({out_channels}));
@@ -90,35 +70,11 @@ struct Builder {
   }
 };
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.at_double(static_cast<std::size_t>(i))));
-  return m;
-}
 
-// Non-trivial: finite, not all equal, not all zero.
-void require_nontrivial(const Tensor& t, const std::string& what) {
-  INFO(what << " " << dims_str(t.dims()));
-  REQUIRE(t.numel() > 0);
-  double lo = t.at_double(0), hi = lo;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    double v = t.at_double(static_cast<std::size_t>(i));
-    REQUIRE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  REQUIRE(hi > lo);
-}
 
-// max |a - b| / max |b|
-double relative_error(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.dims() == want.dims());
-  REQUIRE(got.dtype() == want.dtype());
-  double scale = max_abs(want), err = 0;
-  for (std::int64_t i = 0; i < want.numel(); ++i)
-    err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
-  return scale > 0 ? err / scale : err;
-}
+using test::max_abs;
+using test::relative_error;
+using test::require_nontrivial;
 
 std::map<std::string, Tensor> random_inputs(const Graph& g, unsigned seed = 100, float range = 2.0f) {
   std::map<std::string, Tensor> in;

@@ -17,6 +17,7 @@
 #include "ondine/passes/layout.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_passes_layout {
@@ -27,22 +28,11 @@ using Dims = std::vector<std::int64_t>;
 namespace {
 
 Tensor random_tensor(const Dims& dims, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Tensor t(DType::Float32, dims);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
-  return t;
+  return test::uniform_tensor(dims, seed, lo, hi);
 }
 
-// A seeded graph builder: constants get fresh names and reproducible values.
-struct Builder {
-  Graph g;
-  unsigned seed = 1;
-  Value* input(const std::string& name, const Dims& dims) { return g.add_input(name, DType::Float32, Shape::from(dims)); }
-  Value* weight(const Dims& dims, float scale = 0.5f) {
-    return g.add_constant(g.unique_name("w"), random_tensor(dims, seed++, -scale, scale));
-  }
+// test::GraphBuilder whose ops may be named (the layout tests look nodes up by name).
+struct Builder : test::GraphBuilder {
   Value* op(const std::string& type, const std::vector<Value*>& inputs, std::map<std::string, Attribute> attrs = {},
             const std::string& name = "") {
     std::string n = name.empty() ? g.unique_name(type) : name;

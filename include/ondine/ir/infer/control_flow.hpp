@@ -92,7 +92,7 @@ inline void infer_if(Node& n) {
     Shape s = cond ? (*cond ? t->shape() : e->shape()) : merge_shapes(t->shape(), e->shape());
     set_output(n, i, dt, s);
     // A branch may return a sequence or optional; one whose element type is unknown tells less.
-    n.output(i)->set_kind(t->is_tensor() || t->dtype() == DType::Undefined ? e->kind() : t->kind());
+    if (Value* y = n.output(i)) y->set_kind(t->is_tensor() || t->dtype() == DType::Undefined ? e->kind() : t->kind());
   }
 }
 
@@ -161,7 +161,7 @@ inline void infer_loop(Node& n) {
     set_output(n, i, types[i], state[i]);
     // What the body returns: an optional sequence may enter and a sequence come out (its value).
     const Value* out = body.outputs()[1 + i];
-    n.output(i)->set_kind(out->is_tensor() ? kinds[i] : out->kind());
+    if (Value* y = n.output(i)) y->set_kind(out->is_tensor() ? kinds[i] : out->kind());
   }
   for (std::size_t k = 0; k < scans && carried + k < n.num_outputs(); ++k) {
     const Value* s = body.outputs()[1 + carried + k];
@@ -309,7 +309,7 @@ inline void infer_sequence_map(Node& n) {
                   std::to_string(n.num_outputs()) + " outputs");
   for (std::size_t k = 0; k < n.num_outputs(); ++k) {
     set_output(n, k, body.outputs()[k]->dtype(), body.outputs()[k]->shape());
-    n.output(k)->set_kind(ValueKind::Sequence);
+    if (Value* y = n.output(k)) y->set_kind(ValueKind::Sequence);
   }
 }
 

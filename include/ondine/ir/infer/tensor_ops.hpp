@@ -522,7 +522,7 @@ inline void infer_identity(Node& n) {
   Value& x = required_input(n, 0);
   check_data_dtype(n, x.dtype());
   set_output(n, 0, x.dtype(), x.shape());
-  n.output(0)->set_kind(x.kind());  // Identity also passes sequences and optionals through
+  if (Value* y = n.output(0)) y->set_kind(x.kind());  // Identity also passes sequences and optionals through
 }
 
 inline void infer_concat(Node& n) {
