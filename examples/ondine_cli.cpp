@@ -285,7 +285,8 @@ CheckBound check_bound(const Graph& g, std::optional<double> given) {
   } else if (lower::resolved_precision(g_precision) == lower::Precision::Bf16) {
     b.relative = 3e-2;
     rule << "3% of max |reference|";
-    b.why = "(--precision bf16: 8-bit mantissas in the convolutions and matrix products; --tolerance T overrides)";
+    b.why = "(--precision bf16: 8-bit mantissas in the convolutions, matrix products and recurrent layers; "
+            "--tolerance T overrides)";
   } else {
     rule << "1e-4 of max |reference|";
     b.why = "(float model; --tolerance T overrides)";
@@ -1250,7 +1251,8 @@ int main(int argc, char** argv) {
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
   std::string precision = "fp32";
   const std::string precision_help =
-      "fp32 (default), bf16: convolutions and matrix products with constant weights in bfloat16 with float32 "
+      "fp32 (default), bf16: convolutions, matrix products with constant weights and recurrent layers (batch 5 and up) "
+      "in bfloat16 with float32 "
       "accumulation, bf16 activations between convolutions (needs native bf16: avx512_core_bf16 or AMX), or auto: "
       "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32";
   run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));

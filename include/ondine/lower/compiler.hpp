@@ -449,10 +449,10 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
         << program->memory.total_bytes << " B), scratchpad " << program->memory.scratchpad_bytes << " B";
     options.log(sum.str());
     if (options.precision == Precision::Bf16) {
-      // Which convolutions and matrix products compute in bfloat16, and which stay float32 (keep_fp32).
+      // Which convolutions, matrix products and recurrent layers compute in bfloat16, and which stay float32.
       std::ostringstream bf16;
       bf16 << "precision: bf16 in " << L.bf16_nodes.size() << " of " << L.bf16_nodes.size() + L.kept_fp32_nodes.size()
-           << " convolutions and matrix products with constant weights";
+           << " convolutions, matrix products with constant weights and recurrent layers";
       if (!L.kept_fp32_nodes.empty()) {
         bf16 << "; kept fp32:";
         for (const Node* n : L.kept_fp32_nodes) bf16 << " '" << n->name() << "'";

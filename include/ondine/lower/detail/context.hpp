@@ -42,7 +42,8 @@ namespace ondine::lower {
 // convolutions writes bfloat16 (no conversion between them), any other writes float32, so every other op
 // (attention's own products, normalisations, ...) and the graph's outputs see float32. Only where the CPU has native
 // bf16 (avx512_core_bf16, AMX): compile() refuses it elsewhere, since oneDNN would emulate it, slower
-// than fp32. Auto: Bf16 where the CPU has native bf16, else Fp32 (compile() resolves it; an error bound
+// than fp32. LSTM, GRU and RNN from batch 5 run oneDNN's bf16 primitive (bf16 data, states and weights,
+// float32 bias and cell state; rnn.hpp). Auto: Bf16 where the CPU has native bf16, else Fp32 (compile() resolves it; an error bound
 // verifies it: lower/error_bound.hpp, `--precision auto` in the tool).
 enum class Precision { Fp32, Bf16, Auto };
 
