@@ -222,11 +222,28 @@ TEST_CASE("recurrent ops: Precision::Bf16 runs oneDNN's bf16 primitive, within b
       }
     }
   }
-  // Small batch keeps Ondine's fp32 kernel; keep_fp32 keeps the node fp32.
-  Recurrent small("LSTM", "forward", 7, 2, 5, 6, false);
+  // Small batch keeps Ondine's fp32 recurrence, its input projection in bf16 (on AVX-512); keep_fp32 keeps
+  // the node fp32.
+  for (const char* op : {"LSTM", "GRU"}) {
+    INFO(op);
+    Recurrent small(op, "bidirectional", 7, 2, 5, 6, false);
+    lower::CompileOptions options;
+    options.precision = lower::Precision::Bf16;
+    auto model = lower::compile(small.g, options);
+    INFO(model.to_text());
+    std::size_t bf16_projections = 0;
+    for (const auto& s : model.steps()) {
+      CHECK(s.detail.find(" bf16 (") == std::string::npos);
+      bf16_projections += s.name == "rnn:input_projection" && s.detail.find(", bf16") != std::string::npos;
+    }
+    if (lower::effective_isa().avx512) CHECK(bf16_projections == 1);
+    Tensor x = test::uniform_tensor({7, 2, 5}, 44, -1.0f, 1.0f);
+    auto want = ReferenceExecutor(small.g).run({{"x", x}});
+    auto got = model.run({{"x", x}});
+    for (auto& [name, t] : want) CHECK(test::rel_error(got.at(name), t) < 3e-2);
+  }
   lower::CompileOptions options;
   options.precision = lower::Precision::Bf16;
-  for (const auto& s : lower::compile(small.g, options).steps()) CHECK(s.detail.find(" bf16 (") == std::string::npos);
   Recurrent kept("GRU", "forward", 7, 5, 5, 6, false);
   options.keep_fp32 = {"rnn"};
   for (const auto& s : lower::compile(kept.g, options).steps()) CHECK(s.detail.find(" bf16 (") == std::string::npos);

@@ -493,9 +493,10 @@ inline void add_recurrence_step(Lowering& L, const Node& n, const RnnShape& s, b
 }
 
 // G = X W^T (+ bias) for every step and all directions, on one oneDNN matmul into an arena slot of
-// [T*N, D*g_cols]; `weights` [I, D*g_cols] in G's column order.
+// [T*N, D*g_cols]; `weights` [I, D*g_cols] in G's column order. `bf16`: X (x_slot) and W in bfloat16, G in
+// float32.
 inline SlotId add_input_projection(Lowering& L, const Node& n, const RnnShape& s, SlotId x_slot, const Tensor& weights,
-                                   const std::optional<Tensor>& bias) {
+                                   const std::optional<Tensor>& bias, bool bf16) {
   const std::int64_t rows = s.seq * s.batch, cols = s.dirs * s.g_cols();
   runtime::Slot gslot = Lowering::slot_for(n.input(0), SlotKind::Arena, 0);
   gslot.name = n.name() + ".gates";
@@ -504,15 +505,17 @@ inline SlotId add_input_projection(Lowering& L, const Node& n, const RnnShape& s
   gslot.layout = "ab";
   gslot.dtype = DType::Float32;
   const SlotId gates = L.add_slot(std::move(gslot));
-  const memory::desc src_md = plain_md({rows, s.input}), dst_md = plain_md({rows, cols});
-  const memory::desc w_any({s.input, cols}, memory::data_type::f32, memory::format_tag::any);
+  const auto dt = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::desc src_md = plain_md({rows, s.input}, dt), dst_md = plain_md({rows, cols});
+  const memory::desc w_any({s.input, cols}, dt, memory::format_tag::any);
   const memory::desc bias_md = bias ? plain_md({1, cols}) : memory::desc();
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_any, bias_md, dst_md), Lowering::base_attr(), L.engine());
   std::vector<std::pair<int, memory>> consts{{DNNL_ARG_WEIGHTS, L.constant_memory(weights, pd.weights_desc())}};
   if (bias) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(*bias, bias_md));
   L.add_primitive({n.name() + ":input_projection", n.op_type(), pd.impl_info_str(),
                    "X [" + std::to_string(rows) + "," + std::to_string(s.input) + "] x W^T -> G [" +
-                       std::to_string(rows) + "," + std::to_string(cols) + "], all directions"},
+                       std::to_string(rows) + "," + std::to_string(cols) + "], all directions" +
+                       (bf16 ? ", bf16" : "")},
                   &n, dnnl::matmul(pd), pd.scratchpad_desc(),
                   {{DNNL_ARG_SRC, x_slot, src_md}, {DNNL_ARG_DST, gates, dst_md}}, std::move(consts));
   return gates;
@@ -521,23 +524,24 @@ inline SlotId add_input_projection(Lowering& L, const Node& n, const RnnShape& s
 // Case 1: an fp32 LSTM `n` (checked by the caller: weights constant, no peepholes, nothing oneDNN
 // declines) onto the matmul + recurrence, given the slots the caller made for X, the states and outputs.
 inline void lower_lstm(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
-                       RecurrenceStep::Slots slots) {
+                       RecurrenceStep::Slots slots, bool projection_bf16 = false) {
   const Value* b = n.num_inputs() > 3 ? n.input(3) : nullptr;
-  slots.gates = add_input_projection(L, n, s, x_slot, pack_lstm_input(n.input(1)->constant(), s), pack_lstm_bias(b, s));
+  slots.gates = add_input_projection(L, n, s, x_slot, pack_lstm_input(n.input(1)->constant(), s), pack_lstm_bias(b, s),
+                                     projection_bf16);
   add_recurrence_step(L, n, s, reverse, slots, "after the input projection");
 }
 
 // An fp32 GRU (linear_before_reset) at small batch: G = X W^T in the graph's column order ([d][gate][unit],
 // what case 2 reads), the biases in the recurrence.
 inline void lower_small_gru(Lowering& L, const Node& n, const RnnShape& s, bool reverse, SlotId x_slot,
-                            RecurrenceStep::Slots slots) {
+                            RecurrenceStep::Slots slots, bool projection_bf16 = false) {
   const Tensor& w = n.input(1)->constant();  // [D, 3H, I]
   const std::int64_t rows = 3 * s.hidden, in = s.input, cols = s.dirs * rows;
   Tensor wt(DType::Float32, {in, cols});
   const float* src = w.data<float>();
   for (std::int64_t c = 0; c < cols; ++c)
     for (std::int64_t i = 0; i < in; ++i) wt.data<float>()[i * cols + c] = src[c * in + i];
-  slots.gates = add_input_projection(L, n, s, x_slot, wt, std::nullopt);
+  slots.gates = add_input_projection(L, n, s, x_slot, wt, std::nullopt, projection_bf16);
   add_recurrence_step(L, n, s, reverse, slots, "after the input projection");
 }
 

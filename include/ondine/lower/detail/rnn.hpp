@@ -14,10 +14,10 @@
 // reference kernel, and the compile log says why. A sequence_lens that is a constant of full lengths is
 // no sequence_lens at all.
 //
-// Precision::Bf16 (from batch 5: below, Ondine's fp32 recurrence kernel runs on AVX-512): oneDNN's bf16
-// primitive, X / states / Y / W / R in bfloat16, bias and cell state in float32; X and initial_h are
-// converted by reorders before it, Y and Y_h after it (PyTorch's 2-layer bidirectional LSTM tagger, batch 16,
-// seq 128, one thread, loaded machine: 100 ms fp32 -> 57 ms bf16).
+// Precision::Bf16 from batch 5 (below, on AVX-512, only the input projection before Ondine's fp32 recurrence
+// kernel runs in bf16): oneDNN's bf16 primitive, X / states / Y / W / R in bfloat16, bias and cell state in
+// float32; X and initial_h are converted by reorders before it, Y and Y_h after it (PyTorch's 2-layer
+// bidirectional LSTM tagger, batch 16, seq 128, one thread, loaded machine: 100 ms fp32 -> 57 ms bf16).
 //
 // ondine.QLSTM (ir/infer/rnn.hpp) is oneDNN's int8 LSTM: X (and initial_h) quantized to u8 by a reorder
 // before it, weights s8 packed once with their per-gate-row scales (the reorder computes oneDNN's
@@ -186,6 +186,9 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   // states, Y and the weights in bfloat16; the bias and the cell state stay float32, and X, initial_h, Y and
   // Y_h are converted at the node's edges. Without a bf16 primitive it stays fp32 (the log says so).
   bool bf16 = !quantized && !small_batch && L.choose_bf16(n, true);
+  // At small batch, Precision::Bf16 runs the input projection (a matmul over all steps) in bf16; the
+  // recurrence, bounded by reading R, stays float32.
+  const bool projection_bf16 = small_batch && !projected_gru && !quantized && L.choose_bf16(n, true);
   memory::data_type data_dt = f32, weight_dt = f32;  // X and the hidden state; W and R
   memory::desc src_layer, h_state_md, dst_layer;
   auto set_types = [&](bool half) {
@@ -324,7 +327,7 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   // Slots: the inputs' row-major bytes; Y (oneDNN's [T, N, D*H] is Y [T, D, N, H] read through strides),
   // Y_h and Y_c written by every part.
   const auto bf16_dt = memory::data_type::bf16;
-  SlotId x_slot = bf16 ? L.slot_in(x, plain_md(xd, bf16_dt)) : L.row_major_slot(x);
+  SlotId x_slot = bf16 || projection_bf16 ? L.slot_in(x, plain_md(xd, bf16_dt)) : L.row_major_slot(x);
   SlotId h0_slot = !h0 ? SlotId{} : bf16 ? L.slot_in(h0, plain_md(h0->shape().sizes(), bf16_dt)) : L.row_major_slot(h0);
   const SlotId c0_slot = c0 ? L.row_major_slot(c0) : SlotId{};
   // An arena slot of `dtype` for `what` ([dims]): int8's u8 X, initial_h and Y_h (quantized by a reorder),
@@ -409,9 +412,10 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     if (wanted(y_c)) slots.y_c = y_c_slot, slots.has_y_c = true;
     recurrence::RnnShape shape{seq, batch, dirs, in_size, hidden,
                                op == "GRU" ? recurrence::Cell::Gru : recurrence::Cell::Lstm};
-    if (projected_gru) recurrence::lower_projected_gru(L, n, shape, direction == "reverse", x_slot, slots);
-    else if (small_gru) recurrence::lower_small_gru(L, n, shape, direction == "reverse", x_slot, slots);
-    else recurrence::lower_lstm(L, n, shape, direction == "reverse", x_slot, slots);
+    const bool reverse = direction == "reverse";
+    if (projected_gru) recurrence::lower_projected_gru(L, n, shape, reverse, x_slot, slots);
+    else if (small_gru) recurrence::lower_small_gru(L, n, shape, reverse, x_slot, slots, projection_bf16);
+    else recurrence::lower_lstm(L, n, shape, reverse, x_slot, slots, projection_bf16);
     return true;
   }
   const std::string detail = std::string(int8        ? " int8 (u8 data, s8 weights)"
