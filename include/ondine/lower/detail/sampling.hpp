@@ -688,7 +688,8 @@ inline bool lower_roi_align(Lowering& L, const Node& n) {
   g.R = rd[0];
   // X with its channels side by side (a convolution's blocked output, as detectors feed RoiAlign) is read
   // as it is, B channels a vector; a row-major X is reordered to blocked when the ROIs' samples (taking 2x2
-  // a bin) outnumber its pixels, so the reorder costs less than what it saves; else the plane kernels read it.
+  // a bin) outnumber its pixels, so the reorder costs less than what it saves, and C fills at least half a
+  // vector (fewer channels would be mostly padding); else the plane kernels read it.
   const IsaInfo isa = effective_isa();
   const silu::Kernel kernel = silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa));
   const std::int64_t B = kernel == silu::Kernel::Avx512 ? 16 : kernel == silu::Kernel::Avx2 ? 8 : 0;
