@@ -63,6 +63,7 @@ TEST_CASE("8 threads share a compiled CNN and an int8 model at two shapes: outpu
     for (const Tensor& x : inputs) expected[m].push_back(models[m]->run({{"input", x}}).at("logits"));
   CHECK(fp32.compilations() == 2);
   CHECK(int8.compilations() == 2);
+  CHECK(fp32.idle_contexts() == 2);  // one per shape, reused by the next run of that shape
 
   constexpr int kThreads = 8, kRuns = 50;
   std::atomic<int> mismatches{0}, errors{0};
@@ -85,6 +86,8 @@ TEST_CASE("8 threads share a compiled CNN and an int8 model at two shapes: outpu
   CHECK(mismatches == 0);
   CHECK(fp32.compilations() == 2);  // nothing compiled again
   CHECK(int8.compilations() == 2);
+  CHECK(fp32.idle_contexts() >= 2);
+  CHECK(fp32.idle_contexts() <= 2 * kThreads);  // one per concurrent run of a shape, kept, not one per run
 }
 
 TEST_CASE("a compiled model shared by threads each with its own ExecContext gives one thread's bits", "[threads]") {

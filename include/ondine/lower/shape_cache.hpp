@@ -8,7 +8,10 @@
 // binding. It holds at most `capacity` compiled models and evicts the least recently used one; models
 // evicted while a call still runs them stay alive until that call returns (shared ownership). Safe to
 // call from several threads: a new shape compiles outside the lock (runs of compiled shapes go on; a
-// second caller of the same new shape waits for that compile), and running takes no lock at all.
+// second caller of the same new shape waits for that compile), and running takes no lock but a moment's
+// to borrow an execution context: each specialisation keeps the contexts of its finished runs (arena,
+// scratchpad, step states), so a run does not allocate and fault in its arena again (a staged model's
+// later stage runs through here once per call: gated_pt's 8 MB reorder destination cost 10 ms a run).
 //
 // Symbolic dims inside the model (derived ones such as "(H - 1)/2 + 1", shapes computed at run time
 // through Shape -> Gather -> Concat -> Reshape) follow from the inputs' dims: compile() infers and
@@ -55,14 +58,20 @@ class ShapeCache {
       const Tensor& t = inputs.at(name);
       key.values[name].assign(static_cast<const char*>(t.raw()), static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
     }
-    std::shared_ptr<const CompiledModel> model = get(key);
-    return model->run(inputs);
+    std::shared_ptr<Specialisation> spec = get(key);
+    ExecContext ctx = spec->take();
+    std::map<std::string, Tensor> outputs = spec->model.run(ctx, inputs);
+    spec->give_back(std::move(ctx));  // not after a failed run: its context is dropped
+    return outputs;
   }
 
   // The compiled model for a binding of the symbolic dims (compiled now if not cached). The compile runs
   // outside the lock: runs of shapes already compiled never wait for it, and a second caller asking for
   // the same new binding waits for the first one's compile instead of compiling again.
-  std::shared_ptr<const CompiledModel> get(const Binding& binding) { return get(Key{binding, {}}); }
+  std::shared_ptr<const CompiledModel> get(const Binding& binding) {
+    std::shared_ptr<Specialisation> spec = get(Key{binding, {}});
+    return std::shared_ptr<const CompiledModel>(spec, &spec->model);
+  }
 
   // The graph inputs whose values decide shapes (ir/stats.hpp, shape_inputs): run() compiles once per
   // value of these as well, as for a new input shape.
@@ -77,8 +86,32 @@ class ShapeCache {
     bool operator<(const Key& o) const { return dims != o.dims ? dims < o.dims : values < o.values; }
   };
 
-  std::shared_ptr<const CompiledModel> get(const Key& binding) {
-    std::promise<std::shared_ptr<const CompiledModel>> promise;
+  // A compiled shape and the idle execution contexts of its runs (at most one per concurrent run).
+  struct Specialisation {
+    explicit Specialisation(CompiledModel m) : model(std::move(m)) {}
+    const CompiledModel model;
+    std::mutex mutex;
+    std::vector<ExecContext> idle;
+
+    ExecContext take() {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!idle.empty()) {
+          ExecContext ctx = std::move(idle.back());
+          idle.pop_back();
+          return ctx;
+        }
+      }
+      return model.make_context();
+    }
+    void give_back(ExecContext ctx) {
+      std::lock_guard<std::mutex> lock(mutex);
+      idle.push_back(std::move(ctx));
+    }
+  };
+
+  std::shared_ptr<Specialisation> get(const Key& binding) {
+    std::promise<std::shared_ptr<Specialisation>> promise;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       for (auto it = entries_.begin(); it != entries_.end(); ++it)
@@ -93,7 +126,7 @@ class ShapeCache {
       }
       in_flight_.emplace(binding, promise.get_future().share());
     }
-    std::shared_ptr<const CompiledModel> model;
+    std::shared_ptr<Specialisation> model;
     try {
       Graph bound = graph_.clone();
       bind_dims(bound, binding.dims);
@@ -107,7 +140,7 @@ class ShapeCache {
         }
         bind_shape_inputs(bound, values);
       }
-      model = std::make_shared<const CompiledModel>(compile(std::move(bound), options_));
+      model = std::make_shared<Specialisation>(compile(std::move(bound), options_));
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       promise.set_exception(std::current_exception());
@@ -130,6 +163,17 @@ class ShapeCache {
     return entries_.size();
   }
   std::size_t capacity() const { return capacity_; }
+  // Execution contexts kept for the next runs, over all cached shapes: at most one per concurrent run of
+  // each shape.
+  std::size_t idle_contexts() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t n = 0;
+    for (auto& [key, spec] : entries_) {
+      std::lock_guard<std::mutex> spec_lock(spec->mutex);
+      n += spec->idle.size();
+    }
+    return n;
+  }
   // The packed constants all shapes share (lower/packed_weights.hpp): bytes(), size(), hits().
   const PackedWeights& packed_weights() const { return *options_.packed_weights; }
   std::size_t compilations() const {
@@ -154,8 +198,8 @@ class ShapeCache {
   std::size_t capacity_;
   mutable std::mutex mutex_;
   std::vector<std::string> shape_inputs_;
-  std::list<std::pair<Key, std::shared_ptr<const CompiledModel>>> entries_;
-  std::map<Key, std::shared_future<std::shared_ptr<const CompiledModel>>> in_flight_;
+  std::list<std::pair<Key, std::shared_ptr<Specialisation>>> entries_;
+  std::map<Key, std::shared_future<std::shared_ptr<Specialisation>>> in_flight_;
   std::size_t compilations_ = 0;
 };
 
