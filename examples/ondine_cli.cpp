@@ -257,6 +257,8 @@ std::size_t quantized_nodes(const Graph& g) {
 // --precision and --keep-fp32 of run and bench (lower::CompileOptions::precision, keep_fp32).
 lower::Precision g_precision = lower::Precision::Fp32;
 std::vector<std::string> g_keep_fp32;
+// --conv-layout of run and bench (lower::CompileOptions::conv_layout).
+lower::ConvLayout g_conv_layout = lower::ConvLayout::Auto;
 // --max-error with --precision bf16: the bound on the outputs against fp32 (lower/error_bound.hpp).
 std::optional<double> g_max_error;
 
@@ -369,6 +371,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.packed_weights = std::move(packed);
   opts.precision = g_precision;
   opts.keep_fp32 = g_keep_fp32;
+  opts.conv_layout = g_conv_layout;
   // Shared: a staged model compiles its later stages at run time with a copy of these options.
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
   opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
@@ -1263,6 +1266,11 @@ int main(int argc, char** argv) {
       "with --precision bf16: keep the most sensitive nodes fp32, one at a time, until the outputs are within E "
       "(max |bf16 - fp32| / max |fp32| per output) of the fp32 compile's on the run's inputs";
   run->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
+  std::string conv_layout = "auto";
+  const std::string conv_layout_help =
+      "float32 convolutions' activations: auto (default: blocked from batch 2, else any), any (oneDNN picks: "
+      "channels-last on AVX-512), or blocked (channels in blocks of the vector width: nChw16c on AVX-512, nChw8c on AVX2)";
+  run->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
@@ -1295,6 +1303,7 @@ int main(int argc, char** argv) {
   bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
+  bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
@@ -1318,6 +1327,9 @@ int main(int argc, char** argv) {
   g_precision = precision == "bf16" ? lower::Precision::Bf16
                 : precision == "auto" ? lower::Precision::Auto
                                       : lower::Precision::Fp32;
+  g_conv_layout = conv_layout == "blocked" ? lower::ConvLayout::ChannelBlocked
+                  : conv_layout == "any"   ? lower::ConvLayout::Any
+                                           : lower::ConvLayout::Auto;
   if (g_precision == lower::Precision::Auto && !g_max_error) g_max_error = 0.01;  // auto is verified
   if ((!g_keep_fp32.empty() || g_max_error) && g_precision == lower::Precision::Fp32) {
     std::cerr << "ondine: error: " << (g_max_error ? "--max-error" : "--keep-fp32")

@@ -336,6 +336,111 @@ TEST_CASE("lower: depthwise and grouped convs with strides, dilations and auto_p
   CHECK(count_op(m, "Clip") == 0);  // relu6 folded into the grouped conv
 }
 
+TEST_CASE("lower: conv layouts: auto blocks channels from batch 2, any lets oneDNN pick, a dilated conv keeps a "
+          "jit kernel (1e-4)",
+          "[lower]") {
+  // An inverted residual block (1x1 expand, depthwise 3x3, 1x1 project, residual Add) and a conv with
+  // dilation 12 over a 14x14 map (DeepLabV3's ASPP: oneDNN 2.6 runs it blocked only on its reference kernel).
+  auto make = [](std::int64_t batch) {
+    Builder b;
+    Value* x = b.input("x", {batch, 16, 14, 14});
+    Value* e = b.op("Relu", {b.conv(x, 48, 16, 1)});
+    Value* d = b.op("Conv", {e, b.weight({48, 1, 3, 3}), b.weight({48})},
+                    {{"group", std::int64_t{48}}, {"pads", Dims{1, 1, 1, 1}}});
+    Value* p = b.op("Add", {b.conv(b.op("Relu", {d}), 16, 48, 1), x});
+    Value* dil = b.conv(p, 16, 16, 3, {{"dilations", Dims{12, 12}}, {"pads", Dims{12, 12, 12, 12}}});
+    b.g.add_output(dil);
+    return std::move(b.g);
+  };
+  // Conv steps whose source or destination is channel-blocked (aBcd16b on AVX-512, aBcd8b on AVX2).
+  auto blocked_convs = [](const CompiledModel& m) {
+    std::size_t k = 0;
+    for (auto& s : m.steps())
+      k += s.op.find("Conv") != std::string::npos &&
+           (s.detail.find("aBcd16b") != std::string::npos || s.detail.find("aBcd8b") != std::string::npos);
+    return k;
+  };
+  auto reference_convs = [](const CompiledModel& m) {
+    std::size_t k = 0;
+    for (auto& s : m.steps()) k += s.op.find("Conv") != std::string::npos && s.implementation.rfind("ref", 0) == 0;
+    return k;
+  };
+  for (std::int64_t batch : {1, 2})
+    for (lower::ConvLayout mode : {lower::ConvLayout::Auto, lower::ConvLayout::Any, lower::ConvLayout::ChannelBlocked}) {
+      INFO("batch " << batch << ", conv layout " << lower::conv_layout_name(mode));
+      Graph g = make(batch);
+      lower::CompileOptions opts;
+      opts.conv_layout = mode;
+      CompiledModel m = check_graph(g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK(reference_convs(m) == 0);
+      CHECK_FALSE(any_reference(m));
+      const bool want_blocked = mode == lower::ConvLayout::ChannelBlocked || (mode == lower::ConvLayout::Auto && batch >= 2);
+      if (want_blocked)
+        CHECK(blocked_convs(m) >= 3);  // the block's three convs at least
+      else if (lower::effective_isa().avx512)
+        CHECK(blocked_convs(m) == 0);  // must not fire: oneDNN's own choice, channels-last on AVX-512 (blocked below)
+    }
+}
+
+TEST_CASE("lower: a 1x1 conv and the depthwise 3x3 reading it run as one primitive when channel-blocked (1e-4)",
+          "[lower]") {
+  auto relu6 = [](Builder& b, Value* v) {
+    return b.op("Clip", {v, b.g.add_constant(b.g.unique_name("lo"), Tensor::scalar(0.0f)),
+                         b.g.add_constant(b.g.unique_name("hi"), Tensor::scalar(6.0f))});
+  };
+  auto dw = [](Builder& b, Value* v, std::int64_t c, std::int64_t k, std::int64_t stride, std::int64_t dilation = 1) {
+    const std::int64_t pad = (k / 2) * dilation;
+    return b.op("Conv", {v, b.weight({c, 1, k, k}), b.weight({c})},
+                {{"group", c}, {"strides", Dims{stride, stride}}, {"dilations", Dims{dilation, dilation}},
+                 {"pads", Dims{pad, pad, pad, pad}}});
+  };
+  // Fused: expand 16 -> 96 + relu6 + depthwise stride 1 + relu6, and expand + depthwise stride 2 (ONNX pads
+  // the end by one pixel that is never read) + relu6, at 56x56 (oneDNN 2.6 fuses with its jit 1x1 kernel
+  // only from about that size; below it offers its reference composition, which is not taken).
+  // Not fused (must not fire): a depthwise 5x5, a dilated one, one followed by SiLU (oneDNN's slow swish),
+  // an expansion with a second reader, and the small sizes.
+  auto make = [&](std::int64_t batch) {
+    Builder b;
+    Value* big = b.input("big", {batch, 16, 56, 56});
+    Value* a = relu6(b, dw(b, relu6(b, b.conv(big, 96, 16, 1)), 96, 3, 1));
+    b.g.add_output(b.conv(a, 16, 96, 1));
+    b.g.add_output(relu6(b, dw(b, b.conv(big, 96, 16, 1), 96, 3, 2)));
+    Value* x = b.input("x", {batch, 16, 15, 15});
+    b.g.add_output(relu6(b, dw(b, relu6(b, b.conv(x, 32, 16, 1)), 32, 3, 1)));
+    b.g.add_output(dw(b, relu6(b, b.conv(x, 32, 16, 1)), 32, 5, 1));
+    b.g.add_output(dw(b, b.conv(x, 32, 16, 1), 32, 3, 1, 2));
+    Value* d = dw(b, b.conv(x, 32, 16, 1), 32, 3, 1);
+    b.g.add_output(b.op("Mul", {d, b.op("Sigmoid", {d})}));
+    Value* shared = b.conv(x, 32, 16, 1);
+    b.g.add_output(b.op("Add", {dw(b, shared, 32, 3, 1), shared}));
+    return std::move(b.g);
+  };
+  auto fused_depthwise = [](const CompiledModel& m) {
+    std::size_t k = 0;
+    for (auto& s : m.steps()) k += s.detail.find("+depthwise(") != std::string::npos;
+    return k;
+  };
+  for (std::int64_t batch : {1, 2})
+    for (lower::ConvLayout mode : {lower::ConvLayout::Auto, lower::ConvLayout::Any, lower::ConvLayout::ChannelBlocked}) {
+      INFO("batch " << batch << ", conv layout " << lower::conv_layout_name(mode));
+      Graph g = make(batch);
+      lower::CompileOptions opts;
+      opts.conv_layout = mode;
+      opts.threads = 2;  // oneDNN's choice of a fused kernel depends on the threads it splits the work over
+      CompiledModel m = check_graph(g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK_FALSE(any_reference(m));
+      const bool blocked = mode == lower::ConvLayout::ChannelBlocked || (mode == lower::ConvLayout::Auto && batch >= 2);
+      if (!blocked)
+        CHECK(fused_depthwise(m) == 0);
+      else if (lower::effective_isa().avx512 && batch >= 2)
+        CHECK(fused_depthwise(m) == 2);  // the two at 56x56, none of the others
+      else
+        CHECK(fused_depthwise(m) <= 2);  // batch 1, AVX2, SSE4.1: oneDNN's jit kernels fuse where they can
+    }
+}
+
 TEST_CASE("lower: gemm variants (alpha, beta, transposes, bias shapes) (1e-4)", "[lower]") {
   Builder b;
   Value* x = b.input("x", {4, 32});

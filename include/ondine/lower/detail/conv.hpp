@@ -22,6 +22,122 @@
 
 namespace ondine::lower::detail {
 
+// The channel-blocked descriptor (nChw16c, or nChw8c below AVX-512) a float32 image activation takes under
+// ConvLayout::ChannelBlocked (Auto: from batch 2); nullopt where the layout pass fixed another layout
+// (row-major, channels-last), for constants, bf16, 1-D and 3-D convolutions (PyTorch's Conv1d encoder in
+// gated_pt ran 2% slower in nCw16c at batch 8), and fewer than 8 channels (the image itself: a conv reads
+// its 3 channels better row-major than padded to a block).
+inline std::optional<memory::desc> channel_blocked_md(const Lowering& L, const Value* v, const Dims& dims,
+                                                      memory::data_type dt) {
+  using tag = memory::format_tag;
+  const ConvLayout mode = L.options.conv_layout;
+  if (mode == ConvLayout::Any || dt != memory::data_type::f32 || !v || v->is_constant()) return std::nullopt;
+  if (v->layout() != Layout::Blocked && v->layout() != Layout::Unset) return std::nullopt;
+  if (dims.size() != 4 || dims[1] < 8) return std::nullopt;
+  if (mode == ConvLayout::Auto && dims[0] < 2) return std::nullopt;
+  return memory::desc(dims, dt, effective_isa().avx512 ? tag::nChw16c : tag::nChw8c);
+}
+
+// --- 1x1 convolution + depthwise 3x3 as one primitive (oneDNN's depthwise post-op) -------------------
+//
+// A MobileNet block's 1x1 expansion writes C·t channels at full resolution that only the depthwise 3x3
+// after it reads; oneDNN 2.6's jit 1x1 kernel can run that depthwise on rows of its own output as they are
+// made (post_ops::append_dw), so the expanded activation never goes to memory. Taken for channel-blocked
+// float32 convolutions only (ConvLayout::ChannelBlocked, Auto from batch 2): in channels-last oneDNN 2.6's
+// fused kernel computes wrong results (bench/onednn_dw_nhwc_repro.cpp), and at batch 1 the activation stays
+// in cache anyway. The depthwise: 3x3, stride 1 or 2, padding 1 on every side, no dilation, constant
+// weights, its own activations (no Sum, no SiLU: oneDNN's swish post-op is the slow one, silu.hpp); a
+// fused form oneDNN runs on its reference composition (`ref_fused_convolution`) is not taken.
+struct DepthwiseFusion {
+  const Node* node = nullptr;
+  std::int64_t stride = 1;
+  PostOpChain chain;  // the depthwise's own activations and those after it
+};
+
+inline std::optional<DepthwiseFusion> depthwise_after(Lowering& L, const Node& n, const PostOpChain& chain, bool blocked) {
+  namespace geo = ::ondine::infer::detail_nn;
+  if (!blocked) return std::nullopt;
+  const Node* dw = sole_consumer(chain.result);
+  if (!dw || dw->input(0) != chain.result || (dw->op_key() != "Conv" && dw->op_key() != "ondine.FusedConv")) return std::nullopt;
+  if (L.options.reference_ops.count(dw->op_key()) || L.runs_bf16(*dw) != L.runs_bf16(n)) return std::nullopt;
+  const Value *w = dw->input(1), *b = dw->input(2), *y = dw->output(0);
+  const Dims xd = chain.result->shape().sizes();
+  if (!is_f32(w) || !w->is_constant() || (b && (!is_f32(b) || !b->is_constant())) || !is_f32(y) || y->is_graph_output())
+    return std::nullopt;
+  if (dw->op_key() == "ondine.FusedConv" && dw->input(3)) return std::nullopt;  // its own Sum
+  const std::int64_t channels = xd.size() == 4 ? xd[1] : 0;
+  if (dw->attr_int("group", 1) != channels || w->shape().sizes() != Dims{channels, 1, 3, 3}) return std::nullopt;
+  geo::Window win = geo::read_window(*dw, {3, 3});
+  geo::ResolvedWindow r = geo::resolve_window(*dw, win, {xd[2], xd[3]});
+  if (win.dilations != Dims{1, 1} || win.strides[0] != win.strides[1] || (win.strides[0] != 1 && win.strides[0] != 2))
+    return std::nullopt;
+  if (r.pad_begin != Dims{1, 1} || r.out != Dims{y->shape().sizes()[2], y->shape().sizes()[3]}) return std::nullopt;
+  // oneDNN pads the end as far as the output needs (its output size is checked against y's when the
+  // primitive exists); ONNX's end padding beyond that (stride 2 over an even size) is never read.
+  std::optional<PostOpChain> own = dw->op_key() == "ondine.FusedConv" ? fused_post_ops(L, *dw, 3) : plan_post_ops(L, *dw, false);
+  if (!own || own->sum_operand) return std::nullopt;
+  for (const EltwiseSpec& e : own->eltwise)
+    for (const EltwiseSpec::Op& op : e.ops)
+      if (op.alg == dnnl::algorithm::eltwise_swish) return std::nullopt;
+  return DepthwiseFusion{dw, win.strides[0], *own};
+}
+
+// Lowers 1x1 convolution `n` (its post-op chain `chain`, no Sum) and the depthwise `dwf` reading it as one
+// primitive; false (nothing created) when oneDNN has no such jit kernel.
+inline bool lower_conv_with_depthwise(Lowering& L, const Node& n, const PostOpChain& chain, const DepthwiseFusion& dwf,
+                                      const memory::desc& src_md, const memory::desc& weights_md, Dims strides,
+                                      Dims dilates, Dims pad_begin, Dims pad_end) {
+  using dt = memory::data_type;
+  const Value *x = n.input(0), *w = n.input(1), *b = n.input(2), *mid = chain.result;
+  const Node& dw = *dwf.node;
+  const Value *dw_w = dw.input(1), *dw_b = dw.input(2), *y = dwf.chain.result;
+  std::optional<memory::desc> mid_md = channel_blocked_md(L, mid, mid->shape().sizes(), dt::f32);
+  if (!mid_md || chain.sum_operand) return false;
+  dnnl::post_ops po = chain.ops();
+  po.append_dw(dt::f32, dt::f32, dt::f32, 3, dwf.stride, 1, 0, {});
+  for (const EltwiseSpec& e : dwf.chain.eltwise)
+    for (const EltwiseSpec::Op& op : e.ops) po.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
+  if (repeats_eltwise_alg(po)) return false;
+  dnnl::primitive_attr attr = Lowering::base_attr();
+  attr.set_post_ops(po);
+  const std::int64_t out_channels = w->shape().sizes()[0];
+  auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                                  src_md, weights_md, plain_md({out_channels}), *mid_md, strides, dilates,
+                                                  pad_begin, pad_end)
+                : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                                  src_md, weights_md, *mid_md, strides, dilates, pad_begin, pad_end);
+  dnnl::convolution_forward::primitive_desc pd(desc, attr, L.engine(), true);
+  if (!pd || is_reference_impl(pd) || pd.dst_desc().dims() != y->shape().sizes()) return false;
+  const memory::desc dw_w_md = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
+  const memory::desc dw_b_md = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS);
+  if (dw_w_md.get_size() == 0) return false;
+
+  std::vector<SlotArg> args{{DNNL_ARG_SRC, L.slot_in(x, pd.src_desc()), pd.src_desc()}};
+  std::vector<std::pair<int, memory>> consts;
+  consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(w->constant(), pd.weights_desc()));
+  if (b) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(b->constant(), pd.bias_desc()));
+  consts.emplace_back(DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS, L.constant_memory(dw_w->constant(), dw_w_md));
+  if (dw_b_md.get_size() != 0) {
+    const std::int64_t channels = dw_w->shape().sizes()[0];
+    consts.emplace_back(DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS,
+                        dw_b ? L.constant_memory(dw_b->constant(), dw_b_md)
+                             : L.constant_memory(std::vector<float>(static_cast<std::size_t>(channels), 0.0f), dw_b_md));
+  }
+  SlotId dst = L.new_value_slot(y, pd.dst_desc());
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  for (const Node* f : chain.nodes) L.fused.insert(f);
+  L.fused.insert(&dw);
+  for (const Node* f : dwf.chain.nodes) L.fused.insert(f);
+  L.define(y, dst, pd.dst_desc());
+  std::string detail = "src " + layout_name(pd.src_desc()) + dims_str(x->shape().sizes()) + " wei " +
+                       layout_name(pd.weights_desc()) + dims_str(w->shape().sizes()) + chain.detail() + " +depthwise('" +
+                       dw.name() + "' 3x3 s" + std::to_string(dwf.stride) + ")" + dwf.chain.detail() + " -> dst " +
+                       layout_name(pd.dst_desc()) + dims_str(y->shape().sizes());
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
+                  pd.scratchpad_desc(), std::move(args), std::move(consts));
+  return true;
+}
+
 // own_swish: a trailing Swish of the node's own chain may run as Ondine's kernel after the primitive
 // (take_trailing_swish); false when the first attempt found the output not dense.
 inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
@@ -61,7 +177,14 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   using dt = memory::data_type;
   const bool bf16 = L.choose_bf16(n, const_w);
   memory::desc weights_md = const_w ? any_md(weight_dims, bf16 ? dt::bf16 : dt::f32) : plain_md(weight_dims);
-  memory::desc src_md = activation_md(x, xd, bf16 ? dt::bf16 : dt::f32);
+  // ConvLayout::ChannelBlocked: source and destination channel-blocked, unless oneDNN then has only its
+  // reference kernel for the conv (a dilated one): then the layout oneDNN picks.
+  bool blocked = !bf16 && channel_blocked_md(L, x, xd, dt::f32).has_value();
+  auto activation = [&](const Value* v, const Dims& d, dt type) {
+    std::optional<memory::desc> md = blocked ? channel_blocked_md(L, v, d, type) : std::nullopt;
+    return md ? *md : activation_md(v, d, type);
+  };
+  memory::desc src_md = activation(x, xd, bf16 ? dt::bf16 : dt::f32);
   bool is_fused_op = !n.domain().empty();
   std::optional<PostOpChain> planned = is_fused_op ? fused_post_ops(L, n, 3) : plan_post_ops(L, n, true);
   if (!planned) return decline_fused(L, n, "its Sum is not a float32 tensor of the output's shape");
@@ -69,11 +192,17 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   std::optional<float> swish;
   if (own_swish && !(bf16 && L.bf16_activation(chain.result))) swish = take_trailing_swish(chain);
   PostOpChain own = chain.own_part(y);
+  if (blocked && !swish && const_w && const_b && group == 1 && kernel == Dims{1, 1} && strides == Dims{1, 1} &&
+      dilates == Dims{0, 0} && r.pad_begin == Dims{0, 0} && r.pad_end == Dims{0, 0})
+    if (std::optional<DepthwiseFusion> dwf = depthwise_after(L, n, chain, blocked))
+      if (lower_conv_with_depthwise(L, n, chain, *dwf, src_md, weights_md, strides, dilates, r.pad_begin, r.pad_end))
+        return true;
   bool fused = false;
-  auto pd = choose_fusion<dnnl::convolution_forward::primitive_desc>(
+  auto choose = [&] {
+    return choose_fusion<dnnl::convolution_forward::primitive_desc>(
       [&](bool with_chain) {
         const Value* result = (with_chain ? chain : own).result;
-        memory::desc dst_md = activation_md(y, yd, bf16 && L.bf16_activation(result) ? dt::bf16 : dt::f32);
+        memory::desc dst_md = activation(y, yd, bf16 && L.bf16_activation(result) ? dt::bf16 : dt::f32);
         dnnl::primitive_attr attr = Lowering::base_attr();
         attr.set_post_ops((with_chain ? chain : own).ops());
         auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
@@ -86,6 +215,13 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
         return dnnl::convolution_forward::primitive_desc(desc, attr, L.engine(), true);
       },
       !chain.nodes.empty(), fused);
+  };
+  auto pd = choose();
+  if (blocked && (!pd || is_reference_impl(pd))) {
+    blocked = false;
+    src_md = activation_md(x, xd, dt::f32);
+    pd = choose();
+  }
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
   if (!fused) chain = own;
   if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false);  // nothing created yet
