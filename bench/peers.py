@@ -251,7 +251,7 @@ def main():
     p.add_argument("--qdq-dir", default=os.path.join(REPO, "out", "qdq"))
     p.add_argument("--bf16", action="store_true",
                    help="also Ondine with --precision bf16 on each model (\"resnet50-bf16\"; ONNX Runtime runs the "
-                        "same file in fp32: it has no bf16 on CPU); % of peak is of the fp32 peak")
+                        "same file in fp32: it has no bf16 on CPU); %% of peak is of the fp32 peak")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw Ondine / ONNX Runtime per model and batch as a bar chart (needs python3-matplotlib)")
     a = p.parse_args()

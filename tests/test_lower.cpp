@@ -383,6 +383,24 @@ TEST_CASE("lower: conv layouts: auto blocks channels from batch 2, any lets oneD
     }
 }
 
+TEST_CASE("lower: a 3-channel stem at batch 2 reads the image as it is and writes its output channel-blocked (1e-4)",
+          "[lower]") {
+  Builder b;
+  Value* x = b.input("image", {2, 3, 32, 32});
+  Value* stem = b.op("Relu", {b.conv(x, 32, 3, 3, {{"strides", Dims{2, 2}}, {"pads", Dims{1, 1, 1, 1}}})});
+  b.g.add_output(b.conv(stem, 32, 32, 1));
+  CompiledModel m = check_graph(b.g, 1e-4);
+  INFO(m.to_text());
+  CHECK_FALSE(any_reference(m));
+  const std::string blocked = lower::effective_isa().avx512 ? "aBcd16b" : "aBcd8b";
+  bool stem_blocked = false;
+  for (auto& s : m.steps())
+    if (s.op.find("Conv") != std::string::npos && s.detail.find("[2,3,32,32]") != std::string::npos)
+      stem_blocked = s.detail.find("-> dst " + blocked) != std::string::npos;
+  CHECK(stem_blocked);
+  CHECK(count_op(m, "Reorder") == 1);  // the graph output back to row-major; none for the image
+}
+
 TEST_CASE("lower: a 1x1 conv and the depthwise 3x3 reading it run as one primitive when channel-blocked (1e-4)",
           "[lower]") {
   auto relu6 = [](Builder& b, Value* v) {

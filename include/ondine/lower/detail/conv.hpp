@@ -179,7 +179,8 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   memory::desc weights_md = const_w ? any_md(weight_dims, bf16 ? dt::bf16 : dt::f32) : plain_md(weight_dims);
   // ConvLayout::ChannelBlocked: source and destination channel-blocked, unless oneDNN then has only its
   // reference kernel for the conv (a dilated one): then the layout oneDNN picks.
-  bool blocked = !bf16 && channel_blocked_md(L, x, xd, dt::f32).has_value();
+  // A stem (an image of 3 channels, read as oneDNN picks) still writes its output blocked.
+  bool blocked = !bf16 && (channel_blocked_md(L, x, xd, dt::f32) || channel_blocked_md(L, y, yd, dt::f32));
   auto activation = [&](const Value* v, const Dims& d, dt type) {
     std::optional<memory::desc> md = blocked ? channel_blocked_md(L, v, d, type) : std::nullopt;
     return md ? *md : activation_md(v, d, type);
