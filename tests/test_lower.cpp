@@ -101,6 +101,25 @@ bool any_reference(const CompiledModel& m) {
   return false;
 }
 
+// Compiles make(batch) at batch 1 and 2 under each lower::ConvLayout (oneDNN on `threads`), checks it
+// against the reference executor (1e-4), and hands the model to check(model, blocked, batch): `blocked` says
+// whether its float32 image activations should be channel-blocked (ChannelBlocked, or Auto from batch 2).
+template <typename Make, typename Check>
+void for_each_conv_layout(Make make, Check check, int threads = 0) {
+  for (std::int64_t batch : {1, 2})
+    for (lower::ConvLayout mode : {lower::ConvLayout::Auto, lower::ConvLayout::Any, lower::ConvLayout::ChannelBlocked}) {
+      INFO("batch " << batch << ", conv layout " << lower::conv_layout_name(mode));
+      Graph g = make(batch);
+      lower::CompileOptions opts;
+      opts.conv_layout = mode;
+      opts.threads = threads;
+      CompiledModel m = check_graph(g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK_FALSE(any_reference(m));
+      check(m, mode == lower::ConvLayout::ChannelBlocked || (mode == lower::ConvLayout::Auto && batch >= 2), batch);
+    }
+}
+
 }  // namespace
 
 // --- memory plan ------------------------------------------------------------------------------------
@@ -365,22 +384,13 @@ TEST_CASE("lower: conv layouts: auto blocks channels from batch 2, any lets oneD
     for (auto& s : m.steps()) k += s.op.find("Conv") != std::string::npos && s.implementation.rfind("ref", 0) == 0;
     return k;
   };
-  for (std::int64_t batch : {1, 2})
-    for (lower::ConvLayout mode : {lower::ConvLayout::Auto, lower::ConvLayout::Any, lower::ConvLayout::ChannelBlocked}) {
-      INFO("batch " << batch << ", conv layout " << lower::conv_layout_name(mode));
-      Graph g = make(batch);
-      lower::CompileOptions opts;
-      opts.conv_layout = mode;
-      CompiledModel m = check_graph(g, 1e-4, opts);
-      INFO(m.to_text());
-      CHECK(reference_convs(m) == 0);
-      CHECK_FALSE(any_reference(m));
-      const bool want_blocked = mode == lower::ConvLayout::ChannelBlocked || (mode == lower::ConvLayout::Auto && batch >= 2);
-      if (want_blocked)
-        CHECK(blocked_convs(m) >= 3);  // the block's three convs at least
-      else if (lower::effective_isa().avx512)
-        CHECK(blocked_convs(m) == 0);  // must not fire: oneDNN's own choice, channels-last on AVX-512 (blocked below)
-    }
+  for_each_conv_layout(make, [&](const CompiledModel& m, bool blocked, std::int64_t) {
+    CHECK(reference_convs(m) == 0);
+    if (blocked)
+      CHECK(blocked_convs(m) >= 3);  // the block's three convs at least
+    else if (lower::effective_isa().avx512)
+      CHECK(blocked_convs(m) == 0);  // must not fire: oneDNN's own choice, channels-last on AVX-512 (blocked below)
+  });
 }
 
 TEST_CASE("lower: a 3-channel stem at batch 2 reads the image as it is and writes its output channel-blocked (1e-4)",
@@ -439,24 +449,14 @@ TEST_CASE("lower: a 1x1 conv and the depthwise 3x3 reading it run as one primiti
     for (auto& s : m.steps()) k += s.detail.find("+depthwise(") != std::string::npos;
     return k;
   };
-  for (std::int64_t batch : {1, 2})
-    for (lower::ConvLayout mode : {lower::ConvLayout::Auto, lower::ConvLayout::Any, lower::ConvLayout::ChannelBlocked}) {
-      INFO("batch " << batch << ", conv layout " << lower::conv_layout_name(mode));
-      Graph g = make(batch);
-      lower::CompileOptions opts;
-      opts.conv_layout = mode;
-      opts.threads = 2;  // oneDNN's choice of a fused kernel depends on the threads it splits the work over
-      CompiledModel m = check_graph(g, 1e-4, opts);
-      INFO(m.to_text());
-      CHECK_FALSE(any_reference(m));
-      const bool blocked = mode == lower::ConvLayout::ChannelBlocked || (mode == lower::ConvLayout::Auto && batch >= 2);
-      if (!blocked)
-        CHECK(fused_depthwise(m) == 0);
-      else if (lower::effective_isa().avx512 && batch >= 2)
-        CHECK(fused_depthwise(m) == 2);  // the two at 56x56, none of the others
-      else
-        CHECK(fused_depthwise(m) <= 2);  // batch 1, AVX2, SSE4.1: oneDNN's jit kernels fuse where they can
-    }
+  for_each_conv_layout(make, [&](const CompiledModel& m, bool blocked, std::int64_t batch) {
+    if (!blocked)
+      CHECK(fused_depthwise(m) == 0);
+    else if (lower::effective_isa().avx512 && batch >= 2)
+      CHECK(fused_depthwise(m) == 2);  // the two at 56x56, none of the others
+    else
+      CHECK(fused_depthwise(m) <= 2);  // batch 1, AVX2, SSE4.1: oneDNN's jit kernels fuse where they can
+  }, /*threads=*/2);  // oneDNN's choice of a fused kernel depends on the threads it splits the work over
 }
 
 TEST_CASE("lower: gemm variants (alpha, beta, transposes, bias shapes) (1e-4)", "[lower]") {
