@@ -54,12 +54,13 @@ struct DepthwiseFusion {
   PostOpChain chain;  // the depthwise's own activations and those after it
 };
 
-inline std::optional<DepthwiseFusion> depthwise_after(Lowering& L, const Node& n, const PostOpChain& chain, bool blocked) {
+// The depthwise reading the float32 1x1 convolution's `chain`, when it can be that convolution's post-op.
+inline std::optional<DepthwiseFusion> depthwise_after(Lowering& L, const PostOpChain& chain) {
   namespace geo = ::ondine::infer::detail_nn;
-  if (!blocked) return std::nullopt;
   const Node* dw = sole_consumer(chain.result);
   if (!dw || dw->input(0) != chain.result || (dw->op_key() != "Conv" && dw->op_key() != "ondine.FusedConv")) return std::nullopt;
-  if (L.options.reference_ops.count(dw->op_key()) || L.runs_bf16(*dw) != L.runs_bf16(n)) return std::nullopt;
+  // A depthwise that would compute in bf16 stays its own step: fused, it would run in float32.
+  if (L.options.reference_ops.count(dw->op_key()) || L.runs_bf16(*dw)) return std::nullopt;
   const Value *w = dw->input(1), *b = dw->input(2), *y = dw->output(0);
   const Dims xd = chain.result->shape().sizes();
   if (!is_f32(w) || !w->is_constant() || (b && (!is_f32(b) || !b->is_constant())) || !is_f32(y) || y->is_graph_output())
@@ -195,7 +196,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   PostOpChain own = chain.own_part(y);
   if (blocked && !swish && const_w && const_b && group == 1 && kernel == Dims{1, 1} && strides == Dims{1, 1} &&
       dilates == Dims{0, 0} && r.pad_begin == Dims{0, 0} && r.pad_end == Dims{0, 0})
-    if (std::optional<DepthwiseFusion> dwf = depthwise_after(L, n, chain, blocked))
+    if (std::optional<DepthwiseFusion> dwf = depthwise_after(L, chain))
       if (lower_conv_with_depthwise(L, n, chain, *dwf, src_md, weights_md, strides, dilates, r.pad_begin, r.pad_end))
         return true;
   bool fused = false;
