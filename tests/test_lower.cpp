@@ -551,6 +551,59 @@ TEST_CASE("lower: Slice, Transpose and Reshape are strided views, copied once wh
   CHECK(count_op(m, "Reorder") == 0);
 }
 
+TEST_CASE("lower: a Transpose reads a channels-last conv output in place; other readers get one copy (1e-5)",
+          "[lower][views]") {
+  // ConvNeXt's block: depthwise conv -> permute to NHWC -> a row-major reader (MatMul). Where oneDNN writes the
+  // conv's output channels-last (acdb: AVX-512 at batch 1), the layout pass's row-major Reorder is a strided
+  // view and the permute's strides are row-major again: no copy at all. A reference reader (Erf) and a graph
+  // output Transpose of the same output still get their bytes (one copy each, must not fire as a view).
+  Builder b;
+  Value* x = b.input("x", {1, 16, 6, 5});
+  Value* c = b.conv(x, 16, 1, 3, {{"pads", Dims{1, 1, 1, 1}}, {"group", std::int64_t{16}}});
+  Value* nhwc = b.op("Transpose", {c}, {{"perm", Dims{0, 2, 3, 1}}});
+  b.g.add_output(b.op("MatMul", {nhwc, b.weight({16, 8})}));
+  CompiledModel m = check_graph(b.g, 1e-5);
+  INFO(m.to_text());
+  bool channels_last = false;
+  for (const StepInfo& st : m.steps())
+    if (st.op == "Conv" && st.detail.find("dst acdb") != std::string::npos) channels_last = true;
+  if (channels_last) {
+    CHECK(count_impl(m, "Reorder", "view") == 1);
+    CHECK(count_op(m, "Reorder") <= 2);  // the view, and at most the input into the conv's layout
+    CHECK(count_op(m, "Transpose") == count_impl(m, "Transpose", "view"));
+  }
+
+  Builder b2;
+  x = b2.input("x", {1, 16, 6, 5});
+  c = b2.conv(x, 16, 1, 3, {{"pads", Dims{1, 1, 1, 1}}, {"group", std::int64_t{16}}});
+  b2.g.add_output(b2.op("MatMul", {b2.op("Transpose", {c}, {{"perm", Dims{0, 2, 3, 1}}}), b2.weight({16, 8})}));
+  b2.g.add_output(b2.op("Erf", {c}));                                   // a reference reader: row-major bytes
+  b2.g.add_output(b2.op("Transpose", {c}, {{"perm", Dims{0, 3, 2, 1}}}));  // a graph output: its own bytes
+  check_graph(b2.g, 1e-5);
+}
+
+TEST_CASE("lower: ConvNeXt's permute back to NCHW is read in place by the layer scale and the residual (1e-5)",
+          "[lower][views]") {
+  // MatMul [N,H,W,C] -> Transpose to NCHW (a channels-last view) -> Mul by a per-channel constant -> Add of the
+  // block input -> depthwise conv -> global average pool. The binary ops read the view as the channels-last
+  // bytes it is (no Transpose copy), the conv takes it as it is, and the pool of a channels-last source runs
+  // on oneDNN's jit kernel, not its reference one.
+  Builder b;
+  Value* x = b.input("x", {2, 5, 6, 16});
+  Value* r = b.input("r", {2, 16, 5, 6});
+  Value* t = b.op("Transpose", {b.op("MatMul", {x, b.weight({16, 16})})}, {{"perm", Dims{0, 3, 1, 2}}});
+  Value* z = b.op("Add", {b.op("Mul", {b.weight({16, 1, 1}), t}), r});
+  Value* c = b.op("Conv", {z, b.weight({16, 1, 3, 3})}, {{"group", std::int64_t{16}}, {"pads", Dims{1, 1, 1, 1}}});
+  b.g.add_output(b.op("GlobalAveragePool", {c}));
+  lower::CompileOptions opts;
+  opts.conv_layout = lower::ConvLayout::Any;
+  CompiledModel m = check_graph(b.g, 1e-5, opts);
+  INFO(m.to_text());
+  CHECK(count_op(m, "Transpose") == count_impl(m, "Transpose", "view"));
+  CHECK(count_impl(m, "GlobalAveragePool", "ref") == 0);
+  CHECK(count_impl(m, "Mul", "ref") == 0);
+}
+
 TEST_CASE("lower: softmax by opset (1e-5)", "[lower]") {
   for (int opset : {11, 13}) {
     for (std::int64_t axis : {1, -1}) {

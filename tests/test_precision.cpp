@@ -289,4 +289,49 @@ TEST_CASE("precision bf16: matrix products with constant weights in bfloat16, ou
   CHECK(bf16_products == 2);
 }
 
+TEST_CASE("precision bf16: a matrix product read only by bf16 matrix products writes bf16", "[lower][bf16]") {
+  if (!lower::effective_isa().bf16_native) return;  // refusal: the first test
+  // A transformer's FFN: MatMul + bias + Gelu (as erf) -> MatMul. The first writes its result in bf16 and the
+  // second reads it as it is (no Reorder between them). Must not fire: a result that anything else also reads
+  // (here a graph output), or whose reader is kept fp32.
+  auto ffn = [](bool tap) {
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{2, 12, 32});
+    Value* h = g.add_node("MatMul", {x, g.add_constant("w1", random_tensor({32, 96}, 1, 0.3f))}, {"h"}, {}, "fc1")->output(0);
+    h = g.add_node("Add", {h, g.add_constant("b1", random_tensor({96}, 2, 0.1f))}, {"hb"}, {}, "bias1")->output(0);
+    h = g.add_node("Relu", {h}, {"hr"}, {}, "act")->output(0);
+    Value* y = g.add_node("MatMul", {h, g.add_constant("w2", random_tensor({96, 32}, 3, 0.3f))}, {"y"}, {}, "fc2")->output(0);
+    g.add_output(y);
+    if (tap) g.add_output(h);
+    return g;
+  };
+  auto count_reorders = [](const CompiledModel& m) {
+    std::size_t k = 0;
+    for (const StepInfo& s : m.steps()) k += s.op == "Reorder";
+    return k;
+  };
+  auto writes_bf16 = [](const CompiledModel& m, const std::string& name) {
+    for (const StepInfo& s : m.steps())
+      if (s.name == name) return s.detail.size() >= 5 && s.detail.compare(s.detail.size() - 5, 5, " bf16") == 0;
+    return false;
+  };
+  std::map<std::string, Tensor> in{{"x", random_tensor({2, 12, 32}, 9)}};
+  for (int variant = 0; variant < 3; ++variant) {
+    INFO("variant " << variant);
+    Graph g = ffn(variant == 1);
+    infer_shapes(g);
+    lower::CompileOptions options;
+    options.precision = lower::Precision::Bf16;
+    if (variant == 2) options.keep_fp32 = {"fc2"};
+    CompiledModel model = lower::compile(g, options);
+    INFO(model.to_text());
+    auto got = model.run(in);
+    auto want = ReferenceExecutor(g).run(in);
+    for (auto& [name, w] : want) CHECK(test::rel_error(got.at(name), w) < 3e-2);
+    CHECK(writes_bf16(model, "fc1") == (variant == 0));
+    // x into bf16; with the tap, fc1's float32 result into bf16 too; fc2 kept fp32 reads it as it is.
+    CHECK(count_reorders(model) == (variant == 1 ? 2u : 1u));
+  }
+}
+
 }  // namespace test_precision

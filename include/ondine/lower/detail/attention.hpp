@@ -141,15 +141,20 @@ inline bool lower_attention(Lowering& L, const Node& n) {
   }
   auto is_ref = [](const dnnl::matmul::primitive_desc& pd) { return pd && std::string(pd.impl_info_str()).rfind("ref", 0) == 0; };
   SlotId q_slot = 0, k_slot = 0, v_slot = 0;
-  memory::desc q_md, k_md, v_md, y_md, value_md;
+  memory::desc q_md, k_md, v_md, y_md, value_md, qm, km, vm;
+  std::size_t q_off = 0, k_off = 0, v_off = 0;
   dnnl::matmul::primitive_desc scores_pd, context_pd;
   for (bool strided : {true, false}) {
     auto sq_op = strided ? strided_operand(q) : std::nullopt, sk_op = strided ? strided_operand(k) : std::nullopt,
          sv_op = strided ? strided_operand(v) : std::nullopt;
     if (strided && !sq_op && !sk_op && !sv_op && strided_value_md == plain_value_md) continue;  // nothing strided
-    auto [qs, qm] = sq_op ? *sq_op : plain_operand(q);
-    auto [ks, km] = sk_op ? *sk_op : plain_operand(k);
-    auto [vs, vm] = sv_op ? *sv_op : plain_operand(v);
+    auto [qs, q_view] = sq_op ? *sq_op : plain_operand(q);
+    auto [ks, k_view] = sk_op ? *sk_op : plain_operand(k);
+    auto [vs, v_view] = sv_op ? *sv_op : plain_operand(v);
+    // A view's offset (K and V slices of a fused QKV projection) goes into the address, not the descriptor.
+    std::tie(qm, q_off) = without_offset(q_view);
+    std::tie(km, k_off) = without_offset(k_view);
+    std::tie(vm, v_off) = without_offset(v_view);
     value_md = strided ? strided_value_md : plain_value_md;
     y_md = *regroup_md(value_md, groups);
     scores_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(qm, km, s_md), attr, L.engine(), true);
@@ -172,8 +177,8 @@ inline bool lower_attention(Lowering& L, const Node& n) {
   SlotId scores = L.add_slot(std::move(s));
 
   std::string view = "[" + std::to_string(p) + "," + std::to_string(rr) + "]";
-  std::vector<SlotArg> args{{DNNL_ARG_SRC, q_slot, q_md},
-                            {DNNL_ARG_WEIGHTS, k_slot, k_md},
+  std::vector<SlotArg> args{{DNNL_ARG_SRC, q_slot, q_md, false, q_off},
+                            {DNNL_ARG_WEIGHTS, k_slot, k_md, false, k_off},
                             {DNNL_ARG_DST, scores, s_md}};
   std::vector<std::pair<int, memory>> consts;
   const int mask_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
@@ -196,7 +201,7 @@ inline bool lower_attention(Lowering& L, const Node& n) {
                    "context: batch " + view + " " + dims_str({sq, sk}) + " x " + dims_str({sk, dv}) + " -> " +
                        (is_row_major(value_md) ? dims_str(y->shape().sizes()) : strided_str(value_md))},
                   &n, dnnl::matmul(context_pd), context_pd.scratchpad_desc(),
-                  {{DNNL_ARG_SRC, scores, s_md}, {DNNL_ARG_WEIGHTS, v_slot, v_md}, {DNNL_ARG_DST, out, y_md}},
+                  {{DNNL_ARG_SRC, scores, s_md}, {DNNL_ARG_WEIGHTS, v_slot, v_md, false, v_off}, {DNNL_ARG_DST, out, y_md}},
                   {});
   L.define(y, out, value_md);
   return true;

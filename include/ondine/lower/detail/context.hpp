@@ -267,7 +267,19 @@ struct SlotArg {
   SlotId slot;
   memory::desc md;
   bool read_too = false;  // a DST that the primitive also reads (in-place sum post-op)
+  // Added to the slot's address: a view's offset moved out of `md` (without_offset), for primitives that
+  // ignore a descriptor's offset0 (oneDNN 2.6's brg matmul does for its weights).
+  std::size_t offset_bytes = 0;
 };
+
+// `md` without its offset0, and that offset in bytes: the view then starts at its first element. oneDNN 2.6's
+// brg matmul ignores the weights' offset0 (bench/onednn_matmul_offset_repro.cpp: it read the Q part of a fused
+// QKV projection as V at sequence length 1), so matmul operands read through views pass it this way.
+inline std::pair<memory::desc, std::size_t> without_offset(memory::desc md) {
+  const std::size_t bytes = static_cast<std::size_t>(md.data.offset0) * dnnl_data_type_size(md.data.data_type);
+  md.data.offset0 = 0;
+  return {md, bytes};
+}
 
 // One oneDNN primitive. Constant arguments (weights reordered at compile time) are shared by all
 // contexts; slot arguments and the scratchpad get per-context memory objects, and those of caller
@@ -291,15 +303,20 @@ class PrimitiveStep : public runtime::Step {
 
   struct State : runtime::StepState {
     std::unordered_map<int, memory> args;
-    std::vector<std::pair<memory, SlotId>> external;
+    struct External {
+      memory m;
+      SlotId slot;
+      std::size_t offset_bytes;
+    };
+    std::vector<External> external;
   };
 
   std::unique_ptr<runtime::StepState> make_state(runtime::ExecContext& ctx) const override {
     auto st = std::make_unique<State>();
     for (auto& a : slot_args_) {
       bool external = ctx.is_external(a.slot);
-      memory m(a.md, engine_, external ? DNNL_MEMORY_NONE : ctx.ptr(a.slot));
-      if (external) st->external.emplace_back(m, a.slot);
+      memory m(a.md, engine_, external ? DNNL_MEMORY_NONE : static_cast<char*>(ctx.ptr(a.slot)) + a.offset_bytes);
+      if (external) st->external.push_back({m, a.slot, a.offset_bytes});
       st->args.emplace(a.arg, m);
     }
     for (auto& [arg, m] : const_args_) st->args.emplace(arg, m);
@@ -315,7 +332,7 @@ class PrimitiveStep : public runtime::Step {
 
   // On `stream` instead of the context's (a ConcurrentStep runs each part on a stream of its own).
   void run(runtime::ExecContext& ctx, State& st, dnnl::stream* stream = nullptr) const {
-    for (auto& [m, slot] : st.external) m.set_data_handle(ctx.ptr(slot));
+    for (auto& e : st.external) e.m.set_data_handle(static_cast<char*>(ctx.ptr(e.slot)) + e.offset_bytes);
     try {
       prim_.execute(stream ? *stream : static_cast<DnnlBackend*>(ctx.backend())->stream, st.args);
     } catch (const dnnl::error& e) {
@@ -780,19 +797,27 @@ class Lowering {
     return true;
   }
 
-  // Whether `v` may be held in bfloat16: Precision::Bf16, float32, not a graph output, and read only by
-  // convolutions computing in bfloat16 as their source (or a FusedConv's Sum), which take it as it is.
+  // Whether `v` may be held in bfloat16: Precision::Bf16, float32, not a graph output, and every reader takes
+  // it in bf16 as it is (reads_bf16), so its producer writes bf16 and no reader converts it.
   bool bf16_activation(const Value* v) const {
     if (options.precision != Precision::Bf16 || !v || v->dtype() != DType::Float32 || v->is_graph_output() ||
         !v->has_uses())
       return false;
-    for (const Use& u : v->uses()) {
-      const std::string& key = u.node->op_key();
-      bool conv_source = (key == "Conv" || key == "ondine.FusedConv") && u.index == 0;
-      bool fused_sum = key == "ondine.FusedConv" && u.index == 3;
-      if ((!conv_source && !fused_sum) || !runs_bf16(*u.node)) return false;
-    }
+    for (const Use& u : v->uses())
+      if (!reads_bf16(u)) return false;
     return true;
+  }
+  // Whether reader `u` computes in bf16 on its operand as bf16: a convolution's source (or a FusedConv's Sum),
+  // or the source of a matrix product with constant float32 weights (emit_matmul's condition for bf16).
+  bool reads_bf16(const Use& u) const {
+    const std::string& key = u.node->op_key();
+    if (!runs_bf16(*u.node) || options.reference_ops.count(key)) return false;
+    if (key == "Conv" || key == "ondine.FusedConv") return u.index == 0 || (key == "ondine.FusedConv" && u.index == 3);
+    if (key == "MatMul" || key == "Gemm" || key == "ondine.FusedMatMul" || key == "ondine.FusedGemm") {
+      const Value* w = u.node->input(1);
+      return u.index == 0 && w && w->is_constant() && w->dtype() == DType::Float32;
+    }
+    return false;
   }
 
   void add_reorder(const std::string& what, SlotId from, const memory::desc& from_md, SlotId to,

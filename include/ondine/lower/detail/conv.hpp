@@ -174,7 +174,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   }
 
   // Precision::Bf16: bfloat16 source and constant weights (f32 bias, f32 accumulation); the output in
-  // bfloat16 when only convolutions read it (Lowering::bf16_activation).
+  // bfloat16 when only bf16 convolutions and matrix products read it (Lowering::bf16_activation).
   using dt = memory::data_type;
   const bool bf16 = L.choose_bf16(n, const_w);
   memory::desc weights_md = const_w ? any_md(weight_dims, bf16 ? dt::bf16 : dt::f32) : plain_md(weight_dims);

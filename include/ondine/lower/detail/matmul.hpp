@@ -77,8 +77,9 @@ inline memory::desc with_data_type(const memory::desc& md, memory::data_type dt)
 }
 
 // Builds the primitive from a plan: with the fused bias-Add and activations first, then alone.
-// Precision::Bf16 with constant weights: bf16 source (a converted copy of `a`) and weights (packed to bf16
-// once), f32 accumulation, bias, post-op operands and output.
+// Precision::Bf16 with constant weights: bf16 source (`a` as it is when held in bf16, else a converted copy)
+// and weights (packed to bf16 once), f32 accumulation, bias and post-op operands; the output in bf16 when only
+// bf16 readers take it (Lowering::bf16_activation), else f32.
 inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value* b, MatmulPlan& plan,
                         const std::string& detail_prefix) {
   const bool bf16 = L.choose_bf16(n, plan.weights_constant && a && a->dtype() == DType::Float32 &&
@@ -119,6 +120,20 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   const Value* result = plan.chain.result ? plan.chain.result : n.output(0);
   if (plan.bias_add && plan.chain.nodes.empty()) result = plan.bias_add->output(0);
 
+  // A result only bf16 matrix products read (a transformer's first FFN layer, GELU and all) is written in
+  // bf16: the reader takes it as it is, with no conversion pass over the layer's widest activation.
+  bool bf16_out = bf16 && !plan.sum && !plan.c_runtime && !plan.c_constant && L.bf16_activation(result);
+  if (bf16_out) {
+    const memory::desc f32_dst = plan.dst_md;
+    plan.dst_md = with_data_type(plan.dst_md, memory::data_type::bf16);
+    if (auto pd16 = make_pd(fused)) {
+      pd = pd16;
+    } else {
+      plan.dst_md = f32_dst;
+      bf16_out = false;
+    }
+  }
+
   SlotId src = bf16 ? L.slot_in(a, plain_md(a->shape().sizes(), memory::data_type::bf16)) : L.row_major_slot(a);
   std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
   std::vector<std::pair<int, memory>> consts;
@@ -133,7 +148,7 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   if (plan.sum)
     args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(plan.sum_post_op_index()) | DNNL_ARG_SRC_1,
                     L.row_major_slot(plan.sum), plan.dst_md});
-  memory::desc value_md = plain_md(result->shape().sizes());
+  memory::desc value_md = plain_md(result->shape().sizes(), bf16_out ? memory::data_type::bf16 : memory::data_type::f32);
   SlotId dst = L.new_value_slot(result, value_md);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
   if (plan.bias_add) L.fused.insert(plan.bias_add);
@@ -143,7 +158,7 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
                        (plan.bias ? " +bias" + dims_str(plan.bias_dims) : "") +
                        (plan.out_scale != 1.0f ? " *alpha" : "") + (plan.c_runtime || plan.c_constant ? " +C" + dims_str(plan.c_dims) : "") +
                        plan.own_detail() + plan.chain.detail() + " -> " +
-                       dims_str(result->shape().sizes());
+                       dims_str(result->shape().sizes()) + (bf16_out ? " bf16" : "");
   L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::matmul(pd), pd.scratchpad_desc(),
                   std::move(args), std::move(consts));
   return true;

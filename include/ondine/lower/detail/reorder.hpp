@@ -6,6 +6,10 @@
 // [N,C,1,1]). The layout pass makes one Reorder per value and layout, shared by its readers. Blocked ("whatever oneDNN prefers") can only be known once the reader's
 // primitive exists: the output aliases the input here, and the reader, created with format_tag::any
 // (activation_md), reorders into the layout it picks through slot_in.
+// RowMajor over an unblocked layout (a channels-last convolution's output, which oneDNN picks on AVX-512)
+// is a strided view rather than a copy: a Transpose reading it (ConvNeXt's permute to NHWC) then reads the
+// bytes in place, and its permuted strides are row-major again; a reader that needs row-major bytes gets
+// them copied once (Lowering::state), as the reorder would have.
 #pragma once
 
 #include <memory>
@@ -30,6 +34,19 @@ inline bool lower_reorder(Lowering& L, const Node& n) {
   const Value* y = n.output(0);
   if (!x || !y || n.num_inputs() != 1 || n.num_outputs() != 1) return false;
   if (x->dtype() != y->dtype() || !x->shape().is_static() || x->shape() != y->shape()) return false;
+  memory::data_type own_dt;  // a float32 value held in bf16 is converted by a real reorder below
+  if (y->layout() == Layout::RowMajor && !y->is_graph_output() && dnnl_dtype(x->dtype(), own_dt))
+    if (auto src = L.strided_source(x); src && !is_row_major(src->second) && src->second.data_type() == own_dt) {
+      L.define_strided_view(n, y, src->first, src->second, "row-major view of " + layout_name(src->second) + " '" + x->name() + "'");
+      return true;
+    }
+  if (y->layout() == Layout::Blocked || y->layout() == Layout::Unset)
+    if (auto src = L.strided_source(x); src && !is_row_major(src->second)) {
+      // A strided view stays one, uncopied: the reader's primitive takes its strides as they are (a
+      // channels-last view for a conv that runs channels-last) or reorders from them (slot_in).
+      define_reorder_alias(L, y, src->first, src->second);
+      return true;
+    }
   const ValueState st = L.state(x);  // a copy: defining values may rehash the lowering's table
   if (!st.has_md) return false;      // a dtype oneDNN lacks: the reference kernel copies the bytes
   Layout target = y->layout();
