@@ -1256,7 +1256,7 @@ int main(int argc, char** argv) {
   const std::string precision_help =
       "fp32 (default), bf16: convolutions, matrix products with constant weights and recurrent layers (batch 5 and up) "
       "in bfloat16 with float32 "
-      "accumulation, bf16 activations between convolutions (needs native bf16: avx512_core_bf16 or AMX), or auto: "
+      "accumulation, bf16 activations between convolutions and between matrix products (needs native bf16: avx512_core_bf16 or AMX), or auto: "
       "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32";
   run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   const std::string keep_fp32_help =
