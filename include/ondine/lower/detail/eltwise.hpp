@@ -503,8 +503,7 @@ inline std::pair<Dims, Dims> merge_broadcast_dims(const Dims& yd, const Dims& bd
 
 // Add, Sub, Mul, Div, Max, Min as one binary primitive, with the activations after it as post-ops.
 // oneDNN 2.6 picks its reference kernel (~50x slower) for some operand layouts, so the layouts are
-// tried in order until a jit kernel takes them: (0) for a per-channel operand against a channels-last first
-// operand, both as row-major [1, rows, C] and [1, 1, C] (the same bytes); (1) the first operand's layout, with a broadcast
+// tried in order until a jit kernel takes them: (1) the first operand's layout, with a broadcast
 // operand laid out the same way (a [1,C,1,1] gate in aBcd8b for an aBcd8b activation); (2) the
 // broadcast operand row-major; (3) both row-major, reordering the first once; (4) row-major with the
 // broadcast dims merged (merge_broadcast_dims), without post-ops. The last one tried is kept when none
@@ -538,24 +537,10 @@ inline bool lower_binary(Lowering& L, const Node& n) {
 
   struct Choice {
     memory::desc src0, src1;
-    bool merged = false;         // (4): dims merged, no post-ops (but for (0))
-    bool channels_last = false;  // (0): a channels-last first operand as row-major [1, rows, C]
+    bool merged = false;  // (4): dims merged, no post-ops
   };
   std::vector<Choice> choices;
   memory::format_tag a_tag = channel_layout_tag(a_md);
-  // (0) A per-channel operand against a channels-last first operand: the bytes are row-major [1, N*H*W, C]
-  // times [1, 1, C], which oneDNN's jit kernel runs at memory speed (its per-channel broadcast over acdb
-  // took 1.7x as long: ConvNeXt's layer scale at batch 8, 17.4 against 10 ms).
-  const bool a_channels_last = a_tag == memory::format_tag::acb || a_tag == memory::format_tag::acdb ||
-                               a_tag == memory::format_tag::acdeb;
-  bool per_channel = !full && yd.size() >= 3 && bd[1] == yd[1];
-  for (std::size_t i = 0; per_channel && i < bd.size(); ++i) per_channel = i == 1 || bd[i] == 1;
-  if (a_channels_last && per_channel) {
-    std::int64_t rows = 1;
-    for (std::size_t i = 0; i < yd.size(); ++i) rows *= i == 1 ? 1 : yd[i];
-    const std::int64_t channels = yd[1];
-    choices.push_back({plain_md({1, rows, channels}), plain_md({1, 1, channels}), true, true});
-  }
   if (full) {
     choices.push_back({a_md, a_md});
   } else {
@@ -573,7 +558,7 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   bool fused = false;
   const Choice* chosen = nullptr;
   for (const Choice& c : choices) {
-    const bool with_chain = !chain.nodes.empty() && (!c.merged || c.channels_last);  // eltwise post-ops: any dims
+    const bool with_chain = !chain.nodes.empty() && !c.merged;
     dnnl::binary::desc desc(alg, c.src0, c.src1, any_md(Dims(c.src0.dims())));
     bool c_fused = false;
     auto c_pd = choose_fusion<dnnl::binary::primitive_desc>(
@@ -593,8 +578,7 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   if (!fused) chain = PostOpChain{y};
 
   // src0: its own slot when the layouts agree (a merged row-major view reads the same bytes).
-  SlotId s0 = chosen->channels_last                                 ? (a_view ? a_view->first : L.slot_in(a, a_md))
-              : chosen->merged                                  ? L.row_major_slot(a)
+  SlotId s0 = chosen->merged                                 ? L.row_major_slot(a)
               : a_view && pd.src_desc(0) == a_view->second ? a_view->first
                                                            : L.slot_in(a, pd.src_desc(0));
   std::vector<SlotArg> args{{DNNL_ARG_SRC_0, s0, pd.src_desc(0)}};
@@ -614,7 +598,7 @@ inline bool lower_binary(Lowering& L, const Node& n) {
     L.add_reorder(b->name(), raw, plain_md(bd), packed, src1_md);
     args.push_back({DNNL_ARG_SRC_1, packed, src1_md});
   }
-  const memory::desc dst_md = chosen->channels_last ? a_md : chosen->merged ? plain_md(yd) : pd.dst_desc();
+  const memory::desc dst_md = chosen->merged ? plain_md(yd) : pd.dst_desc();
   SlotId dst = L.new_value_slot(chain.result, dst_md);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
   commit_post_ops(L, chain, dst, dst_md);
