@@ -41,9 +41,10 @@ inline bool lower_reorder(Lowering& L, const Node& n) {
       return true;
     }
   if (y->layout() == Layout::Blocked || y->layout() == Layout::Unset)
-    if (auto src = L.strided_source(x); src && !is_row_major(src->second)) {
+    if (auto src = L.strided_source(x); src && !is_row_major(src->second) && src->second.data.offset0 == 0) {
       // A strided view stays one, uncopied: the reader's primitive takes its strides as they are (a
-      // channels-last view for a conv that runs channels-last) or reorders from them (slot_in).
+      // channels-last view for a conv that runs channels-last) or reorders from them (slot_in). Not one
+      // with an offset (a Slice): some oneDNN kernels ignore offset0 (context.hpp, without_offset).
       define_reorder_alias(L, y, src->first, src->second);
       return true;
     }
