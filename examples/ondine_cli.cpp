@@ -28,6 +28,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <functional>
 #include <map>
 #include <memory>
@@ -116,6 +117,7 @@ std::string artifact_summary(const artifact::Info& a, std::size_t variants = 1) 
   os << "artifact format " << a.format_version << ", compiled from " << (a.source.empty() ? "?" : a.source)
      << " by Ondine " << a.ondine_version << " with oneDNN " << a.onednn_version << "; running its variant for "
      << a.isa << (variants > 1 ? " (of " + std::to_string(variants) + ")" : std::string()) << ", " << a.precision
+     << (a.keep_fp32.empty() ? "" : " (" + std::to_string(a.keep_fp32.size()) + " kept fp32)")
      << (a.requires_vnni ? " (needs VNNI)" : "") << ", threads "
      << (a.threads > 0 ? std::to_string(a.threads) : std::string("default")) << ", passes "
      << (a.passes.empty() ? "none" : a.passes) << "; " << a.file_bytes << " bytes, weights " << a.weight_bytes
@@ -254,9 +256,18 @@ std::size_t quantized_nodes(const Graph& g) {
   return n;
 }
 
-// --precision and --keep-fp32 of run and bench (lower::CompileOptions::precision, keep_fp32).
+// --precision and --keep-fp32 of run, bench, inspect and compile (lower::CompileOptions::precision, keep_fp32).
 lower::Precision g_precision = lower::Precision::Fp32;
+bool g_precision_given = false;  // --precision on the command line (else an artifact's own applies)
 std::vector<std::string> g_keep_fp32;
+
+// An artifact runs in the precision it was compiled in (its variant's label and float32 nodes) unless
+// --precision says otherwise; then its bf16 or fp32 weights are packed again at load.
+void adopt_artifact_precision(const ModelFile& file) {
+  if (!file.artifact || g_precision_given) return;
+  g_precision = lower::artifact_precision(*file.artifact);
+  g_keep_fp32.insert(g_keep_fp32.end(), file.artifact->keep_fp32.begin(), file.artifact->keep_fp32.end());
+}
 // --conv-layout of run and bench (lower::CompileOptions::conv_layout).
 lower::ConvLayout g_conv_layout = lower::ConvLayout::Auto;
 // --max-error with --precision bf16: the bound on the outputs against fp32 (lower/error_bound.hpp).
@@ -471,6 +482,13 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   lower::CompileOptions opts;
   opts.threads = threads;
   opts.passes = passes;
+  opts.precision = g_precision;
+  opts.keep_fp32 = g_keep_fp32;
+  opts.conv_layout = g_conv_layout;
+  std::string precision_line;
+  opts.log = [&precision_line](const std::string& line) {
+    if (line.rfind("precision: ", 0) == 0) precision_line = line;
+  };
   CompiledModel model = lower::compile(bound, opts);
   double ms = elapsed_ms(t0);
   std::cout << "\ncompiled: isa " << model.isa() << ", " << model.steps().size() << " steps, compile "
@@ -482,6 +500,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   std::cout << "implementations:\n";
   for (auto& [impl, n] : model.implementation_histogram())
     std::cout << "  " << std::left << std::setw(40) << impl << std::right << std::setw(6) << n << "\n";
+  if (!precision_line.empty()) std::cout << precision_line << "\n";
   std::cout << "steps:\n" << model.to_text();
   // Slow paths: oneDNN's ref implementations and Ondine's reference kernels (bench --profile times them).
   std::vector<StepInfo> slow;
@@ -518,6 +537,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
                 const std::string& dot_file, bool compiled, int threads, const std::string& passes,
                 const std::string& compile_passes) {
   ModelFile file = load_model_file(path, /*describe_only=*/!compiled);
+  if (compiled) adopt_artifact_precision(file);
   // An artifact's graph is already optimised: no pass runs on it, here or when compiled.
   PassManager pm = pipeline_for(file.artifact ? std::string("none") : passes);
   const std::string compile_pipeline = file.artifact ? std::string("none") : compile_passes;
@@ -578,12 +598,14 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
       const artifact::Info& a = *file.artifact;
       j["artifact"] = {{"format_version", a.format_version}, {"source", a.source}, {"ondine_version", a.ondine_version},
                        {"onednn_version", a.onednn_version}, {"isa", a.isa}, {"precision", a.precision},
+                       {"keep_fp32", a.keep_fp32},
                        {"requires_vnni", a.requires_vnni}, {"threads", a.threads}, {"passes", a.passes},
                        {"file_bytes", a.file_bytes}, {"weight_bytes", a.weight_bytes},
                        {"packed_weights", file.packings}, {"packing_dims", file.packing_dims},
                        {"variant", file.variant}};
       for (const artifact::Info& v : file.variants)
-        j["artifact"]["variants"].push_back({{"isa", v.isa}, {"precision", v.precision}, {"requires_vnni", v.requires_vnni},
+        j["artifact"]["variants"].push_back({{"isa", v.isa}, {"precision", v.precision}, {"keep_fp32", v.keep_fp32},
+                                             {"requires_vnni", v.requires_vnni},
                                              {"threads", v.threads}, {"packed_weights", v.packings},
                                              {"unpacked", v.unpacked},
                                              {"runs_here", lower::isa_runs_on(lower::isa_from_name(v.isa), lower::effective_isa().isa)}});
@@ -599,6 +621,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     for (std::size_t i = 0; i < file.variants.size(); ++i) {
       const artifact::Info& v = file.variants[i];
       std::cout << "variant: " << std::left << std::setw(17) << v.isa << std::right << v.precision
+                << (v.keep_fp32.empty() ? "" : " (" + std::to_string(v.keep_fp32.size()) + " kept fp32)")
                 << (v.requires_vnni ? " (needs VNNI)" : "") << ", ";
       if (v.unpacked.empty()) std::cout << v.packings << " weights packed";
       else std::cout << "weights packed at first load (" << v.unpacked << ")";
@@ -624,6 +647,8 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
       options.threads = file.artifact->threads;
       options.passes = "none";
       options.packed_weights = file.packed;
+      options.precision = lower::artifact_precision(*file.artifact);
+      options.keep_fp32 = file.artifact->keep_fp32;
       try {
         lower::compile(std::move(at_dims), options);
         std::cout << "load:    " << file.packed->preloaded_hits() << " weight requests answered by the stored packings, "
@@ -700,6 +725,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
             bool passes_given) {
   pipeline_for(passes);
   ModelFile file = load_model_file(path);
+  adopt_artifact_precision(file);
   const std::string pipeline = pipeline_of(file, passes, passes_given);
   if (file.artifact) std::cout << artifact_summary(*file.artifact, file.variants.size()) << "\n";
   Graph g = std::move(file.graph);
@@ -847,6 +873,10 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
       for (const std::string& f : *files) std::remove(f.c_str());
     }
   } remove_parts{&parts};
+  if (g_precision == lower::Precision::Bf16 &&
+      std::none_of(targets.begin(), targets.end(), [](const lower::IsaInfo& t) { return t.bf16_native; }))
+    throw UsageError("--precision bf16: none of the targets has native bf16 (avx512_core_bf16, avx512_core_amx); "
+                     "use --precision auto for bf16 where a target has it");
   for (const lower::IsaInfo& isa : targets) {
     std::vector<std::string> argv = {"ondine", "compile", path, "-o", args.out_file + "." + isa.name + ".ondine",
                                      "--target", isa.name, "--as-variant", "--passes", args.passes,
@@ -860,8 +890,21 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
     if (args.stop_after) argv.insert(argv.end(), {"--stop-after", std::to_string(args.stop_after)});
     if (args.check) argv.insert(argv.end(), {"--check", "--seed", std::to_string(args.seed)});
     if (args.check && args.tolerance) argv.insert(argv.end(), {"--tolerance", std::to_string(*args.tolerance)});
+    // bf16 where the target has it natively: a bf16 list gives the others fp32 (auto resolves per target itself).
+    const lower::Precision precision =
+        g_precision == lower::Precision::Bf16 && !isa.bf16_native ? lower::Precision::Fp32 : g_precision;
+    if (g_precision_given) argv.insert(argv.end(), {"--precision", std::string(lower::precision_name(precision))});
+    if (precision != lower::Precision::Fp32) {
+      for (const std::string& k : g_keep_fp32) argv.insert(argv.end(), {"--keep-fp32", k});
+      if (g_max_error) {
+        std::ostringstream e;
+        e << std::setprecision(17) << *g_max_error;
+        argv.insert(argv.end(), {"--max-error", e.str()});
+      }
+    }
     parts.push_back(argv[4]);
-    std::cout << "[" << isa.name << "]\n";
+    std::cout << "[" << isa.name << "]" << (precision != g_precision ? " fp32: no native bf16 for --precision bf16" : "")
+              << "\n";
     run_capped(argv, isa);
   }
   artifact::combine(parts, args.out_file);
@@ -869,6 +912,68 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
   for (const lower::IsaInfo& isa : targets) std::cout << " " << isa.name;
   std::cout << "; " << std::filesystem::file_size(args.out_file) << " bytes)\n";
   return 0;
+}
+
+// A bf16 artifact, checked where it can be: on a CPU with native bf16, the optimised graph compiled in bf16
+// and in fp32 on seeded inputs (symbolic dims at --dim, else 1), the error max |bf16 - fp32| / max |fp32|
+// printed; with --max-error, nodes are kept fp32, worst first, until it holds (an Error when it cannot:
+// nothing is written); `requested` auto also times both and keeps the faster. Returns the precision to store;
+// `keep_fp32` gets the nodes kept.
+lower::Precision check_bf16_artifact(const Graph& optimised, const std::string& path, const CompileArgs& args,
+                                     lower::Precision requested, std::vector<std::string>& keep_fp32) {
+  const lower::IsaInfo here = lower::effective_isa();
+  if (!here.bf16_native) {
+    std::cout << "bf16:    not checked (this CPU runs " << here.name << ", no native bf16): check the artifact where "
+              << "it runs, `ondine run MODEL.ondine --check`\n";
+    return lower::Precision::Bf16;
+  }
+  Graph bound = optimised.clone();
+  std::map<std::string, std::int64_t> dims = parse_dims(args.dims);
+  for (const std::string& sym : symbolic_dims(bound)) dims.emplace(sym, 1);
+  bind_dims(bound, dims);
+  std::map<std::string, Tensor> inputs;
+  fill_random_inputs(bound, inputs, args.seed);
+  lower::CompileOptions options;
+  options.threads = args.threads;
+  options.passes = "none";
+  options.precision = requested;
+  options.keep_fp32 = keep_fp32;
+  lower::Bf16BoundOptions bo;
+  bo.max_error = g_max_error ? *g_max_error : std::numeric_limits<double>::max();  // no bound: measure only
+  auto ranking = std::make_shared<ondine::cli::ProgressLine>("bf16 bound");
+  bo.progress = [ranking](const std::string& what) {
+    if (what.rfind("ranking", 0) == 0 || what.rfind("timing", 0) == 0) return ranking->update(0, std::nullopt, what);
+    ranking->clear();
+    std::cerr << "bf16 bound: " << what << "\n";
+  };
+  lower::Bf16BoundResult r;
+  try {
+    r = lower::compile_bf16_within(bound, options, {inputs}, bo);
+  } catch (Error& e) {
+    throw e.in_file(path);
+  }
+  ranking->clear();
+  std::string at;
+  for (auto& [k, v] : dims) at += (at.empty() ? " at " : ", ") + k + "=" + std::to_string(v);
+  std::cout << std::scientific << std::setprecision(2) << "bf16:    error " << r.error << " of max |fp32| on seeded inputs"
+            << at << " (seed " << args.seed << ")";
+  if (g_max_error) {
+    std::cout << ", bound " << *g_max_error << ", all bf16 " << r.initial_error << ", " << r.kept.size()
+              << " node(s) kept fp32 for it";
+    for (const std::string& name : r.kept) std::cout << " '" << name << "'";
+  }
+  std::cout << std::defaultfloat << "\n";
+  if (g_max_error && !r.met)
+    throw Error("bf16 misses --max-error " + std::to_string(*g_max_error) + ": error " + std::to_string(r.error) +
+                " with " + std::to_string(r.kept.size()) + " node(s) kept fp32; nothing written (compile it in fp32)")
+        .in_file(path);
+  keep_fp32.insert(keep_fp32.end(), r.kept.begin(), r.kept.end());
+  if (requested == lower::Precision::Auto) {
+    std::cout << std::fixed << std::setprecision(2) << "precision: auto chose " << (r.chose_fp32 ? "fp32" : "bf16")
+              << " (median of 7 runs: bf16 " << r.bf16_ms << " ms, fp32 " << r.fp32_ms << " ms)" << std::defaultfloat << "\n";
+    if (r.chose_fp32) return lower::Precision::Fp32;
+  }
+  return lower::Precision::Bf16;
 }
 
 // Runs the pipeline on the model (symbolic dims stay symbolic unless bound with --dim), reports what
@@ -900,6 +1005,8 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   // with the pass options of its target ISA, then the pipeline; one variant per --target.
   const bool to_artifact = fs::path(args.out_file).extension() == ".ondine";
   if (!to_artifact && !args.targets.empty()) throw UsageError("--target is for artifacts: -o MODEL.ondine");
+  if (!to_artifact && g_precision_given)
+    throw UsageError("--precision is for artifacts (-o MODEL.ondine); run and bench take it for ONNX models");
   const lower::IsaInfo here = lower::effective_isa();
   std::vector<lower::IsaInfo> targets;
   if (to_artifact) targets = resolve_targets(args.targets);
@@ -952,8 +1059,20 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
                 << std::setw(8) << counts.second << "\n";
   }
   if (to_artifact) {
-    artifact::Info info =
-        lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads, target);
+    lower::Precision precision = g_precision;
+    if (precision == lower::Precision::Auto) precision = target.bf16_native ? lower::Precision::Bf16 : lower::Precision::Fp32;
+    std::vector<std::string> keep_fp32 = g_keep_fp32;
+    if (precision == lower::Precision::Bf16) {
+      if (!target.bf16_native)
+        throw UsageError("--precision bf16: the target " + target.name + " has no native bf16 (avx512_core_bf16, "
+                         "avx512_core_amx); compile it in fp32 or with --precision auto");
+      precision = check_bf16_artifact(g, path, args, g_precision, keep_fp32);
+    } else {
+      keep_fp32.clear();
+    }
+    artifact::Info info = lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads,
+                                               target, precision);
+    info.keep_fp32 = keep_fp32;
     info.ondine_version = ondine::version;
     // oneDNN packs for the ISA it runs: a target above this CPU's gets its weights packed at first load.
     const bool can_pack = lower::isa_runs_on(target.isa, here.isa);
@@ -962,7 +1081,8 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims), can_pack);
     if (!not_packed.empty()) std::cout << "note:    weights not packed: " << not_packed << "\n";
     std::cout << (args.as_variant ? "variant: " : "wrote:   ") << (args.as_variant ? target.name : args.out_file)
-              << " (artifact: " << g.num_nodes() << " nodes, " << info.precision << ", " << info.isa
+              << " (artifact: " << g.num_nodes() << " nodes, " << info.precision
+              << (info.keep_fp32.empty() ? "" : " (" + std::to_string(info.keep_fp32.size()) + " kept fp32)") << ", " << info.isa
               << (info.requires_vnni ? ", needs VNNI" : "");
     if (!args.as_variant) std::cout << ", " << std::filesystem::file_size(args.out_file) << " bytes";
     std::cout << ")\n";
@@ -1099,6 +1219,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
               bool profile) {
   pipeline_for(passes);
   ModelFile file = load_model_file(path);
+  adopt_artifact_precision(file);
   const std::string pipeline = pipeline_of(file, passes, passes_given);
   if (file.artifact) passes_given = true;
   std::shared_ptr<lower::PackedWeights> file_packed = file.packed;
@@ -1203,6 +1324,14 @@ int main(int argc, char** argv) {
   inspect->add_flag("--graph", print_graph, "also print the graph as text");
   inspect->add_option("--dot", dot_file, "write the graph as Graphviz DOT to this file");
   inspect->add_flag("--compiled", compiled, "compile it and show the ISA, each step's oneDNN implementation, the memory plan");
+  std::string precision = "fp32";  // --precision of inspect, compile, run, bench
+  std::vector<CLI::Option*> precision_opts;
+  precision_opts.push_back(inspect->add_option("--precision", precision,
+                                               "with --compiled: fp32 (default), bf16 or auto, as run and bench take "
+                                               "it (an artifact: its own unless given)")
+                               ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
+  inspect->add_option("--keep-fp32", g_keep_fp32, "with --compiled --precision bf16: nodes whose name matches this "
+                                                  "glob stay fp32 (repeatable)");
   inspect->add_option("--threads", threads, "threads for --compiled (default: OpenMP's)");
   auto* inspect_passes_opt = inspect->add_option(
       "--passes", inspect_passes,
@@ -1242,6 +1371,20 @@ int main(int argc, char** argv) {
                       "--check's bound on max|optimised-imported| / max|imported| (default 1e-4; a model with "
                       "int8 parts: 10%, or 2 steps of an output's quantization)")
       ->check(CLI::NonNegativeNumber);
+  precision_opts.push_back(
+      compile->add_option("--precision", precision,
+                          "an artifact's float layers: fp32 (default), bf16 (each target with native bf16: "
+                          "avx512_core_bf16, AMX; the others fp32), or auto (bf16 where the target has it and it "
+                          "is faster here, within --max-error, default 0.01); checked against fp32 on seeded inputs "
+                          "where this CPU has native bf16; the loader runs it so")
+          ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
+  compile->add_option("--keep-fp32", g_keep_fp32, "with --precision bf16: nodes whose name matches this glob ('*', "
+                                                  "'?') stay fp32 (repeatable; stored in the artifact)");
+  compile->add_option("--max-error", g_max_error,
+                      "with --precision bf16: keep the most sensitive nodes fp32, one at a time, until the outputs "
+                      "on seeded inputs are within E (max |bf16 - fp32| / max |fp32| per output) of fp32's; the "
+                      "nodes kept are stored")
+      ->check(CLI::NonNegativeNumber);
 
   auto* run = app.add_subcommand("run", "run a model on .npy or seeded random inputs");
   run->add_option("model", model, "ONNX model file or compiled artifact (.ondine)")->required();
@@ -1252,13 +1395,14 @@ int main(int argc, char** argv) {
   run->add_option("--runs", runs, "timed runs for the benchmark line")->check(CLI::PositiveNumber);
   run->add_option("--threads", threads, "oneDNN threads (default: OpenMP's, i.e. OMP_NUM_THREADS or all cores)");
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
-  std::string precision = "fp32";
   const std::string precision_help =
       "fp32 (default), bf16: convolutions, matrix products with constant weights and recurrent layers (batch 5 and up) "
       "in bfloat16 with float32 "
       "accumulation, bf16 activations between convolutions and between matrix products (needs native bf16: avx512_core_bf16 or AMX), or auto: "
       "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32";
-  run->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+  precision_opts.push_back(
+      run->add_option("--precision", precision, precision_help + "; an artifact: its own unless given")
+          ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
   const std::string keep_fp32_help =
       "with --precision bf16: nodes whose name matches this glob ('*', '?') stay fp32 (repeatable)";
   run->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
@@ -1300,7 +1444,9 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
-  bench->add_option("--precision", precision, precision_help)->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+  precision_opts.push_back(
+      bench->add_option("--precision", precision, precision_help + "; an artifact: its own unless given")
+          ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
@@ -1324,6 +1470,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) ? 2 : 0;
   }
+  for (CLI::Option* o : precision_opts) g_precision_given = g_precision_given || o->count() > 0;
   g_precision = precision == "bf16" ? lower::Precision::Bf16
                 : precision == "auto" ? lower::Precision::Auto
                                       : lower::Precision::Fp32;

@@ -204,6 +204,8 @@ struct Model {
   std::unique_ptr<lower::ShapeCache> cache;   // the usual engine
   std::shared_ptr<const CompiledModel> fixed; // bf16 under an error bound (static shapes)
   py::dict bound;                             // what the error bound did ({} without one)
+  std::vector<std::string> bound_kept;        // the nodes the bound kept fp32 (save() stores them)
+  bool bound_chose_fp32 = false;              // auto under the bound chose fp32
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const {
     if (fixed) {
@@ -285,14 +287,14 @@ std::vector<std::map<std::string, Tensor>> to_samples(const Graph& g, py::handle
   return out;
 }
 
-std::shared_ptr<Model> load(const std::string& path, int threads, const std::string& precision,
+std::shared_ptr<Model> load(const std::string& path, int threads, const std::optional<std::string>& precision,
                             std::size_t cache_size);
 
-std::shared_ptr<Model> compile(const std::string& path, const std::string& precision,
+std::shared_ptr<Model> compile(const std::string& path, const std::optional<std::string>& precision_given,
                                std::optional<std::map<std::string, std::int64_t>> dims, int threads,
                                const std::string& passes, std::optional<double> max_error, py::object samples,
                                std::size_t cache_size) {
-  const lower::Precision p = parse_precision(precision);
+  const lower::Precision p = parse_precision(precision_given.value_or("fp32"));
   make_pass_manager(passes);  // a bad pipeline is an error now, not at the first run
   if (artifact::is_artifact(path)) {
     // The artifact's passes ran when it was written (as `ondine run model.ondine` says).
@@ -302,7 +304,7 @@ std::shared_ptr<Model> compile(const std::string& path, const std::string& preci
     if (dims || max_error || !samples.is_none())
       throw Error("dims, max_error and samples are for ONNX models; an artifact keeps its symbolic dims and "
                   "specialises per call").in_file(path);
-    return load(path, threads, precision, cache_size);
+    return load(path, threads, precision_given, cache_size);
   }
   auto m = std::make_shared<Model>();
   m->source = path;
@@ -349,6 +351,8 @@ std::shared_ptr<Model> compile(const std::string& path, const std::string& preci
     m->bound["initial_error"] = r.initial_error;
     m->bound["met"] = r.met;
     m->bound["kept_fp32"] = r.kept;
+    m->bound_kept = r.kept;
+    m->bound_chose_fp32 = r.chose_fp32;
     return m;
   }
   py::gil_scoped_release release;
@@ -364,18 +368,21 @@ std::shared_ptr<Model> compile(const std::string& path, const std::string& preci
   return m;
 }
 
-std::shared_ptr<Model> load(const std::string& path, int threads, const std::string& precision,
+// precision: the artifact's own (its variant's, with the nodes it keeps fp32) unless given.
+std::shared_ptr<Model> load(const std::string& path, int threads, const std::optional<std::string>& precision,
                             std::size_t cache_size) {
   auto m = std::make_shared<Model>();
   m->source = path;
   m->options.threads = threads;
-  m->options.precision = parse_precision(precision);
+  const std::optional<lower::Precision> given =
+      precision ? std::optional<lower::Precision>(parse_precision(*precision)) : std::nullopt;
   py::gil_scoped_release release;
   artifact::Artifact a = lower::load_artifact(path);
   m->artifact = a.info;
   m->dims = a.packing_dims;
   m->graph = a.graph.clone();
   m->options = lower::artifact_options(m->options, a);
+  if (given) m->options.precision = *given;
   try {
     m->cache = std::make_unique<lower::ShapeCache>(std::move(a.graph), m->options, cache_size);
     if (symbolic_dims(m->graph).empty() && m->cache->shape_input_names().empty()) m->cache->get(lower::ShapeCache::Binding{});
@@ -387,11 +394,16 @@ std::shared_ptr<Model> load(const std::string& path, int threads, const std::str
 }
 
 // An artifact of the model (docs/artifacts.md): the graph prepared and run through the pipeline with the
-// pass options of this CPU's ISA, as `ondine compile MODEL -o OUT.ondine` writes it.
+// pass options of this CPU's ISA, as `ondine compile MODEL -o OUT.ondine` writes it, in the model's precision
+// (bf16: with the nodes kept fp32, by keep_fp32 or by the error bound; auto: what it chose).
 void save(const Model& m, const std::string& path) {
-  if (lower::resolved_precision(m.options.precision) != lower::Precision::Fp32 || m.fixed)
-    throw Error("an artifact stores the fp32 plan (bf16 artifacts are not supported yet): save the model compiled "
-                "with precision='fp32' and load it with precision='bf16'").in_file(path);
+  lower::Precision precision = lower::resolved_precision(m.options.precision);
+  std::vector<std::string> keep_fp32 = m.options.keep_fp32;
+  if (m.fixed) {
+    if (m.bound_chose_fp32) precision = lower::Precision::Fp32;
+    keep_fp32.insert(keep_fp32.end(), m.bound_kept.begin(), m.bound_kept.end());
+  }
+  if (precision == lower::Precision::Fp32) keep_fp32.clear();
   py::gil_scoped_release release;
   Graph g = m.graph.clone();
   std::string pipeline = "none";
@@ -409,7 +421,9 @@ void save(const Model& m, const std::string& path) {
   } else {
     pipeline = m.artifact->passes;
   }
-  artifact::Info info = lower::artifact_info(g, m.artifact ? m.artifact->source : m.source, pipeline, m.options.threads);
+  artifact::Info info = lower::artifact_info(g, m.artifact ? m.artifact->source : m.source, pipeline, m.options.threads,
+                                             lower::effective_isa(), precision);
+  info.keep_fp32 = keep_fp32;
   info.ondine_version = ondine::version;
   lower::save_artifact(g, path, info, m.dims);
 }
@@ -581,6 +595,7 @@ py::dict inspect(const std::string& path, std::map<std::string, std::int64_t> di
     a["source"] = info->source;
     a["isa"] = info->isa;
     a["precision"] = info->precision;
+    a["keep_fp32"] = info->keep_fp32;
     a["passes"] = info->passes;
     a["threads"] = info->threads;
     a["onednn_version"] = info->onednn_version;
@@ -665,14 +680,17 @@ PYBIND11_MODULE(ondine, mod) {
                "; outputs: " + names_of(m.graph.outputs()) + ">";
       });
 
-  mod.def("compile", &compile, py::arg("path"), py::kw_only(), py::arg("precision") = "fp32",
+  mod.def("compile", &compile, py::arg("path"), py::kw_only(), py::arg("precision") = py::none(),
           py::arg("dims") = py::none(), py::arg("threads") = 0, py::arg("passes") = "default",
           py::arg("max_error") = py::none(), py::arg("samples") = py::none(), py::arg("cache_size") = 8,
-          "Compile an ONNX model (or load an artifact). precision: 'fp32', 'bf16' (native bf16 CPUs) or 'auto'; "
+          "Compile an ONNX model (or load an artifact). precision: 'fp32' (default; an artifact: its own), 'bf16' "
+          "(native bf16 CPUs) or 'auto'; "
           "dims binds symbolic dims (others specialise per call); threads 0: OpenMP's default; passes: a "
           "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound.");
-  mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = "fp32",
-          py::arg("cache_size") = 8, "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`).");
+  mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = py::none(),
+          py::arg("cache_size") = 8,
+          "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`); precision: the artifact's own "
+          "unless given ('fp32', 'bf16', 'auto': its weights are packed again).");
   mod.def("quantize", &quantize, py::arg("model"), py::kw_only(), py::arg("calibration"), py::arg("output"),
           py::arg("max_error") = py::none(), py::arg("method") = "minmax", py::arg("activations") = "u8",
           py::arg("max_samples") = 0, py::arg("include") = std::vector<std::string>{},

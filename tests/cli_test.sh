@@ -361,8 +361,24 @@ case $isa in
     # auto: bf16 here, checked against fp32 with the default bound.
     expect 0 'bf16 error bound 0.01: error ' -- "$ondine" run "$mm" --precision auto
     # ... and timed against fp32: the faster kept, said so.
-    expect 0 'precision: auto chose (fp32|bf16) \(median of 7 runs: bf16 ' -- "$ondine" run "$mm" --precision auto ;;
+    expect 0 'precision: auto chose (fp32|bf16) \(median of 7 runs: bf16 ' -- "$ondine" run "$mm" --precision auto
+    # A bf16 artifact: the bf16 weights stored packed, the error against fp32 printed at compile, the nodes a
+    # bound keeps fp32 stored; run takes its precision (none packed again), --precision overrides it.
+    expect 0 "bf16: +error .* of max \|fp32\| on seeded inputs" -- "$ondine" compile "$mm" --precision bf16 --target native -o "$work/bf16.ondine"
+    expect 0 "variant: $isa +bf16, [1-9][0-9]* weights packed" -- "$ondine" inspect "$work/bf16.ondine"
+    expect 0 'packed weights: [1-9][0-9]* stored, [1-9][0-9]* used as stored, 0 packed at load' -- "$ondine" run "$work/bf16.ondine"
+    expect 0 'precision=bf16 .*' -- "$ondine" run "$work/bf16.ondine" --check
+    expect 0 'precision=fp32 .*' -- "$ondine" run "$work/bf16.ondine" --precision fp32
+    expect 0 '\(artifact: .*bf16 \([1-9][0-9]* kept fp32\)' -- "$ondine" compile "$mm" --precision bf16 --max-error 0 --target native -o "$work/bf16k.ondine"
+    expect 0 'precision: bf16 in [0-9]+ of [0-9]+ .*kept fp32: ' -- "$ondine" run "$work/bf16k.ondine"
+    # --target native,avx2: the avx2 variant is fp32 (no native bf16), said so.
+    expect 0 '\[avx2\] fp32: no native bf16' -- "$ondine" compile "$mm" --precision bf16 -o "$work/bf16v.ondine"
+    expect 1 'no variant this CPU runs' -- env DNNL_MAX_CPU_ISA=AVX512_CORE_VNNI "$ondine" run "$work/bf16.ondine"
+    expect 0 'precision: bf16 in [0-9]+ of [0-9]+' -- "$ondine" inspect "$mm" --compiled --precision bf16 ;;
 esac
+# bf16 artifacts need a target with native bf16; --precision is for artifacts in compile.
+expect 2 'none of the targets has native bf16' -- "$ondine" compile "$mm" --precision bf16 --target avx2 -o "$work/x.ondine"
+expect 2 '--precision is for artifacts' -- "$ondine" compile "$mm" --precision bf16 -o "$work/x.onnx"
 # auto without native bf16 is fp32, said so (no refusal).
 expect 0 'precision: auto is fp32 here \(oneDNN runs avx2' -- env DNNL_MAX_CPU_ISA=AVX2 "$ondine" run "$mm" --precision auto
 expect 2 'keep-fp32 needs --precision bf16 or auto' -- "$ondine" run "$mm" --keep-fp32 'conv*'

@@ -4,6 +4,7 @@
 // range with valid checksums, int8 needing VNNI), each an error naming the file.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -324,6 +325,56 @@ TEST_CASE("artifact: an int8 artifact that needs VNNI is refused on a CPU withou
   info.onednn_version = "3.1.0";
   lower::save_artifact(g, path, info);
   CHECK_THROWS_WITH(lower::load_artifact(path), Catch::Contains("oneDNN 3.1.0") && Catch::Contains(lower::onednn_version()));
+}
+
+TEST_CASE("artifact: a bf16 variant stores its bf16 packings and the nodes kept fp32, and loads in bf16",
+          "[artifact][lower][bf16]") {
+  Graph g = optimised("gpt_decoder");
+  const lower::IsaInfo here = lower::effective_isa();
+  // Auto is bf16 exactly where the target has native bf16; bf16 on a target without it is refused.
+  CHECK(lower::artifact_info(g, "gpt", "default", 2, lower::isa_info(lower::CpuIsa::Avx2), lower::Precision::Auto)
+            .precision == "fp32");
+  CHECK(lower::artifact_info(g, "gpt", "default", 2, lower::isa_info(lower::CpuIsa::Avx512CoreAmx),
+                             lower::Precision::Auto)
+            .precision == "bf16");
+  CHECK_THROWS_WITH(
+      lower::artifact_info(g, "gpt", "default", 2, lower::isa_info(lower::CpuIsa::Avx512CoreVnni), lower::Precision::Bf16),
+      Catch::Contains("native bf16") && Catch::Contains("avx512_core_vnni"));
+  // Must not fire: an fp32 artifact loads in fp32.
+  const std::string fp32_path = tmp_path("gpt_fp32.ondine");
+  lower::save_artifact(g, fp32_path, lower::artifact_info(g, "gpt", "default", 2));
+  CHECK(lower::artifact_options({}, lower::load_artifact(fp32_path)).precision == lower::Precision::Fp32);
+  if (!here.bf16_native) return;  // (the rest compiles bf16: native bf16 only)
+
+  artifact::Info info = lower::artifact_info(g, "gpt", "default", 2, here, lower::Precision::Bf16);
+  CHECK(info.precision == "bf16");
+  std::string kept;  // one matrix product kept fp32
+  for (const Node* n : g.nodes())
+    if (kept.empty() && (n->op_type() == "MatMul" || n->op_type() == "FusedMatMul" || n->op_type() == "Gemm")) kept = n->name();
+  REQUIRE(!kept.empty());
+  info.keep_fp32 = {kept};
+  const std::string path = tmp_path("gpt_bf16.ondine");
+  const std::map<std::string, std::int64_t> dims{{"batch", 2}, {"seq", 5}};
+  CHECK(lower::save_artifact(g, path, info, dims).empty());
+  artifact::Artifact a = lower::load_artifact(path);
+  CHECK(a.info.precision == "bf16");
+  CHECK(a.info.keep_fp32 == std::vector<std::string>{kept});
+  lower::CompileOptions options;
+  options.threads = 2;
+  lower::CompileOptions loaded = lower::artifact_options(options, a);
+  CHECK(loaded.precision == lower::Precision::Bf16);
+  CHECK(loaded.keep_fp32 == std::vector<std::string>{kept});
+  Graph bound = a.graph.clone();
+  bind_dims(bound, a.packing_dims);
+  Graph reference_graph = bound.clone();
+  CompiledModel model = lower::compile(std::move(bound), loaded);
+  CHECK(!model.bf16_nodes().empty());
+  CHECK(std::find(model.bf16_nodes().begin(), model.bf16_nodes().end(), kept) == model.bf16_nodes().end());
+  // The bf16 packings were stored: nothing packed again at the packing dims.
+  CHECK(loaded.packed_weights->packed_here() == 0);
+  CHECK(loaded.packed_weights->preloaded_hits() > 0);
+  std::map<std::string, Tensor> in{{"input_ids", Tensor::from_vector<std::int64_t>({2, 5}, {1, 5, 9, 3, 2, 8, 4, 7, 6, 0})}};
+  CHECK(test::rel_error(model.run(in).at("logits"), ReferenceExecutor(reference_graph).run(in).at("logits")) < 3e-2);
 }
 
 TEST_CASE("artifact: a packing's source is looked up among the constants only", "[artifact]") {

@@ -158,6 +158,28 @@ def test_bf16_within_bound(images):
     assert rel_error(bounded.run({"input": images[:8]})["logits"], fp32) <= 0.01
 
 
+def test_bf16_artifact(tmp_path, images):
+    try:
+        bf16 = ondine.compile(MNIST, precision="bf16", dims={"batch": 8})
+    except ondine.Error:
+        pytest.skip("no native bf16 here")  # (test_bf16_within_bound checks the message)
+    x = {"input": images[:8]}
+    path = str(tmp_path / "bf16.ondine")
+    bf16.save(path)
+    assert ondine.inspect(path)["artifact"]["precision"] == "bf16"
+    loaded = ondine.load(path)  # its own precision: bf16, its bf16 packings used
+    assert loaded.precision == "bf16"
+    np.testing.assert_array_equal(loaded.run(x)["logits"], bf16.run(x)["logits"])
+    assert ondine.load(path, precision="fp32").precision == "fp32"  # given: overrides the artifact's
+    # a bounded model saves the nodes its bound kept fp32
+    bounded = ondine.compile(MNIST, precision="bf16", dims={"batch": 8}, max_error=0.0, samples=[x])
+    kept = bounded.error_bound["kept_fp32"]
+    bounded.save(str(tmp_path / "kept.ondine"))
+    assert ondine.inspect(str(tmp_path / "kept.ondine"))["artifact"]["keep_fp32"] == kept
+    np.testing.assert_array_equal(ondine.load(str(tmp_path / "kept.ondine")).run(x)["logits"],
+                                  bounded.run(x)["logits"])
+
+
 # ---- arrays in and out ----
 
 def test_outputs_own_ondine_buffers(images):
@@ -358,12 +380,6 @@ def test_bad_compile_arguments(tmp_path):
     m.save(path)
     with pytest.raises(ondine.Error, match="passes ran when it was compiled"):
         ondine.compile(path, passes="fold-bn")
-    try:
-        bf16 = ondine.compile(MNIST, precision="bf16")
-    except ondine.Error:
-        return  # no native bf16: refused at compile (test_bf16_within_bound checks the message)
-    with pytest.raises(ondine.Error, match="fp32 plan"):
-        bf16.save(str(tmp_path / "bf16.ondine"))
 
 
 def test_bad_inputs_name_the_input(mnist, images):

@@ -7,14 +7,15 @@
 //   pm.run(g);
 //   lower::save_artifact(g, "model.ondine", lower::artifact_info(g, "model.onnx", "default", threads));
 //   artifact::Artifact a = lower::load_artifact("model.ondine");   // checked for this CPU and oneDNN
-//   lower::ShapeCache model(std::move(a.graph), lower::artifact_options(options));
+//   lower::ShapeCache model(std::move(a.graph), lower::artifact_options(options, a));
 //
 // Writing stores the optimised graph with the target it was compiled for: oneDNN's ISA, the thread count,
-// the precision (int8 when it has int8 layers), whether those layers need VNNI (fuse-qdq keeps 8-bit
+// the precision (int8 when it has int8 layers; bf16, with the nodes kept float32, when compiled so), whether those layers need VNNI (fuse-qdq keeps 8-bit
 // weights only where the compiling CPU has it: int8 products would saturate without), and the versions.
-// Loading refuses, naming both sides, an artifact whose int8 layers need VNNI on a CPU without it, and one
-// written against another oneDNN major.minor (the layout decisions stored are that version's). It then
-// runs no ONNX import, no protobuf and no pass: artifact_options() turns the pipeline off, and compile()
+// Loading refuses, naming both sides, an artifact whose int8 layers need VNNI on a CPU without it, a bf16
+// variant where bf16 is not native, and one written against another oneDNN major.minor (the layout decisions
+// stored are that version's). It then runs no ONNX import, no protobuf and no pass: artifact_options() turns
+// the pipeline off and sets the variant's precision, and compile()
 // only infers shapes (cheap) and lowers. A graph with symbolic dims is specialised per input shape by a
 // ShapeCache, which may fold the values shapes depend on (resolve_static_shapes: fold-constants on shape
 // values) but runs no pass; a static graph compiles as it is.
@@ -68,20 +69,33 @@ inline bool has_int8_layers(const Graph& g) {
   return false;
 }
 
+// The precision a variant's float layers compile in: Bf16 for the labels "bf16" and "int8+bf16".
+inline Precision artifact_precision(const artifact::Info& info) {
+  return info.precision == "bf16" || info.precision == "int8+bf16" ? Precision::Bf16 : Precision::Fp32;
+}
+
 // The Info of an artifact of `optimised` (the graph after `passes`, run with the pass options of `target`:
-// set_isa_pass_options) compiled for `target`, by default this CPU's ISA.
+// set_isa_pass_options) compiled for `target`, by default this CPU's ISA. `precision` is the float layers':
+// Bf16 needs a target with native bf16 (an Error names it otherwise), Auto means Bf16 where the target has
+// it and Fp32 elsewhere. The label: "fp32", "bf16", "int8" (int8 layers), "int8+bf16".
 inline artifact::Info artifact_info(const Graph& optimised, const std::string& source, const std::string& passes,
-                                    int threads, const IsaInfo& target = effective_isa()) {
+                                    int threads, const IsaInfo& target = effective_isa(),
+                                    Precision precision = Precision::Fp32) {
+  if (precision == Precision::Auto) precision = target.bf16_native ? Precision::Bf16 : Precision::Fp32;
+  if (precision == Precision::Bf16 && !target.bf16_native)
+    throw Error("precision bf16 needs a target with native bf16 (avx512_core_bf16 or avx512_core_amx); " + target.name +
+                " would emulate it, slower than fp32: compile that target in fp32 (or with precision auto)");
   artifact::Info info;
   info.onednn_version = onednn_version();
   info.source = source;
   info.isa = target.name;
   info.threads = threads;
-  info.precision = has_int8_layers(optimised) ? "int8" : "fp32";
+  const bool int8 = has_int8_layers(optimised), bf16 = precision == Precision::Bf16;
+  info.precision = int8 ? (bf16 ? "int8+bf16" : "int8") : (bf16 ? "bf16" : "fp32");
   info.passes = passes;
   // fuse-qdq keeps 8-bit weights only where the target has VNNI (run_passes); where it does not, the
   // pipeline limited them to 7 bits and any CPU runs the layers exactly.
-  info.requires_vnni = info.precision == "int8" && target.int8_vnni;
+  info.requires_vnni = int8 && target.int8_vnni;
   return info;
 }
 
@@ -127,6 +141,10 @@ inline void check_loadable(const artifact::Artifact& a, const std::string& path)
                 ", without VNNI: recompile the model here (8-bit weights stay fp32 then) or quantize with "
                 "--reduce-range")
         .in_file(path);
+  if (artifact_precision(a.info) == Precision::Bf16 && !effective_isa().bf16_native)
+    throw Error("its variant " + a.info.isa + " runs in bf16, which needs native bf16; this CPU has " +
+                effective_isa().name + ": recompile the model with precision fp32 or auto")
+        .in_file(path);
 }
 // The artifact at `path`, read, checked (artifact::read), its best variant for this CPU chosen
 // (choose_variant) and checked against this CPU and this oneDNN.
@@ -143,10 +161,13 @@ inline artifact::Artifact load_artifact_memory(const void* data, std::size_t siz
 }
 
 // The weights of `optimised` packed as compile() packs them here, for an artifact: symbolic dims bound to
-// `dims` (others to 1), `threads` threads. `dims` gets the bindings used.
+// `dims` (others to 1), `threads` threads, float layers in `precision` but those `keep_fp32` names (bf16
+// weights are packed as bf16). `dims` gets the bindings used.
 inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int threads,
                                                     std::map<std::string, std::int64_t>& dims,
-                                                    std::shared_ptr<PackedWeights>& keep) {
+                                                    std::shared_ptr<PackedWeights>& keep,
+                                                    Precision precision = Precision::Fp32,
+                                                    const std::vector<std::string>& keep_fp32 = {}) {
   Graph bound = optimised.clone();
   std::map<std::string, std::int64_t> used;  // the graph's own symbols: given, else 1
   for (const std::string& symbol : symbolic_dims(optimised)) {
@@ -158,6 +179,8 @@ inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int 
   CompileOptions options;
   options.threads = threads;
   options.passes = "none";
+  options.precision = precision;
+  options.keep_fp32 = keep_fp32;
   keep = std::make_shared<PackedWeights>();
   options.packed_weights = keep;
   compile(std::move(bound), options);
@@ -195,7 +218,9 @@ inline std::shared_ptr<PackedWeights> preload_packings(const artifact::Artifact&
   return packed;
 }
 
-// `options` for compiling an artifact's graph: its passes already ran; with `a`, its packed weights preloaded.
+// `options` for compiling an artifact's graph: its passes already ran; with `a`, its packed weights preloaded
+// and the variant's precision (artifact_precision) and float32 nodes (Info::keep_fp32, added to the caller's):
+// a caller that wants another precision sets options.precision after this (its weights are packed again).
 inline CompileOptions artifact_options(CompileOptions options) {
   options.passes = "none";
   return options;
@@ -203,6 +228,8 @@ inline CompileOptions artifact_options(CompileOptions options) {
 inline CompileOptions artifact_options(CompileOptions options, const artifact::Artifact& a) {
   options.passes = "none";
   options.packed_weights = preload_packings(a);
+  options.precision = artifact_precision(a.info);
+  options.keep_fp32.insert(options.keep_fp32.end(), a.info.keep_fp32.begin(), a.info.keep_fp32.end());
   return options;
 }
 
@@ -216,7 +243,7 @@ inline std::string save_artifact(const Graph& optimised, const std::string& path
   std::vector<artifact::Packing> packings;
   if (packed) {
     try {
-      packings = make_packings(optimised, info.threads, dims, keep);
+      packings = make_packings(optimised, info.threads, dims, keep, artifact_precision(info), info.keep_fp32);
       info.unpacked.clear();
     } catch (const Error& e) {
       info.unpacked = std::string("compiling at the packing dims failed: ") + e.what();

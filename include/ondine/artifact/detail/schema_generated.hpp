@@ -1254,7 +1254,8 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_PRECISION = 8,
     VT_PASSES = 10,
     VT_REQUIRES_VNNI = 12,
-    VT_UNPACKED = 14
+    VT_UNPACKED = 14,
+    VT_KEEP_FP32 = 16
   };
   const flatbuffers::String *isa() const {
     return GetPointer<const flatbuffers::String *>(VT_ISA);
@@ -1274,6 +1275,9 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const flatbuffers::String *unpacked() const {
     return GetPointer<const flatbuffers::String *>(VT_UNPACKED);
   }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *keep_fp32() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_KEEP_FP32);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_ISA) &&
@@ -1286,6 +1290,9 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyField<uint8_t>(verifier, VT_REQUIRES_VNNI, 1) &&
            VerifyOffset(verifier, VT_UNPACKED) &&
            verifier.VerifyString(unpacked()) &&
+           VerifyOffset(verifier, VT_KEEP_FP32) &&
+           verifier.VerifyVector(keep_fp32()) &&
+           verifier.VerifyVectorOfStrings(keep_fp32()) &&
            verifier.EndTable();
   }
 };
@@ -1312,6 +1319,9 @@ struct TargetBuilder {
   void add_unpacked(flatbuffers::Offset<flatbuffers::String> unpacked) {
     fbb_.AddOffset(Target::VT_UNPACKED, unpacked);
   }
+  void add_keep_fp32(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> keep_fp32) {
+    fbb_.AddOffset(Target::VT_KEEP_FP32, keep_fp32);
+  }
   explicit TargetBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -1330,8 +1340,10 @@ inline flatbuffers::Offset<Target> CreateTarget(
     flatbuffers::Offset<flatbuffers::String> precision = 0,
     flatbuffers::Offset<flatbuffers::String> passes = 0,
     bool requires_vnni = false,
-    flatbuffers::Offset<flatbuffers::String> unpacked = 0) {
+    flatbuffers::Offset<flatbuffers::String> unpacked = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> keep_fp32 = 0) {
   TargetBuilder builder_(_fbb);
+  builder_.add_keep_fp32(keep_fp32);
   builder_.add_unpacked(unpacked);
   builder_.add_passes(passes);
   builder_.add_precision(precision);
@@ -1348,11 +1360,13 @@ inline flatbuffers::Offset<Target> CreateTargetDirect(
     const char *precision = nullptr,
     const char *passes = nullptr,
     bool requires_vnni = false,
-    const char *unpacked = nullptr) {
+    const char *unpacked = nullptr,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *keep_fp32 = nullptr) {
   auto isa__ = isa ? _fbb.CreateString(isa) : 0;
   auto precision__ = precision ? _fbb.CreateString(precision) : 0;
   auto passes__ = passes ? _fbb.CreateString(passes) : 0;
   auto unpacked__ = unpacked ? _fbb.CreateString(unpacked) : 0;
+  auto keep_fp32__ = keep_fp32 ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*keep_fp32) : 0;
   return ondine::artifact::fb::CreateTarget(
       _fbb,
       isa__,
@@ -1360,7 +1374,8 @@ inline flatbuffers::Offset<Target> CreateTargetDirect(
       precision__,
       passes__,
       requires_vnni,
-      unpacked__);
+      unpacked__,
+      keep_fp32__);
 }
 
 struct Packing FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
