@@ -1396,7 +1396,7 @@ int main(int argc, char** argv) {
   run->add_option("--threads", threads, "oneDNN threads (default: OpenMP's, i.e. OMP_NUM_THREADS or all cores)");
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
   const std::string precision_help =
-      "fp32 (default), bf16: convolutions, matrix products with constant weights and recurrent layers (batch 5 and up) "
+      "fp32 (default), bf16: convolutions, matrix products with constant weights, attention and recurrent layers (batch 5 and up) "
       "in bfloat16 with float32 "
       "accumulation, bf16 activations between convolutions and between matrix products (needs native bf16: avx512_core_bf16 or AMX), or auto: "
       "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32";

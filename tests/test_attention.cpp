@@ -5,7 +5,9 @@
 //   compiled node agrees with its reference kernel (1e-4) for each mask form the lowering handles
 //   (none, [P,1,S,S], [P,1,1,S], broadcast over the batch, a constant one it expands, a boolean one);
 // - must-not-fire: a mask of a higher rank, a softmax on another axis, a shared intermediate, a
-//   scale between the mask and the softmax, a finite fill that is not a mask.
+//   scale between the mask and the softmax, a finite fill that is not a mask;
+// - bf16: the products in bf16 on the QKV projection's bf16 bytes through the head views, the context in
+//   bf16 for the out-projection; none of it when the node is kept float32.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -319,6 +321,57 @@ TEST_CASE("compiled attention at sequence length 1 reads K and V at their offset
       for (auto& [name, t] : want) CHECK(rel_error(got.at(name), t) < (bf16 ? 3e-2 : 1e-4));
     }
   }
+}
+
+TEST_CASE("bf16 attention: bf16 products on the QKV projection's bf16 bytes, float32 softmax, bf16 context",
+          "[attention][lower][bf16]") {
+  if (!lower::effective_isa().bf16_native) return;  // (bf16 needs native bf16)
+  Graph g = ondine::onnx::load_model(corpus_model("bert_encoder").string());
+  bind_dims(g, {{"batch", 2}, {"seq", 16}});
+  Tensor ids = Tensor::from_vector<std::int64_t>({2, 16}, std::vector<std::int64_t>(32, 0));
+  for (std::int64_t i = 0; i < 32; ++i) ids.data<std::int64_t>()[i] = (5 + 11 * i) % 97;
+  std::map<std::string, Tensor> feeds{{g.inputs()[0]->name(), ids}};
+  auto want = ReferenceExecutor(g).run(feeds);
+  struct Count {
+    std::size_t scores_bf16 = 0, softmax_bf16 = 0, context_bf16 = 0, attention = 0, matmul_bf16_out = 0;
+  };
+  auto count = [](const CompiledModel& m) {
+    Count c;
+    for (const runtime::StepInfo& s : m.steps()) {
+      auto ends_bf16 = s.detail.size() > 5 && s.detail.compare(s.detail.size() - 5, 5, " bf16") == 0;
+      if (s.op == "Attention" && s.detail.rfind("scores:", 0) == 0) {
+        ++c.attention;
+        c.scores_bf16 += s.detail.find(" bf16 ") != std::string::npos;
+      }
+      if (s.op == "Attention") c.softmax_bf16 += s.detail.rfind("softmax to bf16", 0) == 0;
+      if (s.op == "Attention" && s.detail.rfind("context:", 0) == 0) c.context_bf16 += ends_bf16;
+      if ((s.op == "MatMul" || s.op == "FusedMatMul" || s.op == "Gemm") && ends_bf16) ++c.matmul_bf16_out;
+    }
+    return c;
+  };
+  lower::CompileOptions options;
+  options.threads = 2;
+  options.precision = lower::Precision::Bf16;
+  {
+    CompiledModel m = lower::compile(g.clone(), options);
+    const Count c = count(m);
+    REQUIRE(c.attention == 2);
+    CHECK(c.scores_bf16 == 2);
+    CHECK(c.softmax_bf16 == 2);
+    CHECK(c.context_bf16 == 2);  // the out-projection reads the context as bf16
+    CHECK(c.matmul_bf16_out == 4);  // per layer: the QKV projection (read through Slice views) and FFN1
+    for (auto& [name, t] : want) CHECK(rel_error(m.run(feeds).at(name), t) < 3e-2);
+  }
+  // Must not fire: attention kept float32 reads float32, so the QKV projection writes float32 too.
+  options.keep_fp32 = {"*self_attn/MatMul_1"};
+  CompiledModel m = lower::compile(g.clone(), options);
+  const Count c = count(m);
+  REQUIRE(c.attention == 2);
+  CHECK(c.scores_bf16 == 0);
+  CHECK(c.softmax_bf16 == 0);
+  CHECK(c.context_bf16 == 0);
+  CHECK(c.matmul_bf16_out == 2);  // FFN1 only
+  for (auto& [name, t] : want) CHECK(rel_error(m.run(feeds).at(name), t) < 3e-2);
 }
 
 }  // namespace test_attention

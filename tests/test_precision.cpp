@@ -177,7 +177,7 @@ TEST_CASE("precision bf16: keep_fp32 keeps the matching convolutions float32 and
   CHECK(conv_detail["c3"].find("bf16") != std::string::npos);
   bool said = false;
   for (const std::string& line : log)
-    said |= line == "precision: bf16 in 2 of 4 convolutions, matrix products with constant weights and recurrent layers; "
+    said |= line == "precision: bf16 in 2 of 4 convolutions, matrix products with constant weights, attention and recurrent layers; "
                      "kept fp32: 'c1' 'c2'";
   CHECK(said);
   std::map<std::string, Tensor> in{{"x", random_tensor({1, 32, 10, 10}, 3)}};

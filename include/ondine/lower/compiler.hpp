@@ -452,7 +452,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
       // Which convolutions, matrix products and recurrent layers compute in bfloat16, and which stay float32.
       std::ostringstream bf16;
       bf16 << "precision: bf16 in " << L.bf16_nodes.size() << " of " << L.bf16_nodes.size() + L.kept_fp32_nodes.size()
-           << " convolutions, matrix products with constant weights and recurrent layers";
+           << " convolutions, matrix products with constant weights, attention and recurrent layers";
       if (!L.kept_fp32_nodes.empty()) {
         bf16 << "; kept fp32:";
         for (const Node* n : L.kept_fp32_nodes) bf16 << " '" << n->name() << "'";

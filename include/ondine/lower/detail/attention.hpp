@@ -1,6 +1,7 @@
 // ondine/lower/detail/attention.hpp - ondine.Attention (ir/fused_ops.hpp) as three oneDNN primitives
 // on one scratch buffer of scores: matmul Q x K with the scale as output scale and the additive mask
-// as a binary-add post-op, softmax in place over the last axis, matmul scores x V into the output.
+// as a binary-add post-op, softmax in place over the last axis, matmul scores x V into the output
+// (in bf16: bf16 operands, float32 scores, the softmax writing bf16 probabilities; see below).
 //
 // oneDNN 2.6 runs a binary post-op with its fast kernels only for some broadcasts of the mask: with
 // the scores viewed as [P, R, Sq, Sk], a mask [P, 1, Sq, Sk] or [P, 1, 1, Sk] is fast, but a mask that
@@ -98,40 +99,16 @@ inline bool lower_attention(Lowering& L, const Node& n) {
   // stay views: gemm takes any strides of its operands) when those group as [P, R, rows, cols] and
   // oneDNN still picks a gemm for them; else they are copied row-major (a 5-D strided matmul, which a
   // batch that does not merge would need, runs on `ref:any`: measured 1.7 s against 3 ms).
+  // In bf16 (Precision::Bf16, the node not kept float32) both products take bf16 operands: Q, K and V as
+  // their producer holds them when that is bf16 (Lowering::reads_bf16 lets the QKV projection write bf16
+  // through the views), else converted by one reorder; the scores, their scale, mask and softmax stay
+  // float32, the softmax writes the probabilities in bf16, and the context is written in bf16 when only
+  // bf16 readers take it. oneDNN without a fast bf16 kernel for a part: the float32 form.
   const std::vector<std::size_t> groups{split, nb, nb + 1, nb + 2};
-  auto strided_operand = [&](const Value* x) -> std::optional<std::pair<SlotId, memory::desc>> {
-    if (auto src = L.strided_source(x))
-      if (auto md = regroup_md(src->second, groups)) return std::make_pair(src->first, *md);
-    return std::nullopt;
-  };
-  auto plain_operand = [&](const Value* x) {
-    return std::make_pair(L.row_major_slot(x), *regroup_md(plain_md(x->shape().sizes()), groups));
-  };
-  // The output in the layout that makes the Transpose reading it (the heads merged back) a view.
-  const memory::desc plain_value_md = plain_md(y->shape().sizes());
-  memory::desc strided_value_md = plain_value_md;
-  if (y->uses().size() == 1 && !y->is_graph_output()) {
-    const Node& t = *y->uses()[0].node;
-    const Value* ty = t.output(0);
-    if (t.op_type() == "Transpose" && t.domain().empty() && t.has_attr("perm") && ty && ty->shape().is_static()) {
-      const Dims perm = t.attr_ints("perm"), yd = y->shape().sizes();
-      Dims sorted = perm;
-      std::sort(sorted.begin(), sorted.end());
-      bool permutation = perm.size() == r;
-      for (std::size_t j = 0; permutation && j < r; ++j) permutation = sorted[j] == static_cast<std::int64_t>(j);
-      if (permutation) {
-        const Dims rs = row_major_strides(ty->shape().sizes());
-        Dims strides(r, 0);
-        for (std::size_t j = 0; j < r; ++j) strides[static_cast<std::size_t>(perm[j])] = rs[j];
-        memory::desc want(yd, memory::data_type::f32, strides);
-        if (want.get_size() == plain_value_md.get_size() && regroup_md(want, groups)) strided_value_md = want;
-      }
-    }
-  }
+  const bool bf16 = L.choose_bf16(n, true);
   const memory::desc s_md = plain_md({p, rr, sq, sk});
   const memory::desc mask_md = plain_md({p, 1, rows, sk});
   const float scale = n.attr_float("scale", 1.0f);
-
   dnnl::primitive_attr attr = Lowering::base_attr();
   if (scale != 1.0f) attr.set_output_scales(0, {scale});
   if (mask) {
@@ -139,33 +116,78 @@ inline bool lower_attention(Lowering& L, const Node& n) {
     po.append_binary(dnnl::algorithm::binary_add, mask_md);
     attr.set_post_ops(po);
   }
-  auto is_ref = [](const dnnl::matmul::primitive_desc& pd) { return pd && std::string(pd.impl_info_str()).rfind("ref", 0) == 0; };
+  auto is_ref = [](const auto& pd) { return pd && std::string(pd.impl_info_str()).rfind("ref", 0) == 0; };
   SlotId q_slot = 0, k_slot = 0, v_slot = 0;
-  memory::desc q_md, k_md, v_md, y_md, value_md, qm, km, vm;
+  memory::desc q_md, k_md, v_md, y_md, value_md, p_md;
   std::size_t q_off = 0, k_off = 0, v_off = 0;
   dnnl::matmul::primitive_desc scores_pd, context_pd;
-  for (bool strided : {true, false}) {
-    auto sq_op = strided ? strided_operand(q) : std::nullopt, sk_op = strided ? strided_operand(k) : std::nullopt,
-         sv_op = strided ? strided_operand(v) : std::nullopt;
-    if (strided && !sq_op && !sk_op && !sv_op && strided_value_md == plain_value_md) continue;  // nothing strided
-    auto [qs, q_view] = sq_op ? *sq_op : plain_operand(q);
-    auto [ks, k_view] = sk_op ? *sk_op : plain_operand(k);
-    auto [vs, v_view] = sv_op ? *sv_op : plain_operand(v);
-    // A view's offset (K and V slices of a fused QKV projection) goes into the address, not the descriptor.
-    std::tie(qm, q_off) = without_offset(q_view);
-    std::tie(km, k_off) = without_offset(k_view);
-    std::tie(vm, v_off) = without_offset(v_view);
-    value_md = strided ? strided_value_md : plain_value_md;
-    y_md = *regroup_md(value_md, groups);
-    scores_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(qm, km, s_md), attr, L.engine(), true);
-    context_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(s_md, vm, y_md), Lowering::base_attr(), L.engine(), true);
-    if (strided && (is_ref(scores_pd) || is_ref(context_pd))) continue;
-    std::tie(q_slot, q_md, k_slot, k_md, v_slot, v_md) = std::tie(qs, qm, ks, km, vs, vm);
-    break;
+  dnnl::softmax_v2_forward::primitive_desc softmax_pd;
+  bool in_bf16 = false;
+  for (bool half : {true, false}) {
+    if (half && !bf16) continue;
+    const memory::data_type op_dt = half ? memory::data_type::bf16 : memory::data_type::f32;
+    const memory::data_type out_dt = half && L.bf16_activation(y) ? memory::data_type::bf16 : memory::data_type::f32;
+    auto strided_operand = [&](const Value* x) -> std::optional<std::pair<SlotId, memory::desc>> {
+      if (auto src = L.strided_source(x); src && src->second.data_type() == op_dt)
+        if (auto md = regroup_md(src->second, groups)) return std::make_pair(src->first, *md);
+      return std::nullopt;
+    };
+    auto plain_operand = [&](const Value* x) {
+      const memory::desc plain = plain_md(x->shape().sizes(), op_dt);
+      return std::make_pair(half ? L.slot_in(x, plain) : L.row_major_slot(x), *regroup_md(plain, groups));
+    };
+    // The output in the layout that makes the Transpose reading it (the heads merged back) a view.
+    const memory::desc plain_value_md = plain_md(y->shape().sizes(), out_dt);
+    memory::desc strided_value_md = plain_value_md;
+    if (y->uses().size() == 1 && !y->is_graph_output()) {
+      const Node& t = *y->uses()[0].node;
+      const Value* ty = t.output(0);
+      if (t.op_type() == "Transpose" && t.domain().empty() && t.has_attr("perm") && ty && ty->shape().is_static()) {
+        const Dims perm = t.attr_ints("perm"), yd = y->shape().sizes();
+        Dims sorted = perm;
+        std::sort(sorted.begin(), sorted.end());
+        bool permutation = perm.size() == r;
+        for (std::size_t j = 0; permutation && j < r; ++j) permutation = sorted[j] == static_cast<std::int64_t>(j);
+        if (permutation) {
+          const Dims rs = row_major_strides(ty->shape().sizes());
+          Dims strides(r, 0);
+          for (std::size_t j = 0; j < r; ++j) strides[static_cast<std::size_t>(perm[j])] = rs[j];
+          memory::desc want(yd, out_dt, strides);
+          if (want.get_size() == plain_value_md.get_size() && regroup_md(want, groups)) strided_value_md = want;
+        }
+      }
+    }
+    const memory::desc probs_md = plain_md({p, rr, sq, sk}, op_dt);
+    for (bool strided : {true, false}) {
+      auto sq_op = strided ? strided_operand(q) : std::nullopt, sk_op = strided ? strided_operand(k) : std::nullopt,
+           sv_op = strided ? strided_operand(v) : std::nullopt;
+      if (strided && !sq_op && !sk_op && !sv_op && strided_value_md == plain_value_md) continue;  // nothing strided
+      auto [qs, q_view] = sq_op ? *sq_op : plain_operand(q);
+      auto [ks, k_view] = sk_op ? *sk_op : plain_operand(k);
+      auto [vs, v_view] = sv_op ? *sv_op : plain_operand(v);
+      // A view's offset (K and V slices of a fused QKV projection) goes into the address, not the descriptor.
+      memory::desc qm, km, vm;
+      std::tie(qm, q_off) = without_offset(q_view);
+      std::tie(km, k_off) = without_offset(k_view);
+      std::tie(vm, v_off) = without_offset(v_view);
+      value_md = strided ? strided_value_md : plain_value_md;
+      y_md = *regroup_md(value_md, groups);
+      scores_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(qm, km, s_md), attr, L.engine(), true);
+      context_pd =
+          dnnl::matmul::primitive_desc(dnnl::matmul::desc(probs_md, vm, y_md), Lowering::base_attr(), L.engine(), true);
+      if (strided && (is_ref(scores_pd) || is_ref(context_pd))) continue;
+      std::tie(q_slot, q_md, k_slot, k_md, v_slot, v_md) = std::tie(qs, qm, ks, km, vs, vm);
+      break;
+    }
+    softmax_pd = dnnl::softmax_v2_forward::primitive_desc(
+        dnnl::softmax_v2_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, s_md,
+                                       probs_md, 3),
+        Lowering::base_attr(), L.engine(), true);
+    p_md = probs_md;
+    in_bf16 = half;
+    if (!half || (scores_pd && softmax_pd && context_pd && !is_ref(scores_pd) && !is_ref(softmax_pd) && !is_ref(context_pd)))
+      break;
   }
-  dnnl::softmax_v2_forward::primitive_desc softmax_pd(
-      dnnl::softmax_v2_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, s_md, s_md, 3),
-      Lowering::base_attr(), L.engine(), true);
   if (!scores_pd || !softmax_pd || !context_pd) return decline_fused(L, n, "oneDNN has no primitive for a part of it");
 
   // The scores live only between the three steps: an arena slot of their own.
@@ -175,6 +197,16 @@ inline bool lower_attention(Lowering& L, const Node& n) {
   s.bytes = static_cast<std::size_t>(product_of(scores_dims)) * sizeof(float);
   s.layout = plain_layout_name(scores_dims.size());
   SlotId scores = L.add_slot(std::move(s));
+  // bf16 probabilities: a slot of their own beside the float32 scores (the softmax reads one, writes the other).
+  SlotId probs = scores;
+  if (in_bf16) {
+    runtime::Slot ps = Lowering::slot_for(y, SlotKind::Arena, 0);
+    ps.name = n.name() + ".probabilities";
+    ps.dims = scores_dims;
+    ps.bytes = p_md.get_size();
+    ps.layout = plain_layout_name(scores_dims.size()) + ":bf16";
+    probs = L.add_slot(std::move(ps));
+  }
 
   std::string view = "[" + std::to_string(p) + "," + std::to_string(rr) + "]";
   std::vector<SlotArg> args{{DNNL_ARG_SRC, q_slot, q_md, false, q_off},
@@ -191,17 +223,20 @@ inline bool lower_attention(Lowering& L, const Node& n) {
   }
   std::string scale_detail = scale != 1.0f ? " *" + std::to_string(scale) : "";
   L.add_primitive({n.name(), n.op_type(), scores_pd.impl_info_str(),
-                   "scores: batch " + view + " " + dims_str({sq, d}) + " x " + dims_str({d, sk}) + scale_detail + mask_detail},
+                   "scores: batch " + view + " " + dims_str({sq, d}) + " x " + dims_str({d, sk}) + (in_bf16 ? " bf16" : "") +
+                       scale_detail + mask_detail},
                   &n, dnnl::matmul(scores_pd), scores_pd.scratchpad_desc(), std::move(args), std::move(consts));
-  L.add_primitive({n.name(), n.op_type(), softmax_pd.impl_info_str(), "softmax in place, axis 3 of " + dims_str({p, rr, sq, sk})},
+  L.add_primitive({n.name(), n.op_type(), softmax_pd.impl_info_str(),
+                   (in_bf16 ? "softmax to bf16, axis 3 of " : "softmax in place, axis 3 of ") + dims_str({p, rr, sq, sk})},
                   &n, dnnl::softmax_v2_forward(softmax_pd), softmax_pd.scratchpad_desc(),
-                  {{DNNL_ARG_SRC, scores, s_md}, {DNNL_ARG_DST, scores, s_md}}, {});
+                  {{DNNL_ARG_SRC, scores, s_md}, {DNNL_ARG_DST, probs, p_md}}, {});
   SlotId out = L.new_value_slot(y, value_md);
   L.add_primitive({n.name(), n.op_type(), context_pd.impl_info_str(),
                    "context: batch " + view + " " + dims_str({sq, sk}) + " x " + dims_str({sk, dv}) + " -> " +
-                       (is_row_major(value_md) ? dims_str(y->shape().sizes()) : strided_str(value_md))},
+                       (is_row_major(value_md) ? dims_str(y->shape().sizes()) : strided_str(value_md)) +
+                       (value_md.data_type() == memory::data_type::bf16 ? " bf16" : "")},
                   &n, dnnl::matmul(context_pd), context_pd.scratchpad_desc(),
-                  {{DNNL_ARG_SRC, scores, s_md}, {DNNL_ARG_WEIGHTS, v_slot, v_md, false, v_off}, {DNNL_ARG_DST, out, y_md}},
+                  {{DNNL_ARG_SRC, probs, p_md}, {DNNL_ARG_WEIGHTS, v_slot, v_md, false, v_off}, {DNNL_ARG_DST, out, y_md}},
                   {});
   L.define(y, out, value_md);
   return true;

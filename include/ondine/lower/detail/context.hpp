@@ -751,9 +751,14 @@ class Lowering {
   // The layout of a value (its producer's choice).
   memory::desc md_of(const Value* v) { return state(v).md; }
 
-  // The value in layout `want`, reordering (once per layout) when its layout differs.
+  // The value in layout `want`, reordering (once per layout) when its layout differs. A strided view not
+  // copied yet is reordered from its strides straight into `want` when that is another layout or dtype
+  // (a bf16 matmul source: one pass, not a row-major copy and then a conversion).
   SlotId slot_in(const Value* v, const memory::desc& want) {
-    ValueState& st = state(v);
+    auto view = values_.find(v);
+    const bool direct = view != values_.end() && view->second.view_of &&
+                        !(is_row_major(want) && want.data_type() == view->second.md.data_type());
+    ValueState& st = direct ? view->second : state(v);
     if (!st.has_md) throw Error("internal: value '" + v->name() + "' has no oneDNN layout");
     if (same_layout(st.md, want)) return st.slot;
     for (auto& [md, slot] : st.copies)
@@ -797,6 +802,18 @@ class Lowering {
     return true;
   }
 
+  // The ops that only re-label or re-stride their input's bytes (shape_ops.hpp), whose output keeps the
+  // input's dtype as held.
+  static bool is_view_op(const Node& n) {
+    const std::string& key = n.op_key();
+    if (key == "Slice") {  // constant parameters only: the view's strides and offset are known
+      for (std::size_t i = 1; i < n.num_inputs(); ++i)
+        if (n.input(i) && !n.input(i)->is_constant()) return false;
+      return true;
+    }
+    return n.num_outputs() == 1 && (key == "Transpose" || key == "Reshape" || key == "Flatten" || key == "Squeeze" ||
+                                    key == "Unsqueeze" || key == "Identity");
+  }
   // Whether `v` may be held in bfloat16: Precision::Bf16, float32, not a graph output, and every reader takes
   // it in bf16 as it is (reads_bf16), so its producer writes bf16 and no reader converts it.
   bool bf16_activation(const Value* v) const {
@@ -811,7 +828,13 @@ class Lowering {
   // or the source of a matrix product with constant float32 weights (emit_matmul's condition for bf16).
   bool reads_bf16(const Use& u) const {
     const std::string& key = u.node->op_key();
-    if (!runs_bf16(*u.node) || options.reference_ops.count(key)) return false;
+    if (options.reference_ops.count(key)) return false;
+    // A view (Slice, Transpose, Reshape, ...) carries bf16 bytes as they are (shape_ops.hpp) to readers that
+    // all take bf16: a fused QKV projection's slices and head transposes on their way to attention.
+    if (u.index == 0 && is_view_op(*u.node)) return bf16_activation(u.node->output(0));
+    if (!runs_bf16(*u.node)) return false;
+    // Attention reads Q, K and V in bf16 (attention.hpp: bf16 products, float32 scores and softmax).
+    if (key == "ondine.Attention") return u.index <= 2;
     if (key == "Conv" || key == "ondine.FusedConv") return u.index == 0 || (key == "ondine.FusedConv" && u.index == 3);
     if (key == "MatMul" || key == "Gemm" || key == "ondine.FusedMatMul" || key == "ondine.FusedGemm") {
       const Value* w = u.node->input(1);

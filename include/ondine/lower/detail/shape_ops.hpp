@@ -68,7 +68,9 @@ inline bool lower_concat(Lowering& L, const Node& n) {
 }
 
 // The source of a view op: `x`'s bytes through its strides and offset when they are unblocked (a
-// strided view not copied yet, or a row-major or strided producer), else its row-major bytes.
+// strided view not copied yet, or a row-major or strided producer), else its row-major bytes. The view
+// keeps the dtype the bytes are held in: a float32 value held in bf16 (Lowering::bf16_activation) stays
+// bf16 through the views its bf16 readers see it through.
 inline std::pair<SlotId, memory::desc> view_source(Lowering& L, const Value* x, memory::data_type dt) {
   if (auto s = L.strided_source(x)) return *s;
   return {L.row_major_slot(x), plain_md(x->shape().sizes(), dt)};
@@ -87,7 +89,9 @@ inline void define_view_or_copy(Lowering& L, const Node& n, const Value* y, Slot
     L.define_strided_view(n, y, src, src_md, detail);
     return;
   }
-  memory::desc dst_md = plain_md(y->shape().sizes(), src_md.data_type());
+  memory::data_type dt = src_md.data_type();
+  dnnl_dtype(y->dtype(), dt);  // the caller's tensor: the value's own dtype (bf16 bytes converted back)
+  memory::desc dst_md = plain_md(y->shape().sizes(), dt);
   dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr());
   SlotId dst = L.new_value_slot(y, dst_md);
   L.define(y, dst, dst_md);
@@ -120,7 +124,7 @@ inline bool lower_transpose(Lowering& L, const Node& n) {
   auto [src, x_md] = view_source(L, x, dt);
   Dims x_strides = md_strides(x_md), strides(rank);
   for (std::size_t j = 0; j < rank; ++j) strides[j] = x_strides[static_cast<std::size_t>(perm[j])];
-  memory::desc src_md(yd, dt, strides);
+  memory::desc src_md(yd, x_md.data_type(), strides);
   src_md.data.offset0 = x_md.data.offset0;
   define_view_or_copy(L, n, y, src, src_md, "perm " + dims_str(perm) + " of '" + x->name() + "': " + strided_str(src_md));
   return true;
@@ -146,7 +150,7 @@ inline bool lower_depth_to_space(Lowering& L, const Node& n) {
   const Dims strides = crd ? Dims{s[0], b * b * s[1], s[2], b * s[1], s[3], s[1]}
                            : Dims{s[0], s[1], s[2], b * c * s[1], s[3], c * s[1]};
   const Dims six{xd[0], c, xd[2], b, xd[3], b};
-  memory::desc src_md(six, dt, strides);
+  memory::desc src_md(six, x_md.data_type(), strides);
   src_md.data.offset0 = x_md.data.offset0;
   const memory::desc dst_md = plain_md(six, dt);
   dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr());
@@ -199,7 +203,7 @@ inline bool lower_slice(Lowering& L, const Node& n) {
     offset += c.start * strides[c.axis];
     strides[c.axis] *= c.step;
   }
-  memory::desc src_md(yd, dt, strides);
+  memory::desc src_md(yd, x_md.data_type(), strides);
   src_md.data.offset0 = offset;
   define_view_or_copy(L, n, y, src, src_md, dims_str(xd) + " of '" + x->name() + "' -> " + strided_str(src_md));
   return true;
@@ -216,6 +220,16 @@ inline bool lower_view(Lowering& L, const Node& n) {
     if (auto s = L.strided_source(x); s && !is_row_major(s->second)) {
       if (auto md = reshape_md(s->second, y->shape().sizes())) {
         L.define_strided_view(n, y, s->first, *md, "of '" + x->name() + "': " + strided_str(*md));
+        return true;
+      }
+    }
+    // A float32 value held in bf16 stays bf16: its row-major bf16 bytes (a strided view copied in bf16)
+    // under the new dims (define_view would convert them back to float32).
+    if (L.bf16_activation(y)) {
+      const ValueState& st = L.state(x);
+      if (st.has_md && st.md.data_type() == memory::data_type::bf16 && is_row_major(st.md)) {
+        L.define_strided_view(n, y, st.slot, plain_md(y->shape().sizes(), memory::data_type::bf16),
+                              "zero-copy alias of '" + x->name() + "' (bf16)");
         return true;
       }
     }
