@@ -637,6 +637,29 @@ TEST_CASE("lower: concat of conv outputs, a constant and a graph input (1e-4)", 
   CHECK(count_impl(m, "Concat", "reference") == 0);
 }
 
+TEST_CASE("lower: a concat of blocked pieces that are not whole channel blocks is one reorder per piece (1e-4)",
+          "[lower]") {
+  // The text detector's FPN concat at batch 2 and up: 24-channel pieces in nChw16c (12 in nChw8c on AVX2). oneDNN's concat for them is
+  // `ref:any` (reorders into the parts of the destination); lowered as those reorders, each on a jit kernel.
+  // Must not fire: pieces of whole blocks keep oneDNN's one concat step.
+  const std::int64_t block = lower::effective_isa().avx512 ? 16 : 8;  // nChw16c, or nChw8c on AVX2
+  for (std::int64_t channels : {block + block / 2, 2 * block}) {
+    INFO(channels << " channels per piece");
+    Builder b;
+    Value* x = b.input("x", {2, 4, 9, 9});
+    std::vector<Value*> pieces;
+    for (int i = 0; i < 4; ++i) pieces.push_back(b.conv(x, channels, 4, 3, {{"pads", Dims{1, 1, 1, 1}}}));
+    Value* cat = b.op("Concat", pieces, {{"axis", std::int64_t{1}}});
+    b.g.add_output(b.conv(cat, 8, 4 * channels, 1));
+    lower::CompileOptions opts;
+    opts.conv_layout = lower::ConvLayout::ChannelBlocked;
+    CompiledModel m = check_graph(b.g, 1e-4, opts);
+    INFO(m.to_text());
+    CHECK(count_impl(m, "Concat", "ref") == 0);
+    CHECK(count_op(m, "Concat") == (channels % block ? 4u : 1u));
+  }
+}
+
 TEST_CASE("lower: a reference op between oneDNN ops gets row-major data and reorders back (1e-4)", "[lower]") {
   Builder b;
   Value* x = b.input("x", {1, 8, 10, 10});

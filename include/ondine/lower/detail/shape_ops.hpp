@@ -17,6 +17,61 @@
 
 namespace ondine::lower::detail {
 
+// oneDNN's `ref:any` concat (sources in layouts it has no simple concat for: blocked pieces whose channel
+// counts are not whole blocks, mixed layouts) copies each source by a reorder into its part of the
+// destination. Done here as those reorders, one step each, so the profile names what runs them; in the
+// destination layout oneDNN chose, else row-major or channels-last, the first where no reorder is `ref`.
+// A destination with padding (a blocked layout whose channels are not whole blocks) is left to oneDNN: its
+// padding must be zeros, which reorders into parts would not write.
+inline bool lower_concat_as_reorders(Lowering& L, const Node& n, std::int64_t axis, const std::vector<const Value*>& inputs,
+                                     const std::vector<memory::desc>& srcs, const memory::desc& chosen) {
+  const Value* y = n.output(0);
+  const Dims yd = y->shape().sizes();
+  const memory::data_type dt = chosen.data_type();
+  std::vector<memory::desc> candidates{chosen, plain_md(yd, dt)};
+  if (yd.size() == 4) candidates.emplace_back(yd, dt, memory::format_tag::acdb);
+  for (const memory::desc& dst_md : candidates) {
+    bool padded = false;
+    for (int d = 0; d < dst_md.data.ndims; ++d) padded = padded || dst_md.data.padded_dims[d] != dst_md.data.dims[d];
+    if (padded) continue;
+    std::vector<dnnl::reorder::primitive_desc> parts;
+    std::vector<memory::desc> subs;
+    Dims offsets(yd.size(), 0), starts;
+    bool fast = true;
+    for (std::size_t i = 0; i < inputs.size() && fast; ++i) {
+      const Dims piece = inputs[i]->shape().sizes();
+      memory::desc sub = dst_md.submemory_desc(piece, offsets);
+      starts.push_back(offsets[static_cast<std::size_t>(axis)]);
+      offsets[static_cast<std::size_t>(axis)] += piece[static_cast<std::size_t>(axis)];
+      try {
+        parts.emplace_back(L.engine(), srcs[i], L.engine(), sub, Lowering::base_attr());
+      } catch (const dnnl::error&) {
+        fast = false;
+        break;
+      }
+      fast = std::string(parts.back().impl_info_str()).rfind("ref", 0) != 0;
+      subs.push_back(sub);
+    }
+    if (!fast) continue;
+    SlotId dst = L.new_value_slot(y, dst_md);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<SlotArg> args;
+      std::vector<std::pair<int, memory>> consts;
+      if (inputs[i]->is_constant()) consts.emplace_back(DNNL_ARG_SRC, L.constant_memory(inputs[i]->constant(), srcs[i]));
+      else args.push_back({DNNL_ARG_SRC, L.slot_in(inputs[i], srcs[i]), srcs[i]});
+      args.push_back({DNNL_ARG_DST, dst, subs[i]});
+      L.add_primitive({n.name(), "Concat", parts[i].impl_info_str(),
+                       "part " + std::to_string(i + 1) + "/" + std::to_string(inputs.size()) + ": " + layout_name(srcs[i]) +
+                           dims_str(inputs[i]->shape().sizes()) + " -> " + layout_name(dst_md) + dims_str(yd) +
+                           " from " + std::to_string(starts[i]) + " on axis " + std::to_string(axis)},
+                      &n, dnnl::reorder(parts[i]), parts[i].scratchpad_desc(), std::move(args), std::move(consts));
+    }
+    L.define(y, dst, dst_md);
+    return true;
+  }
+  return false;
+}
+
 inline bool lower_concat(Lowering& L, const Node& n) {
   const Value* y = n.output(0);
   // float32, or int8 pieces of one type and one scale (fuse-qdq's Concat on int8): runtime values only
@@ -46,6 +101,8 @@ inline bool lower_concat(Lowering& L, const Node& n) {
   } catch (const dnnl::error&) {
     return false;
   }
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0 && lower_concat_as_reorders(L, n, axis, inputs, srcs, pd.dst_desc()))
+    return true;
   std::vector<SlotArg> args;
   std::vector<std::pair<int, memory>> consts;
   std::string detail;
