@@ -429,6 +429,40 @@ TEST_CASE("lower ops: a ConvTranspose with kernel == stride runs as a 1x1 Conv a
   CHECK(impls(m, "DepthToSpace").size() == 3);
   CHECK(impls(m, "Relu").empty());  // a post-op of the first 1x1 Conv
   CHECK(impls(m, "Sigmoid").empty());
+  // The first DepthToSpace, read channels-last, writes channels-last for the next 1x1 conv (no reorder between
+  // them). Must not fire: the two that write graph outputs write row-major.
+  std::size_t to_channels_last = 0;
+  for (const runtime::StepInfo& s : m.steps()) {
+    if (s.op == "Reorder" && s.name.rfind("reorder:x", 0) != 0)  // (x, the graph input, into the first conv)
+      CHECK(s.detail.find("abcd -> acdb") == std::string::npos);
+    to_channels_last += s.op == "DepthToSpace" && s.detail.find(" -> acdb") != std::string::npos;
+  }
+  CHECK(to_channels_last <= 1);  // only the first: the other two write graph outputs
+}
+
+TEST_CASE("lower ops: DepthToSpace of a channels-last source writes channels-last for a conv reader (1e-5)",
+          "[lower][ops]") {
+  // The DBNet head at batch 1 (convolutions channels-last): ConvTranspose 2x2/2 as 1x1 conv + DepthToSpace,
+  // ReLU, then the next one; the DepthToSpace between them writes channels-last, the last one row-major.
+  Builder b;
+  Value* x = b.input("x", {1, 8, 6, 7});
+  Value* y = b.op("Relu", {b.op("ConvTranspose", {x, b.weight({8, 6, 2, 2}), b.weight({6})}, {{"strides", Dims{2, 2}}})});
+  b.g.add_output(b.op("ConvTranspose", {y, b.weight({6, 2, 2, 2}), b.weight({2})}, {{"strides", Dims{2, 2}}}));
+  lower::CompileOptions options = with_passes("default");
+  options.conv_layout = lower::ConvLayout::Any;
+  CompiledModel m = check_graph(b.g, 1e-5, options);
+  INFO(m.to_text());
+  std::size_t to_channels_last = 0, reorders_to_channels_last = 0;
+  for (const runtime::StepInfo& s : m.steps()) {
+    to_channels_last += s.op == "DepthToSpace" && s.detail.find(" -> acdb") != std::string::npos;
+    reorders_to_channels_last += s.op == "Reorder" && s.name.rfind("reorder:x", 0) != 0 &&
+                                 s.detail.find("abcd -> acdb") != std::string::npos;
+  }
+  CHECK(impls(m, "DepthToSpace").size() == 2);
+  CHECK(reorders_to_channels_last == 0);
+  // oneDNN's choice on AVX-512 is channels-last (its brgconv); where it blocks the channels instead (AVX2), the
+  // DepthToSpace reads a copy and writes row-major.
+  if (lower::effective_isa().avx512) CHECK(to_channels_last == 1);
 }
 
 // --- Einsum -----------------------------------------------------------------------------------------

@@ -209,14 +209,19 @@ inline bool lower_depth_to_space(Lowering& L, const Node& n) {
   const Dims six{xd[0], c, xd[2], b, xd[3], b};
   memory::desc src_md(six, x_md.data_type(), strides);
   src_md.data.offset0 = x_md.data.offset0;
-  const memory::desc dst_md = plain_md(six, dt);
+  // y channels-last when x is (a detector head's ConvTranspose as conv + DepthToSpace: the next conv reads it
+  // as it is, where a row-major y took one more pass to reorder), else row-major, as a graph output is.
+  const bool channels_last = !y->is_graph_output() && channel_layout_tag(x_md) == memory::format_tag::acdb;
+  const std::int64_t hb = xd[2] * b, wb = xd[3] * b;
+  const memory::desc dst_md = channels_last ? memory::desc(six, dt, Dims{hb * wb * c, 1, b * wb * c, wb * c, b * c, c})
+                                            : plain_md(six, dt);
   dnnl::reorder::primitive_desc pd(L.engine(), src_md, L.engine(), dst_md, Lowering::base_attr());
-  const memory::desc y_md = plain_md(yd, dt);
+  const memory::desc y_md = channels_last ? memory::desc(yd, dt, memory::format_tag::acdb) : plain_md(yd, dt);
   SlotId dst = L.new_value_slot(y, y_md);
   L.define(y, dst, y_md);
   L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(),
                    std::string(crd ? "CRD" : "DCR") + " block " + std::to_string(b) + " of '" + x->name() + "': " +
-                       strided_str(src_md)},
+                       strided_str(src_md) + (channels_last ? " -> acdb" : "")},
                   &n, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, src_md}, {DNNL_ARG_DST, dst, dst_md}}, {});
   return true;
 }
