@@ -1412,7 +1412,7 @@ int main(int argc, char** argv) {
   run->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   std::string conv_layout = "auto";
   const std::string conv_layout_help =
-      "float32 convolutions' activations: auto (default: blocked from batch 2, else any), any (oneDNN picks: "
+      "float32 convolutions' activations: auto (default: blocked), any (oneDNN picks: "
       "channels-last on AVX-512), or blocked (channels in blocks of the vector width: nChw16c on AVX-512, nChw8c on AVX2)";
   run->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");

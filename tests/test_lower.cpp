@@ -103,7 +103,7 @@ bool any_reference(const CompiledModel& m) {
 
 // Compiles make(batch) at batch 1 and 2 under each lower::ConvLayout (oneDNN on `threads`), checks it
 // against the reference executor (1e-4), and hands the model to check(model, blocked, batch): `blocked` says
-// whether its float32 image activations should be channel-blocked (ChannelBlocked, or Auto from batch 2).
+// whether its float32 image activations should be channel-blocked (ChannelBlocked, or Auto: the default).
 template <typename Make, typename Check>
 void for_each_conv_layout(Make make, Check check, int threads = 0) {
   for (std::int64_t batch : {1, 2})
@@ -116,7 +116,7 @@ void for_each_conv_layout(Make make, Check check, int threads = 0) {
       CompiledModel m = check_graph(g, 1e-4, opts);
       INFO(m.to_text());
       CHECK_FALSE(any_reference(m));
-      check(m, mode == lower::ConvLayout::ChannelBlocked || (mode == lower::ConvLayout::Auto && batch >= 2), batch);
+      check(m, mode == lower::ConvLayout::ChannelBlocked || mode == lower::ConvLayout::Auto, batch);
     }
 }
 
@@ -355,7 +355,7 @@ TEST_CASE("lower: depthwise and grouped convs with strides, dilations and auto_p
   CHECK(count_op(m, "Clip") == 0);  // relu6 folded into the grouped conv
 }
 
-TEST_CASE("lower: conv layouts: auto blocks channels from batch 2, any lets oneDNN pick, a dilated conv keeps a "
+TEST_CASE("lower: conv layouts: auto blocks channels, any lets oneDNN pick, a dilated conv keeps a "
           "jit kernel (1e-4)",
           "[lower]") {
   // An inverted residual block (1x1 expand, depthwise 3x3, 1x1 project, residual Add) and a conv with

@@ -55,10 +55,12 @@ inline const char* precision_name(Precision p) {
 // lowering (Layout::Blocked). Any: oneDNN picks (channels-last for its brgconv kernels on AVX-512 in this
 // oneDNN). ChannelBlocked: channels in blocks of the vector width (nChw16c on AVX-512, nChw8c below; ONNX
 // Runtime's NCHWc), which oneDNN's jit kernels take; a conv whose only blocked kernel is oneDNN's
-// reference (a dilated one) keeps Any. Auto (default): ChannelBlocked for activations with a batch of 2 or
-// more, Any at batch 1. Measured on a Zen 4 (2 threads, interleaved): at batch 8 blocked is faster
-// (MobileNetV2 33.0 -> 28.5 ms, its depthwise and 1x1 layers streaming large activations better; ResNet-50
-// and EfficientNet-B0 3% faster), at batch 1 no faster (MobileNetV2 3% slower, LR-ASPP 1-2%).
+// reference (a dilated one) keeps Any. Auto (default): ChannelBlocked, at every batch size. Measured on a
+// Zen 4 (2 threads, interleaved): at batch 8 blocked is faster (MobileNetV2 33.0 -> 28.5 ms, its depthwise
+// and 1x1 layers streaming large activations better; ResNet-50 and EfficientNet-B0 3% faster); at batch 1
+// it was no faster in session 7 (Auto then kept Any there), and is since session 8's kernels (session 9,
+// medians of alternated runs: LR-ASPP 40.0 -> 35.0 ms, DeepLabV3 69.7 -> 64.9, EfficientNet-B0 6.30 -> 5.98,
+// MobileNetV2 3.79 -> 3.69; ResNet-50, ConvNeXt-Tiny and the text detector within 1%).
 enum class ConvLayout { Auto, Any, ChannelBlocked };
 
 inline const char* conv_layout_name(ConvLayout l) {

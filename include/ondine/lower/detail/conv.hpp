@@ -23,7 +23,7 @@
 namespace ondine::lower::detail {
 
 // The channel-blocked descriptor (nChw16c, or nChw8c below AVX-512) a float32 image activation takes under
-// ConvLayout::ChannelBlocked (Auto: from batch 2); nullopt where the layout pass fixed another layout
+// ConvLayout::ChannelBlocked (and Auto, the default); nullopt where the layout pass fixed another layout
 // (row-major, channels-last), for constants, bf16, 1-D and 3-D convolutions (PyTorch's Conv1d encoder in
 // gated_pt ran 2% slower in nCw16c at batch 8), and fewer than 8 channels (the image itself: a conv reads
 // its 3 channels better row-major than padded to a block).
@@ -34,7 +34,6 @@ inline std::optional<memory::desc> channel_blocked_md(const Lowering& L, const V
   if (mode == ConvLayout::Any || dt != memory::data_type::f32 || !v || v->is_constant()) return std::nullopt;
   if (v->layout() != Layout::Blocked && v->layout() != Layout::Unset) return std::nullopt;
   if (dims.size() != 4 || dims[1] < 8) return std::nullopt;
-  if (mode == ConvLayout::Auto && dims[0] < 2) return std::nullopt;
   return memory::desc(dims, dt, effective_isa().avx512 ? tag::nChw16c : tag::nChw8c);
 }
 
@@ -43,7 +42,7 @@ inline std::optional<memory::desc> channel_blocked_md(const Lowering& L, const V
 // A MobileNet block's 1x1 expansion writes C·t channels at full resolution that only the depthwise 3x3
 // after it reads; oneDNN 2.6's jit 1x1 kernel can run that depthwise on rows of its own output as they are
 // made (post_ops::append_dw), so the expanded activation never goes to memory. Taken for channel-blocked
-// float32 convolutions only (ConvLayout::ChannelBlocked, Auto from batch 2): in channels-last oneDNN 2.6's
+// float32 convolutions only (ConvLayout::ChannelBlocked and Auto): in channels-last oneDNN 2.6's
 // fused kernel computes wrong results (bench/onednn_dw_nhwc_repro.cpp), and at batch 1 the activation stays
 // in cache anyway. The depthwise: 3x3, stride 1 or 2, padding 1 on every side, no dilation, constant
 // weights, its own activations (no Sum, no SiLU: oneDNN's swish post-op is the slow one, silu.hpp); a
