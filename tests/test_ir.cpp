@@ -25,6 +25,29 @@ Graph small_graph() {
 }
 }  // namespace
 
+TEST_CASE("tensors: a released large block is reused for the next tensor of its size, uninitialized skips zeroing",
+          "[ir][allocate]") {
+  const std::vector<std::int64_t> dims{3, 1024, 1024};  // 12 MiB of floats: a huge-page block
+  const void* first = nullptr;
+  {
+    Tensor t = Tensor::uninitialized(DType::Float32, dims);
+    CHECK(t.dims() == dims);
+    CHECK(t.nbytes() == 12u << 20);
+    CHECK(reinterpret_cast<std::uintptr_t>(t.raw()) % (2u << 20) == 0);
+    t.data<float>()[7] = 42.0f;
+    first = t.raw();
+  }
+  // The same size again: the block released just now (a compiled model's outputs, run after run).
+  Tensor again = Tensor::uninitialized(DType::Float32, dims);
+  CHECK(again.raw() == first);
+  // A zero-filled tensor of that size gets a block too, filled with zeros whatever it held.
+  Tensor zeros(DType::Float32, dims);
+  CHECK(zeros.data<float>()[7] == 0.0f);
+  // Blocks over the cache's limit go back to the heap; small ones never enter it.
+  CHECK_NOTHROW(Tensor::uninitialized(DType::UInt8, {static_cast<std::int64_t>(detail::BlockCache::kLimit) + 1}));
+  CHECK(Tensor::uninitialized(DType::Float32, {0}).raw() == nullptr);
+}
+
 TEST_CASE("values track producers and uses", "[ir]") {
   Graph g = small_graph();
   Value* r = g.find_value("r");

@@ -44,9 +44,23 @@ class Tensor {
     std::size_t bytes = nbytes();
     void* p = bytes ? detail::aligned_allocate(bytes) : nullptr;
     if (p) std::memset(p, 0, bytes);
-    storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    storage_ = std::shared_ptr<void>(p, [bytes](void* q) { detail::aligned_release(q, bytes); });
     data_ = p;
     owns_allocation_ = true;
+  }
+  // Storage left as the allocator returns it, for a tensor its producer writes in full before anyone reads
+  // it (a compiled model's outputs): no zero-filling pass over it.
+  static Tensor uninitialized(DType dtype, std::vector<std::int64_t> dims) {
+    Tensor t;
+    t.dtype_ = dtype;
+    t.dims_ = std::move(dims);
+    detail::checked_tensor_bytes(t.dims_, dtype_size(dtype), "tensor");
+    const std::size_t bytes = t.nbytes();
+    void* p = bytes ? detail::aligned_allocate(bytes) : nullptr;
+    t.storage_ = std::shared_ptr<void>(p, [bytes](void* q) { detail::aligned_release(q, bytes); });
+    t.data_ = p;
+    t.owns_allocation_ = true;
+    return t;
   }
   // Wraps memory owned by `owner` (no copy).
   Tensor(DType dtype, std::vector<std::int64_t> dims, void* data, std::shared_ptr<void> owner)

@@ -475,10 +475,12 @@ class CompiledModel {
     for (std::size_t i = 0; i < p_->outputs.size(); ++i) {
       const TensorInfo& info = p_->outputs[i];
       auto it = outputs.find(info.name);
+      // Every step writes its whole result (the arena is not zeroed either), so outputs are not zero-filled
+      // first; their blocks come back from the allocator's cache run after run (ir/allocate.hpp).
       if (it == outputs.end()) {
-        it = outputs.emplace(info.name, Tensor(info.dtype, info.dims)).first;
+        it = outputs.emplace(info.name, Tensor::uninitialized(info.dtype, info.dims)).first;
       } else if (it->second.empty()) {
-        it->second = Tensor(info.dtype, info.dims);
+        it->second = Tensor::uninitialized(info.dtype, info.dims);
       } else if (it->second.dtype() != info.dtype || it->second.dims() != info.dims) {
         throw Error("output tensor '" + info.name + "' is " + std::string(dtype_name(it->second.dtype())) +
                     dims_str(it->second.dims()) + ", the compiled model writes " +
