@@ -259,7 +259,22 @@ std::size_t quantized_nodes(const Graph& g) {
 // --precision and --keep-fp32 of run, bench, inspect and compile (lower::CompileOptions::precision, keep_fp32).
 lower::Precision g_precision = lower::Precision::Fp32;
 bool g_precision_given = false;  // --precision on the command line (else an artifact's own applies)
+bool g_int8 = false;             // --precision int8 (g_precision is then Fp32: the float layers' precision)
 std::vector<std::string> g_keep_fp32;
+
+// The precision as the command line names it (int8 is fp32 for the float layers).
+std::string precision_label() { return g_int8 ? "int8" : lower::precision_name(g_precision); }
+
+// --precision int8 names what a quantized model runs anyway (its int8 layers in int8, the rest fp32) and
+// refuses a model without int8 layers instead of running it in fp32 unnoticed.
+void check_int8_model(const Graph& g, const std::string& path) {
+  if (!g_int8 || quantized_nodes(g) > 0 || lower::has_int8_layers(g)) return;
+  throw Error("--precision int8: the model has no quantized layers (no Q/DQ pairs, QLinear or integer ops): quantize "
+              "it first, `ondine quantize MODEL --calib DIR -o MODEL.int8.onnx` (static, calibrated; docs/quantization.md) "
+              "or `ondine compile MODEL --passes default,quantize-dynamic -o MODEL.dyn.onnx` (dynamic int8 matrix "
+              "products); --precision auto runs a quantized model's float layers in bf16 where the CPU has it")
+      .in_file(path);
+}
 
 // An artifact runs in the precision it was compiled in (its variant's label and float32 nodes) unless
 // --precision says otherwise; then its bf16 or fp32 weights are packed again at load.
@@ -421,7 +436,9 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
     engine.precision = line.str() + "\n" + (r.chose_fp32 ? "precision: fp32 in every node" : *precision_line);
   } else {
     model = std::make_shared<CompiledModel>(lower::compile(g, opts));
-    engine.precision = *precision_line;
+    engine.precision = g_int8 ? "precision: int8 in the model's " + std::to_string(quantized_nodes(g)) +
+                                    " quantized nodes, fp32 elsewhere"
+                              : *precision_line;
   }
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
@@ -538,6 +555,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
                 const std::string& compile_passes) {
   ModelFile file = load_model_file(path, /*describe_only=*/!compiled);
   if (compiled) adopt_artifact_precision(file);
+  if (compiled) check_int8_model(file.graph, path);
   // An artifact's graph is already optimised: no pass runs on it, here or when compiled.
   PassManager pm = pipeline_for(file.artifact ? std::string("none") : passes);
   const std::string compile_pipeline = file.artifact ? std::string("none") : compile_passes;
@@ -730,6 +748,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   if (file.artifact) std::cout << artifact_summary(*file.artifact, file.variants.size()) << "\n";
   Graph g = std::move(file.graph);
   check_supported(g);  // every unsupported op at once, before anything runs
+  check_int8_model(g, path);
   std::map<std::string, Tensor> inputs;
   for (auto& spec : input_specs) {
     auto eq = spec.find('=');
@@ -781,7 +800,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   std::string at;
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ",") + k + "=" + std::to_string(v);
   std::cout << std::fixed << std::setprecision(1) << "benchmark: engine=" << (use_reference ? "reference" : "compiled")
-            << (use_reference ? "" : " isa=" + engine.isa + " precision=" + lower::precision_name(g_precision)) << " "
+            << (use_reference ? "" : " isa=" + engine.isa + " precision=" + precision_label()) << " "
             << (at.empty() ? "" : at + " ")
             << "threads=" << (threads > 0 ? std::to_string(threads) : std::string("default"))
             << ((use_reference && !passes_given) ? "" : " passes=" + passes_label(pipeline)) << " runs=" << ms.size()
@@ -893,7 +912,8 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
     // bf16 where the target has it natively: a bf16 list gives the others fp32 (auto resolves per target itself).
     const lower::Precision precision =
         g_precision == lower::Precision::Bf16 && !isa.bf16_native ? lower::Precision::Fp32 : g_precision;
-    if (g_precision_given) argv.insert(argv.end(), {"--precision", std::string(lower::precision_name(precision))});
+    if (g_precision_given)
+      argv.insert(argv.end(), {"--precision", g_int8 ? std::string("int8") : std::string(lower::precision_name(precision))});
     if (precision != lower::Precision::Fp32) {
       for (const std::string& k : g_keep_fp32) argv.insert(argv.end(), {"--keep-fp32", k});
       if (g_max_error) {
@@ -1022,6 +1042,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   if (to_artifact) lower::set_isa_pass_options(pm, target);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
+  check_int8_model(g, path);
   bind_dims(g, parse_dims(args.dims));
   if (to_artifact) lower::prepare_for_passes(g);
   // Only --check needs the original graph: a clone shares the weights, so fold-bn would then have to
@@ -1225,6 +1246,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::shared_ptr<lower::PackedWeights> file_packed = file.packed;
   Graph g = std::move(file.graph);
   check_supported(g);
+  check_int8_model(g, path);
   BatchDims dims = batch_dims(g, dim_specs, path);
   auto batches = bench_batches(g, dims, batch_list, path);
   auto flops = flops_per_sample(g, dims);
@@ -1241,7 +1263,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   double rss = peak_rss_mib();
 
   bool passes_apply = !use_reference || passes_given;
-  std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa + ", precision " + lower::precision_name(g_precision))
+  std::cout << "model:   " << path << "\nengine:  " << (use_reference ? "reference" : "compiled, isa " + isa + ", precision " + precision_label())
             << ", threads " << used_threads << ", warmup " << warmup << ", runs " << runs
             << (passes_apply ? ", passes " + passes_label(pipeline) : "") << "\n";
   if (!results.empty() && !results.front().precision.empty()) std::cout << results.front().precision << "\n";
@@ -1259,7 +1281,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
     j["model"] = path;
     j["engine"] = use_reference ? "reference" : "compiled";
     j["isa"] = isa;
-    j["precision"] = lower::precision_name(g_precision);
+    j["precision"] = precision_label();
     j["passes"] = passes_apply ? passes_label(pipeline) : std::string("none");
     j["threads"] = used_threads;
     j["warmup"] = warmup;
@@ -1329,7 +1351,7 @@ int main(int argc, char** argv) {
   precision_opts.push_back(inspect->add_option("--precision", precision,
                                                "with --compiled: fp32 (default), bf16 or auto, as run and bench take "
                                                "it (an artifact: its own unless given)")
-                               ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
+                               ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
   inspect->add_option("--keep-fp32", g_keep_fp32, "with --compiled --precision bf16: nodes whose name matches this "
                                                   "glob stay fp32 (repeatable)");
   inspect->add_option("--threads", threads, "threads for --compiled (default: OpenMP's)");
@@ -1376,8 +1398,9 @@ int main(int argc, char** argv) {
                           "an artifact's float layers: fp32 (default), bf16 (each target with native bf16: "
                           "avx512_core_bf16, AMX; the others fp32), or auto (bf16 where the target has it and it "
                           "is faster here, within --max-error, default 0.01); checked against fp32 on seeded inputs "
-                          "where this CPU has native bf16; the loader runs it so")
-          ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
+                          "where this CPU has native bf16; the loader runs it so; int8: a quantized model's int8 "
+                          "layers, fp32 elsewhere (a model without them is refused)")
+          ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
   compile->add_option("--keep-fp32", g_keep_fp32, "with --precision bf16: nodes whose name matches this glob ('*', "
                                                   "'?') stay fp32 (repeatable; stored in the artifact)");
   compile->add_option("--max-error", g_max_error,
@@ -1399,10 +1422,11 @@ int main(int argc, char** argv) {
       "fp32 (default), bf16: convolutions, matrix products with constant weights, attention and recurrent layers (batch 5 and up) "
       "in bfloat16 with float32 "
       "accumulation, bf16 activations between convolutions and between matrix products (needs native bf16: avx512_core_bf16 or AMX), or auto: "
-      "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32";
+      "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32; int8: a quantized "
+      "model's int8 layers, fp32 elsewhere (a model without quantized layers is refused, naming ondine quantize)";
   precision_opts.push_back(
       run->add_option("--precision", precision, precision_help + "; an artifact: its own unless given")
-          ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
+          ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
   const std::string keep_fp32_help =
       "with --precision bf16: nodes whose name matches this glob ('*', '?') stay fp32 (repeatable)";
   run->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
@@ -1446,7 +1470,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
   precision_opts.push_back(
       bench->add_option("--precision", precision, precision_help + "; an artifact: its own unless given")
-          ->check(CLI::IsMember({"fp32", "bf16", "auto"})));
+          ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
@@ -1471,6 +1495,7 @@ int main(int argc, char** argv) {
     return app.exit(e) ? 2 : 0;
   }
   for (CLI::Option* o : precision_opts) g_precision_given = g_precision_given || o->count() > 0;
+  g_int8 = precision == "int8";
   g_precision = precision == "bf16" ? lower::Precision::Bf16
                 : precision == "auto" ? lower::Precision::Auto
                                       : lower::Precision::Fp32;

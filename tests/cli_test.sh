@@ -165,6 +165,10 @@ if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: th
   # Compiled int8 against the reference's QDQ semantics: --check's int8 bound; every layer int8.
   expect 0 'check: tolerance 10% of max \|reference\| \(int8 model, [0-9]+ quantized nodes' -- "$ondine" run "$work/mnist_qdq.onnx" --check --input "input=$imgs"
   expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/mnist_qdq.onnx" --check --input "input=$imgs"
+  # --precision int8: a quantized model's int8 layers (said so); a float model is refused, naming ondine quantize.
+  expect 0 'precision: int8 in the model.s [0-9]+ quantized nodes, fp32 elsewhere' -- "$ondine" run "$work/mnist_qdq.onnx" --precision int8
+  expect 0 '"precision": "int8"' -- "$ondine" bench "$work/mnist_qdq.onnx" --precision int8 --runs 2 --warmup 1 --json /dev/stdout
+  expect 1 'precision int8: the model has no quantized layers .*ondine quantize' -- "$ondine" run "$mm" --precision int8
   if [ "$vnni" = 1 ]; then
     expect 0 'no fp32 island; the model in fp32 .*x faster' -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
   else  # without VNNI, layers with 8-bit weights stay float (passes/fuse_qdq.hpp) and show as islands
