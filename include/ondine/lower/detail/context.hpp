@@ -59,7 +59,7 @@ inline const char* precision_name(Precision p) {
 // Zen 4 (2 threads, interleaved): at batch 8 blocked is faster (MobileNetV2 33.0 -> 28.5 ms, its depthwise
 // and 1x1 layers streaming large activations better; ResNet-50 and EfficientNet-B0 3% faster); at batch 1
 // it was no faster in session 7 (Auto then kept Any there), and is since session 8's kernels (session 9,
-// medians of alternated runs: LR-ASPP 40.0 -> 35.0 ms, DeepLabV3 69.7 -> 64.9, EfficientNet-B0 6.30 -> 5.98,
+// medians of alternated runs: LR-ASPP 39.9 -> 35.0 ms, DeepLabV3 69.7 -> 64.9, EfficientNet-B0 6.30 -> 5.98,
 // MobileNetV2 3.79 -> 3.69; ResNet-50, ConvNeXt-Tiny and the text detector within 1%).
 enum class ConvLayout { Auto, Any, ChannelBlocked };
 
