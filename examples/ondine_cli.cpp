@@ -269,8 +269,9 @@ std::string precision_label() { return g_int8 ? "int8" : lower::precision_name(g
 // refuses a model without int8 layers instead of running it in fp32 unnoticed.
 void check_int8_model(const Graph& g, const std::string& path) {
   if (!g_int8 || quantized_nodes(g) > 0 || lower::has_int8_layers(g)) return;
-  throw Error("--precision int8: the model has no quantized layers (no Q/DQ pairs, QLinear or integer ops): quantize "
-              "it first, `ondine quantize MODEL --calib DIR -o MODEL.int8.onnx` (static, calibrated; docs/quantization.md) "
+  throw Error("--precision int8: the model has no quantized layers (no Q/DQ pairs, QLinear or integer ops): give "
+              "--calib DIR (samples to calibrate on: it is quantized here, as `ondine quantize MODEL --calib DIR -o "
+              "MODEL.int8.onnx` does; docs/quantization.md) "
               "or `ondine compile MODEL --passes default,quantize-dynamic -o MODEL.dyn.onnx` (dynamic int8 matrix "
               "products); --precision auto runs a quantized model's float layers in bf16 where the CPU has it")
       .in_file(path);
@@ -287,6 +288,36 @@ void adopt_artifact_precision(const ModelFile& file) {
 lower::ConvLayout g_conv_layout = lower::ConvLayout::Auto;
 // --max-error with --precision bf16: the bound on the outputs against fp32 (lower/error_bound.hpp).
 std::optional<double> g_max_error;
+
+// --calib DIR of run, bench and compile: with --precision int8, a float model is quantized on DIR's samples
+// before it compiles (quantize_for_int8).
+std::string g_calib_dir;
+
+// --precision int8 --calib DIR on a float model: static int8 as `ondine quantize MODEL --calib DIR` makes it
+// (fp32 pre-passes, calibration, Q/DQ; with --max-error the fallback keeps layers fp32, worst first, until
+// the outputs are within the bound of fp32's on the samples), here in memory; the QDQ graph then compiles as
+// a quantized model does. A model that is quantized already ignores --calib (said on stderr). Then as
+// check_int8_model.
+void quantize_for_int8(Graph& g, const std::string& path) {
+  const bool quantized = quantized_nodes(g) > 0 || lower::has_int8_layers(g);
+  if (g_int8 && !g_calib_dir.empty()) {
+    if (quantized) {
+      std::cerr << "note: " << path << " is quantized already: --calib " << g_calib_dir << " not used\n";
+    } else {
+      ondine::cli::QuantizeArgs q;
+      q.model = path;
+      q.calib_dir = g_calib_dir;
+      q.max_error = g_max_error;
+      try {
+        ondine::cli::quantize_graph(g, q);
+      } catch (const ondine::cli::QuantizeUsageError& e) {
+        throw UsageError(e.message());
+      }
+      return;
+    }
+  }
+  check_int8_model(g, path);
+}
 
 CheckBound check_bound(const Graph& g, std::optional<double> given) {
   CheckBound b;
@@ -367,6 +398,17 @@ struct Engine {
   std::function<std::string(const std::map<std::string, Tensor>&, int runs)> profile;
 };
 
+// The bf16 error bound's progress (lower::Bf16BoundOptions::progress): ranking the candidates and timing
+// them are the long parts, shown on one progress line; each node kept fp32 is a result, a log line.
+std::function<void(const std::string&)> bf16_bound_progress() {
+  auto line = std::make_shared<ondine::cli::ProgressLine>("bf16 bound");
+  return [line](const std::string& what) {
+    if (what.rfind("ranking", 0) == 0 || what.rfind("timing", 0) == 0) return line->update(0, std::nullopt, what);
+    line->clear();
+    std::cerr << "bf16 bound: " << what << "\n";
+  };
+}
+
 // `passes`: the pipeline lower::compile runs; the reference executor runs the graph as given unless
 // `reference_passes` (then it runs the optimised graph, which checks the passes without the lowering).
 // `packed`: weight packings shared with other engines of the same model (bench's batch sizes), as a
@@ -413,16 +455,10 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   if (lower::resolved_precision(g_precision) == lower::Precision::Fp32 && g_precision == lower::Precision::Auto) {
     model = std::make_shared<CompiledModel>(lower::compile(g, opts));
     engine.precision = "precision: auto is fp32 here (oneDNN runs " + lower::effective_isa().name + ", no native bf16)";
-  } else if (g_max_error && sample) {
+  } else if (g_max_error && sample && !g_int8) {  // int8: --max-error bounded the quantization
     lower::Bf16BoundOptions bo;
     bo.max_error = *g_max_error;
-    // Ranking the candidates is the long part: a progress line; each node kept fp32 is a result: a log line.
-    auto ranking = std::make_shared<ondine::cli::ProgressLine>("bf16 bound");
-    bo.progress = [ranking](const std::string& what) {
-      if (what.rfind("ranking", 0) == 0 || what.rfind("timing", 0) == 0) return ranking->update(0, std::nullopt, what);
-      ranking->clear();
-      std::cerr << "bf16 bound: " << what << "\n";
-    };
+    bo.progress = bf16_bound_progress();
     lower::Bf16BoundResult r = lower::compile_bf16_within(g, opts, {*sample}, bo);
     model = std::make_shared<CompiledModel>(std::move(r.model));
     std::ostringstream line;
@@ -748,7 +784,8 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   if (file.artifact) std::cout << artifact_summary(*file.artifact, file.variants.size()) << "\n";
   Graph g = std::move(file.graph);
   check_supported(g);  // every unsupported op at once, before anything runs
-  check_int8_model(g, path);
+  if (file.artifact && !g_calib_dir.empty()) throw UsageError("--calib quantizes an ONNX model; " + path + " is compiled already");
+  quantize_for_int8(g, path);
   std::map<std::string, Tensor> inputs;
   for (auto& spec : input_specs) {
     auto eq = spec.find('=');
@@ -835,6 +872,7 @@ struct CompileArgs {
   int threads = 0;                         // recorded in an artifact (0: OpenMP's default)
   std::vector<std::string> targets;        // an artifact's variants (default: native, avx2)
   bool as_variant = false;                 // a child compiling one variant of a parent's --target list
+  std::string source;                      // the artifact's source (a child compiling the parent's quantized copy)
 };
 
 // The ISAs --target names, in order, "native" as this CPU's (oneDNN's effective ISA), each once.
@@ -896,10 +934,26 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
       std::none_of(targets.begin(), targets.end(), [](const lower::IsaInfo& t) { return t.bf16_native; }))
     throw UsageError("--precision bf16: none of the targets has native bf16 (avx512_core_bf16, avx512_core_amx); "
                      "use --precision auto for bf16 where a target has it");
+  // --precision int8 --calib DIR: calibrated and quantized once, here; each child compiles that QDQ copy.
+  std::string model = path;
+  std::vector<std::string> copies;
+  Remove remove_copies{&copies};
+  if (g_int8 && !g_calib_dir.empty()) {
+    Graph g = ondine::onnx::load_model(path);
+    check_supported(g);
+    const bool was_float = quantized_nodes(g) == 0 && !lower::has_int8_layers(g);
+    quantize_for_int8(g, path);
+    if (was_float) {
+      model = args.out_file + ".int8.onnx";
+      copies.push_back(model);
+      ondine::onnx::save_model(g, model);
+    }
+  }
   for (const lower::IsaInfo& isa : targets) {
-    std::vector<std::string> argv = {"ondine", "compile", path, "-o", args.out_file + "." + isa.name + ".ondine",
+    std::vector<std::string> argv = {"ondine", "compile", model, "-o", args.out_file + "." + isa.name + ".ondine",
                                      "--target", isa.name, "--as-variant", "--passes", args.passes,
-                                     "--threads", std::to_string(args.threads)};
+                                     "--threads", std::to_string(args.threads), "--source",
+                                     args.source.empty() ? path : args.source};
     for (const std::string& d : args.dims) argv.insert(argv.end(), {"--dim", d});
     for (const std::string& o : args.pass_options) argv.insert(argv.end(), {"--pass-option", o});
     if (args.print_passes) argv.push_back("--print-passes");
@@ -960,19 +1014,14 @@ lower::Precision check_bf16_artifact(const Graph& optimised, const std::string& 
   options.keep_fp32 = keep_fp32;
   lower::Bf16BoundOptions bo;
   bo.max_error = g_max_error ? *g_max_error : std::numeric_limits<double>::max();  // no bound: measure only
-  auto ranking = std::make_shared<ondine::cli::ProgressLine>("bf16 bound");
-  bo.progress = [ranking](const std::string& what) {
-    if (what.rfind("ranking", 0) == 0 || what.rfind("timing", 0) == 0) return ranking->update(0, std::nullopt, what);
-    ranking->clear();
-    std::cerr << "bf16 bound: " << what << "\n";
-  };
+  bo.progress = bf16_bound_progress();
   lower::Bf16BoundResult r;
   try {
     r = lower::compile_bf16_within(bound, options, {inputs}, bo);
   } catch (Error& e) {
     throw e.in_file(path);
   }
-  ranking->clear();
+  bo.progress = nullptr;  // its progress line is cleared before the result prints
   std::string at;
   for (auto& [k, v] : dims) at += (at.empty() ? " at " : ", ") + k + "=" + std::to_string(v);
   std::cout << std::scientific << std::setprecision(2) << "bf16:    error " << r.error << " of max |fp32| on seeded inputs"
@@ -1042,7 +1091,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   if (to_artifact) lower::set_isa_pass_options(pm, target);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
-  check_int8_model(g, path);
+  quantize_for_int8(g, path);
   bind_dims(g, parse_dims(args.dims));
   if (to_artifact) lower::prepare_for_passes(g);
   // Only --check needs the original graph: a clone shares the weights, so fold-bn would then have to
@@ -1091,8 +1140,9 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     } else {
       keep_fp32.clear();
     }
-    artifact::Info info = lower::artifact_info(g, path, pm.size() ? pm.pipeline() : std::string("none"), args.threads,
-                                               target, precision);
+    artifact::Info info = lower::artifact_info(g, args.source.empty() ? path : args.source,
+                                               pm.size() ? pm.pipeline() : std::string("none"), args.threads, target,
+                                               precision);
     info.keep_fp32 = keep_fp32;
     info.ondine_version = ondine::version;
     // oneDNN packs for the ISA it runs: a target above this CPU's gets its weights packed at first load.
@@ -1246,7 +1296,8 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::shared_ptr<lower::PackedWeights> file_packed = file.packed;
   Graph g = std::move(file.graph);
   check_supported(g);
-  check_int8_model(g, path);
+  if (file.artifact && !g_calib_dir.empty()) throw UsageError("--calib quantizes an ONNX model; " + path + " is compiled already");
+  quantize_for_int8(g, path);
   BatchDims dims = batch_dims(g, dim_specs, path);
   auto batches = bench_batches(g, dims, batch_list, path);
   auto flops = flops_per_sample(g, dims);
@@ -1381,6 +1432,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   compile->add_flag("--as-variant", compile_args.as_variant, "(internal: one variant of a --target list)")
       ->group("");
+  compile->add_option("--source", compile_args.source, "(internal: the source file an artifact names)")->group("");
   compile->add_flag("--check", compile_args.check,
                     "run the imported and the optimised model on the reference executor with seeded random inputs "
                     "and compare (fails past --tolerance)");
@@ -1399,14 +1451,20 @@ int main(int argc, char** argv) {
                           "avx512_core_bf16, AMX; the others fp32), or auto (bf16 where the target has it and it "
                           "is faster here, within --max-error, default 0.01); checked against fp32 on seeded inputs "
                           "where this CPU has native bf16; the loader runs it so; int8: a quantized model's int8 "
-                          "layers, fp32 elsewhere (a model without them is refused)")
+                          "layers, fp32 elsewhere (a float model: quantized first with --calib DIR, else refused)")
           ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
+  const std::string calib_help =
+      "with --precision int8: calibrate a float model on this folder's .npy samples (DIR/<sample>.npy for a "
+      "one-input model, DIR/<sample>/<input>.npy otherwise) and quantize it (static int8, as ondine quantize) before "
+      "it compiles";
+  compile->add_option("--calib", g_calib_dir, calib_help);
   compile->add_option("--keep-fp32", g_keep_fp32, "with --precision bf16: nodes whose name matches this glob ('*', "
                                                   "'?') stay fp32 (repeatable; stored in the artifact)");
   compile->add_option("--max-error", g_max_error,
                       "with --precision bf16: keep the most sensitive nodes fp32, one at a time, until the outputs "
                       "on seeded inputs are within E (max |bf16 - fp32| / max |fp32| per output) of fp32's; the "
-                      "nodes kept are stored")
+                      "nodes kept are stored; with --precision int8 --calib DIR: layers stay fp32, worst first, "
+                      "until the quantized model is within E of fp32 on the samples")
       ->check(CLI::NonNegativeNumber);
 
   auto* run = app.add_subcommand("run", "run a model on .npy or seeded random inputs");
@@ -1423,7 +1481,7 @@ int main(int argc, char** argv) {
       "in bfloat16 with float32 "
       "accumulation, bf16 activations between convolutions and between matrix products (needs native bf16: avx512_core_bf16 or AMX), or auto: "
       "bf16 where the CPU has it, checked against fp32 (--max-error, default 0.01), else fp32; int8: a quantized "
-      "model's int8 layers, fp32 elsewhere (a model without quantized layers is refused, naming ondine quantize)";
+      "model's int8 layers, fp32 elsewhere (a float model: quantized first with --calib DIR, else refused)";
   precision_opts.push_back(
       run->add_option("--precision", precision, precision_help + "; an artifact: its own unless given")
           ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
@@ -1432,8 +1490,10 @@ int main(int argc, char** argv) {
   run->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   const std::string max_error_help =
       "with --precision bf16: keep the most sensitive nodes fp32, one at a time, until the outputs are within E "
-      "(max |bf16 - fp32| / max |fp32| per output) of the fp32 compile's on the run's inputs";
+      "(max |bf16 - fp32| / max |fp32| per output) of the fp32 compile's on the run's inputs; with --precision int8 "
+      "--calib DIR: layers stay fp32, worst first, until the quantized model is within E of fp32 on the samples";
   run->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
+  run->add_option("--calib", g_calib_dir, calib_help);
   std::string conv_layout = "auto";
   const std::string conv_layout_help =
       "float32 convolutions' activations: auto (default: blocked), any (oneDNN picks: "
@@ -1473,6 +1533,7 @@ int main(int argc, char** argv) {
           ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
   bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
+  bench->add_option("--calib", g_calib_dir, calib_help);
   bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
@@ -1503,7 +1564,21 @@ int main(int argc, char** argv) {
                   : conv_layout == "any"   ? lower::ConvLayout::Any
                                            : lower::ConvLayout::Auto;
   if (g_precision == lower::Precision::Auto && !g_max_error) g_max_error = 0.01;  // auto is verified
-  if ((!g_keep_fp32.empty() || g_max_error) && g_precision == lower::Precision::Fp32) {
+  if (!g_calib_dir.empty() && !g_int8) {
+    std::cerr << "ondine: error: --calib quantizes a float model for --precision int8 (give it, or leave --calib out)\n";
+    return 2;
+  }
+  if (g_int8 && !g_keep_fp32.empty()) {
+    std::cerr << "ondine: error: --keep-fp32 names bf16's fp32 nodes; with --precision int8, `ondine quantize MODEL "
+                 "--calib DIR --exclude NAME_OR_OP` keeps layers fp32\n";
+    return 2;
+  }
+  if (g_int8 && g_max_error && g_calib_dir.empty()) {
+    std::cerr << "ondine: error: --max-error with --precision int8 bounds the quantization of a float model: give "
+                 "--calib DIR too\n";
+    return 2;
+  }
+  if ((!g_keep_fp32.empty() || g_max_error) && g_precision == lower::Precision::Fp32 && !g_int8) {
     std::cerr << "ondine: error: " << (g_max_error ? "--max-error" : "--keep-fp32")
               << " needs --precision bf16 or auto (everything is fp32 already)\n";
     return 2;

@@ -185,11 +185,21 @@ py::array to_array(Tensor t, const std::string& name) {
   return arr;
 }
 
+// "int8" is fp32 for the float layers: a quantized model's int8 layers run int8 whatever the precision.
 lower::Precision parse_precision(const std::string& p) {
-  if (p == "fp32") return lower::Precision::Fp32;
+  if (p == "fp32" || p == "int8") return lower::Precision::Fp32;
   if (p == "bf16") return lower::Precision::Bf16;
   if (p == "auto") return lower::Precision::Auto;
-  throw Error("precision must be 'fp32', 'bf16' or 'auto', got '" + p + "'");
+  throw Error("precision must be 'fp32', 'bf16', 'int8' or 'auto', got '" + p + "'");
+}
+
+// precision='int8' names what a quantized model runs anyway; a float model is refused rather than run in
+// fp32 unnoticed (as `ondine run --precision int8` without --calib).
+void check_int8_model(const Graph& g, const std::string& path) {
+  if (lower::has_int8_layers(g)) return;
+  throw Error("precision='int8': the model has no quantized layers (no Q/DQ pairs, QLinear or integer ops); "
+              "quantize it first: ondine.quantize(path, calibration=[feed, ...], output='model.int8.onnx'), then "
+              "ondine.compile('model.int8.onnx', precision='int8')").in_file(path);
 }
 
 // ---- Model ----
@@ -206,6 +216,7 @@ struct Model {
   py::dict bound;                             // what the error bound did ({} without one)
   std::vector<std::string> bound_kept;        // the nodes the bound kept fp32 (save() stores them)
   bool bound_chose_fp32 = false;              // auto under the bound chose fp32
+  bool int8 = false;                          // precision='int8': a quantized model, float layers fp32
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const {
     if (fixed) {
@@ -215,7 +226,7 @@ struct Model {
     return cache->run(inputs);
   }
 
-  std::string precision() const { return lower::precision_name(options.precision); }
+  std::string precision() const { return int8 ? "int8" : lower::precision_name(options.precision); }
 };
 
 // Runs with the GIL released; the outputs in the model's order (name, array).
@@ -311,6 +322,7 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
   m->options.threads = threads;
   m->options.passes = passes;
   m->options.precision = p;
+  m->int8 = precision_given == "int8";
   if (dims) m->dims = *dims;
   {
     py::gil_scoped_release release;
@@ -322,6 +334,7 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
       throw;
     }
   }
+  if (m->int8) check_int8_model(m->graph, path);
   const bool bounded = max_error || !samples.is_none();
   if (bounded) {
     // lower::compile_bf16_within: bf16, nodes kept fp32 worst first until the outputs on the samples are
@@ -383,6 +396,8 @@ std::shared_ptr<Model> load(const std::string& path, int threads, const std::opt
   m->graph = a.graph.clone();
   m->options = lower::artifact_options(m->options, a);
   if (given) m->options.precision = *given;
+  m->int8 = precision == "int8";
+  if (m->int8) check_int8_model(a.graph, path);
   try {
     m->cache = std::make_unique<lower::ShapeCache>(std::move(a.graph), m->options, cache_size);
     if (symbolic_dims(m->graph).empty() && m->cache->shape_input_names().empty()) m->cache->get(lower::ShapeCache::Binding{});
@@ -684,13 +699,14 @@ PYBIND11_MODULE(ondine, mod) {
           py::arg("dims") = py::none(), py::arg("threads") = 0, py::arg("passes") = "default",
           py::arg("max_error") = py::none(), py::arg("samples") = py::none(), py::arg("cache_size") = 8,
           "Compile an ONNX model (or load an artifact). precision: 'fp32' (default; an artifact: its own), 'bf16' "
-          "(native bf16 CPUs) or 'auto'; "
+          "(native bf16 CPUs), 'auto', or 'int8' (a quantized model, ondine.quantize: its int8 layers, fp32 "
+          "elsewhere; a float model is refused); "
           "dims binds symbolic dims (others specialise per call); threads 0: OpenMP's default; passes: a "
           "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound.");
   mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = py::none(),
           py::arg("cache_size") = 8,
           "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`); precision: the artifact's own "
-          "unless given ('fp32', 'bf16', 'auto': its weights are packed again).");
+          "unless given ('fp32', 'bf16', 'auto': its weights are packed again; 'int8': a quantized artifact's own).");
   mod.def("quantize", &quantize, py::arg("model"), py::kw_only(), py::arg("calibration"), py::arg("output"),
           py::arg("max_error") = py::none(), py::arg("method") = "minmax", py::arg("activations") = "u8",
           py::arg("max_samples") = 0, py::arg("include") = std::vector<std::string>{},

@@ -125,43 +125,60 @@ inline void print_fallback(const quant::FallbackResult& r, double bound, std::si
 
 }  // namespace quantize_detail
 
-// Returns the exit code: 0 done, 1 error (an ondine::Error propagates to main), 2 command-line mistake.
-inline int cmd_quantize(const QuantizeArgs& args) {
+// A mistake in QuantizeArgs (bad --method, --activations, --passes, --max-error): exit code 2 in cmd_quantize.
+struct QuantizeUsageError : Error {
+  using Error::Error;
+};
+
+// Quantizes the float graph g in place (loaded from args.model; args.out_file unused): the fp32 pre-passes,
+// calibration on args.calib_dir's samples, Q/DQ insertion (with args.max_error: the fallback, worst layer
+// first). Prints what it did (model, calibration, what was quantized, the fallback) to stdout, progress to
+// stderr. `ondine quantize` writes the result as ONNX; run, bench and compile with --precision int8 --calib
+// DIR compile it.
+// The options args names, checked (QuantizeUsageError) before any model is read.
+struct QuantizePlan {
+  quant::CalibrationOptions calibration;
+  quant::QuantizeOptions quantize;
+  PassManager passes;
+};
+
+inline QuantizePlan plan_quantize(const QuantizeArgs& args) {
   using namespace quantize_detail;
-  auto usage = [](const std::string& msg) {
-    std::cerr << "ondine: error: " << msg << "\n";
-    return 2;
-  };
-  quant::CalibrationOptions copts;
-  quant::QuantizeOptions qopts;
-  PassManager pm;
+  QuantizePlan plan;
   std::vector<std::pair<std::string, bool>> entries;
   try {
-    copts.activations.method = quant::parse_range_method(args.method);
-    qopts.activations = quant::detail::qdq::parse_activation_type(args.activations);
-    pm = make_pass_manager(args.passes);
+    plan.calibration.activations.method = quant::parse_range_method(args.method);
+    plan.quantize.activations = quant::detail::qdq::parse_activation_type(args.activations);
+    plan.passes = make_pass_manager(args.passes);
     entries = PassManager::parse_pipeline(expand_pipeline(args.passes));
   } catch (const Error& e) {
-    return usage(e.message());
+    throw QuantizeUsageError(e.message());
   }
   if (args.max_error && (!(*args.max_error >= 0) || !std::isfinite(*args.max_error)))
-    return usage("--max-error must be a finite number >= 0, got " + fmt_error(*args.max_error));
-  if (args.max_error && args.max_error_samples == 0) return usage("--max-error-samples must be at least 1");
+    throw QuantizeUsageError("--max-error must be a finite number >= 0, got " + fmt_error(*args.max_error));
+  if (args.max_error && args.max_error_samples == 0) throw QuantizeUsageError("--max-error-samples must be at least 1");
   for (auto& entry : entries)
     if (entry.first == "quantize" || entry.first == "fuse" || entry.first == "layout")
-      return usage("--passes '" + args.passes + "': pass '" + entry.first + "' does not belong before calibration "
-                   "(quantization wants the fp32 graph with plain Conv/Relu/Add)");
+      throw QuantizeUsageError("--passes '" + args.passes + "': pass '" + entry.first + "' does not belong before "
+                               "calibration (quantization wants the fp32 graph with plain Conv/Relu/Add)");
   // The activation scheme follows --activations (calibration stores params in that type).
-  copts.activation_scheme.dtype = qopts.activations;
-  copts.max_samples = args.max_samples;
-  qopts.include = args.include;
-  qopts.exclude = args.exclude;
-  qopts.keep_fp32_ends = args.keep_fp32_ends;
-  qopts.reduce_range_weights = args.reduce_range;
+  plan.calibration.activation_scheme.dtype = plan.quantize.activations;
+  plan.calibration.max_samples = args.max_samples;
+  plan.quantize.include = args.include;
+  plan.quantize.exclude = args.exclude;
+  plan.quantize.keep_fp32_ends = args.keep_fp32_ends;
+  plan.quantize.reduce_range_weights = args.reduce_range;
+  return plan;
+}
+
+inline void quantize_graph(Graph& g, const QuantizeArgs& args) {
+  using namespace quantize_detail;
+  QuantizePlan plan = plan_quantize(args);
+  quant::CalibrationOptions& copts = plan.calibration;
+  const quant::QuantizeOptions& qopts = plan.quantize;
+  PassManager& pm = plan.passes;
 
   auto t0 = std::chrono::steady_clock::now();
-  Graph g = onnx::load_model(args.model);
-  check_supported(g);
   std::size_t imported_nodes = g.num_nodes();
   try {
     pm.run(g);
@@ -219,18 +236,31 @@ inline int cmd_quantize(const QuantizeArgs& args) {
                 ". Nothing written")
         .in_file(args.model);
   }
-  onnx::save_model(g, args.out_file);
 
   std::cout << "model:       " << args.model << " (" << imported_nodes << " nodes; after '" << pm.pipeline() << "': "
             << fp32_nodes << ")\n";
   std::cout << "calibration: " << calib.samples << " sample(s) from " << args.calib_dir << ", method " << args.method
             << ", activations " << (qopts.activations == DType::UInt8 ? "u8" : "s8") << ", weights s8 per channel"
             << (qopts.reduce_range_weights ? ", 7-bit" : "") << " ("
-            << std::fixed << std::setprecision(1) << calib_s << " s)\n";
+            << std::fixed << std::setprecision(1) << calib_s << " s)\n" << std::defaultfloat;
   std::cout << report.to_text();
   if (fallback) print_fallback(*fallback, *args.max_error, std::min(args.max_error_samples, folder.size()), fallback_s);
   if (!args.save_calibration.empty()) std::cout << "calibration written to " << args.save_calibration << "\n";
-  std::cout << "wrote: " << args.out_file << " (" << g.num_nodes() << " nodes, opset " << g.opset() << ")\n";
+}
+
+// Returns the exit code: 0 done, 1 error (an ondine::Error propagates to main), 2 command-line mistake.
+inline int cmd_quantize(const QuantizeArgs& args) {
+  try {
+    plan_quantize(args);  // command-line mistakes before the model is read
+    Graph g = onnx::load_model(args.model);
+    check_supported(g);
+    quantize_graph(g, args);
+    onnx::save_model(g, args.out_file);
+    std::cout << "wrote: " << args.out_file << " (" << g.num_nodes() << " nodes, opset " << g.opset() << ")\n";
+  } catch (const QuantizeUsageError& e) {
+    std::cerr << "ondine: error: " << e.message() << "\n";
+    return 2;
+  }
   return 0;
 }
 
