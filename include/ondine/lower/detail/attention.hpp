@@ -189,6 +189,10 @@ inline bool lower_attention(Lowering& L, const Node& n) {
       break;
   }
   if (!scores_pd || !softmax_pd || !context_pd) return decline_fused(L, n, "oneDNN has no primitive for a part of it");
+  if (bf16 && !in_bf16) {
+    L.log("Attention '" + n.name() + "': oneDNN has no fast bf16 form of a part of it; it runs in fp32");
+    L.record_fp32_fallback(n);
+  }
 
   // The scores live only between the three steps: an arena slot of their own.
   runtime::Slot s = Lowering::slot_for(y, SlotKind::Arena, 0);

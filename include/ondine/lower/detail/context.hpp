@@ -795,6 +795,13 @@ class Lowering {
     return bf16;
   }
   std::vector<const Node*> bf16_nodes, kept_fp32_nodes;
+  // A node choose_bf16 counted as bf16 that runs in float32 after all (oneDNN has no fast bf16 primitive
+  // for it): the plan lists it with the nodes kept float32.
+  void record_fp32_fallback(const Node& n) {
+    bf16_nodes.erase(std::remove(bf16_nodes.begin(), bf16_nodes.end(), &n), bf16_nodes.end());
+    if (std::find(kept_fp32_nodes.begin(), kept_fp32_nodes.end(), &n) == kept_fp32_nodes.end())
+      kept_fp32_nodes.push_back(&n);
+  }
 
   // Whether node `n` computes in bfloat16: Precision::Bf16 and not kept float32 (CompileOptions::keep_fp32).
   bool runs_bf16(const Node& n) const {

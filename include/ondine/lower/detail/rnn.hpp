@@ -316,9 +316,7 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   parts = make_parts();
   if (parts.empty() && bf16) {
     L.log(op + " '" + n.name() + "': oneDNN has no bf16 primitive for it; it runs in fp32");
-    L.bf16_nodes.erase(std::remove(L.bf16_nodes.begin(), L.bf16_nodes.end(), &n), L.bf16_nodes.end());
-    if (std::find(L.kept_fp32_nodes.begin(), L.kept_fp32_nodes.end(), &n) == L.kept_fp32_nodes.end())
-      L.kept_fp32_nodes.push_back(&n);
+    L.record_fp32_fallback(n);
     bf16 = false;
     set_types(false);
     parts = make_parts();
