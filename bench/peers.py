@@ -8,8 +8,10 @@ Usage (Debian's Python; needs a build with the examples, node with bench/node_mo
 For every model and batch size, each round runs Ondine (`ondine bench --json`), ONNX Runtime
 (intraOpNumThreads = --threads, graph optimization 'all') and PyTorch eager (bench/torch_models.py: the
 same architectures with random weights, torch.set_num_threads, inference_mode) one after the other, so
-that load changes on the machine hit every engine alike; a result is the median over rounds of each
-round's median latency. Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32 matmul GFLOP/s
+that load changes on the machine hit every engine alike; a rate is the median over rounds of each
+round's median latency, and a ratio (Ondine / ONNX Runtime) is the median of the rounds' own ratios, each from
+two measurements taken side by side (a load change between rounds moves both engines of the round, not the ratio;
+the "range" column gives the lowest and highest round). Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32 matmul GFLOP/s
 that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is skipped.
 With --no-passes-column, Ondine also runs with its pass pipeline off (--passes none) in the same rounds.
 With --int8, the QDQ int8 models of bench/check_qdq_vs_ort.sh (out/qdq/<model>/<model>.qdq.onnx: Ondine's own
@@ -202,7 +204,17 @@ class PyTorch:
         return statistics.median(times)
 
 
-def plot_ratios(path, rates, isa, threads, peak):
+def paired_ratio(ms, x, y):
+    """The median over rounds of x's throughput over y's in the same round (x, y: (label, batch, engine) keys of
+    the per-round latencies), with the lowest and highest of those ratios; None where either skips the case."""
+    xs, ys = ms.get(x), ms.get(y)
+    if not xs or not ys or xs[0] is None or ys[0] is None:
+        return None
+    per_round = sorted(t_y / t_x for t_x, t_y in zip(xs, ys))  # latencies: y's time over x's is x's speed-up
+    return statistics.median(per_round), per_round[0], per_round[-1]
+
+
+def plot_ratios(path, ratios, isa, threads, peak):
     """Ondine / ONNX Runtime per (model, batch) as a bar chart (PNG) beside the table: matplotlib from Debian
     (python3-matplotlib), imported only here."""
     try:
@@ -211,9 +223,9 @@ def plot_ratios(path, rates, isa, threads, peak):
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("peers: --plot needs matplotlib (apt-get install python3-matplotlib)")
-    keys = [k for k, r in rates.items() if r.get("ondine") and r.get("ort")]
+    keys = [k for k, r in ratios.items() if r is not None]
     labels = [f"{label}\nbatch {b}" for label, b in keys]
-    values = [rates[k]["ondine"] / rates[k]["ort"] for k in keys]
+    values = [ratios[k][0] for k in keys]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) + 2), 4.5))
     bars = ax.bar(range(len(keys)), values, color=["#2a7ab9" if v >= 1.0 else "#d9822b" for v in values])
     ax.axhline(1.0, color="black", linewidth=1)
@@ -223,7 +235,7 @@ def plot_ratios(path, rates, isa, threads, peak):
     ax.set_ylim(0, 1.2 * max(values + [1.0]))  # room above the tallest bar for its label and the legend
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("Ondine / ONNX Runtime (throughput)")
+    ax.set_ylabel("Ondine / ONNX Runtime (throughput, median of rounds)")
     ax.set_title(f"{isa}, {threads} threads, fp32 matmul peak {peak:.0f} GFLOP/s", fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
@@ -338,11 +350,11 @@ def main():
         print(peak_int8_line)
     have_nopass = any(e.name == "ondine-none" for e in engines)
     cols = ["model", "batch", "ondine/s"] + (["no passes/s"] if have_nopass else []) + ["ort/s"] + \
-        (["torch/s"] if have_torch else []) + ["ondine/ort"] + (["ondine/torch"] if have_torch else []) + \
+        (["torch/s"] if have_torch else []) + ["ondine/ort", "range"] + (["ondine/torch"] if have_torch else []) + \
         ["GOP/s", "% of peak"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")
-    rates = {}
+    rates, ort_ratios = {}, {}
     for label, m, _ in cases:
         for b in batches:
             if (label, b, "ondine") not in ms:
@@ -353,29 +365,35 @@ def main():
             int8 = label.endswith("-int8")
             gflops = (ondine.flops[label] or 0) * rate["ondine"] / 1e9
             cell = lambda r: "-" if r is None else f"{r:.1f}"  # noqa: E731
-            ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}"  # noqa: E731
+            ratio = lambda r: "-" if r is None else f"{r[0]:.2f}"  # noqa: E731
+            ort_ratios[(label, b)] = vs_ort = paired_ratio(ms, (label, b, "ondine"), (label, b, "ort"))
             row = [label, str(b), cell(rate["ondine"])]
             row += [cell(rate["ondine-none"])] if have_nopass else []
             row += [cell(rate["ort"])]
             row += [cell(rate["torch"])] if have_torch else []
-            row += [ratio(rate["ondine"], rate["ort"])]
-            row += [ratio(rate["ondine"], rate["torch"])] if have_torch else []
+            row += [ratio(vs_ort), "-" if vs_ort is None else f"{vs_ort[1]:.2f}-{vs_ort[2]:.2f}"]
+            row += [ratio(paired_ratio(ms, (label, b, "ondine"), (label, b, "torch")))] if have_torch else []
             row += [f"{gflops:.1f}", f"{100 * gflops / (peak_int8 if int8 else peak):.0f}%"]
             print("| " + " | ".join(row) + " |")
     if a.plot:
-        plot_ratios(a.plot, rates, ondine.isa, a.threads, peak)
+        plot_ratios(a.plot, ort_ratios, ondine.isa, a.threads, peak)
     for label, m, _ in cases:
         if label.endswith("-bf16") and m in models:
             for b in batches:
                 h, f = rates[(label, b)], rates[(m, b)]
-                print(f"{m} batch {b}: Ondine bf16 {h['ondine']:.1f}/s = {h['ondine'] / f['ort']:.2f}x ONNX Runtime fp32 "
-                      f"({f['ort']:.1f}/s), {h['ondine'] / f['ondine']:.2f}x Ondine fp32")
+                vs_ort = paired_ratio(ms, (label, b, "ondine"), (m, b, "ort"))
+                vs_fp32 = paired_ratio(ms, (label, b, "ondine"), (m, b, "ondine"))
+                print(f"{m} batch {b}: Ondine bf16 {h['ondine']:.1f}/s = {vs_ort[0]:.2f}x ONNX Runtime fp32 "
+                      f"({f['ort']:.1f}/s; rounds {vs_ort[1]:.2f}-{vs_ort[2]:.2f}), {vs_fp32[0]:.2f}x Ondine fp32")
         if label.endswith("-int8") and m in models:
             for b in batches:
                 q, f = rates[(label, b)], rates[(m, b)]
-                ort_int8 = "cannot run it" if q["ort"] is None else f"= {q['ort'] / f['ort']:.2f}x its fp32"
-                print(f"{m} batch {b}: Ondine int8 {q['ondine']:.1f}/s = {q['ondine'] / f['ort']:.2f}x ONNX Runtime fp32 "
-                      f"({f['ort']:.1f}/s), {q['ondine'] / f['ondine']:.2f}x Ondine fp32; ONNX Runtime int8 {ort_int8}")
+                ort_q = paired_ratio(ms, (label, b, "ort"), (m, b, "ort"))
+                ort_int8 = "cannot run it" if ort_q is None else f"= {ort_q[0]:.2f}x its fp32"
+                vs_ort = paired_ratio(ms, (label, b, "ondine"), (m, b, "ort"))
+                vs_fp32 = paired_ratio(ms, (label, b, "ondine"), (m, b, "ondine"))
+                print(f"{m} batch {b}: Ondine int8 {q['ondine']:.1f}/s = {vs_ort[0]:.2f}x ONNX Runtime fp32 "
+                      f"({f['ort']:.1f}/s), {vs_fp32[0]:.2f}x Ondine fp32; ONNX Runtime int8 {ort_int8}")
     for n in notes:
         print(n)
 
