@@ -393,6 +393,49 @@ TEST_CASE("lower: conv layouts: auto blocks channels, any lets oneDNN pick, a di
   });
 }
 
+TEST_CASE("lower: a dilated conv whose taps mostly read padding runs as per-tap matrix products where oneDNN "
+          "has only its GEMM or reference conv (1e-4)",
+          "[lower]") {
+  // ASPP-like: 3x3 convs at dilation 4 and 12 over a 10x10 map (+Relu), read by a 1x1 conv (not graph
+  // outputs). Dilation 12: only the centre tap sees the image (1 product); dilation 4: 9 taps over 54%
+  // of the dense work. oneDNN 2.6 on AVX2 runs dilated convs as im2col GEMM (every tap), so there the
+  // products fire; on AVX-512 they fire only where oneDNN has no jit kernel either.
+  auto aspp = [](std::int64_t batch, std::int64_t dilation, Dims strides = {1, 1}) {
+    Builder b;
+    Value* x = b.input("x", {batch, 24, 10, 10});
+    Value* d = b.op("Relu", {b.conv(x, 16, 24, 3,
+                                    {{"dilations", Dims{dilation, dilation}}, {"strides", strides},
+                                     {"pads", Dims{dilation, dilation, dilation, dilation}}})});
+    b.g.add_output(b.conv(d, 8, 16, 1));
+    return std::move(b.g);
+  };
+  auto taps = [](const CompiledModel& m) {
+    std::size_t k = 0;
+    for (auto& s : m.steps()) k += s.detail.rfind("tap (", 0) == 0;
+    return k;
+  };
+  auto dense_conv_is_slow = [] { return !lower::effective_isa().avx512; };  // measured: oneDNN 2.6's choice
+  for (std::int64_t batch : {1, 3}) {
+    INFO("batch " << batch);
+    Graph centre = aspp(batch, 12);
+    CompiledModel m12 = check_graph(centre, 1e-4);
+    INFO(m12.to_text());
+    CHECK((taps(m12) == 0 || taps(m12) == 1));
+    if (dense_conv_is_slow()) CHECK(taps(m12) == 1);
+    Graph ring = aspp(batch, 4);
+    CompiledModel m4 = check_graph(ring, 1e-4);
+    INFO(m4.to_text());
+    CHECK((taps(m4) == 0 || taps(m4) == 9));
+    if (dense_conv_is_slow()) CHECK(taps(m4) == 9);
+    CHECK_FALSE(any_reference(m4));
+    // must not fire: taps that mostly see the image (dilation 2: 82% of the dense work), a strided conv
+    Graph dense = aspp(batch, 2);
+    CHECK(taps(check_graph(dense, 1e-4)) == 0);
+    Graph strided = aspp(batch, 4, {2, 2});
+    CHECK(taps(check_graph(strided, 1e-4)) == 0);
+  }
+}
+
 TEST_CASE("lower: a 3-channel stem at batch 2 reads the image as it is and writes its output channel-blocked (1e-4)",
           "[lower]") {
   Builder b;

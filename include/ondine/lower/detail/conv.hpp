@@ -138,6 +138,137 @@ inline bool lower_conv_with_depthwise(Lowering& L, const Node& n, const PostOpCh
   return true;
 }
 
+// A dilated 2-D convolution whose taps often read only padding (DeepLabV3's ASPP: 3x3 at dilation 12, 24
+// and 36 on a 32x32 map, where the outer taps of the last see nothing but zeros), where oneDNN has only
+// its im2col GEMM or reference kernel for it (AVX2 in 2.6: every tap of every output, zeros included).
+// Lowered instead as one matrix product per tap over the outputs where that tap reads the image:
+// channels-last, out[n, y, x, :] += in[n, y + dy, x + dx, :] x W[:, :, ky, kx]^T on strided views,
+// first the tap that covers every output (with the bias), then the others accumulating (sum post-op),
+// then the node's activations in place. The work is the taps' valid area (ASPP at 512x512: 56%, 25% and
+// 11% of the dense conv's) and the sums run in another order than a dense conv's (float32 reassociation).
+// Stride 1, one group, constant weights, float32, an activation chain only (no fused sum); else false,
+// with nothing created.
+inline bool lower_conv_as_tap_products(Lowering& L, const Node& n, const PostOpChain& own, const Dims& pad_begin) {
+  using tag = memory::format_tag;
+  using dt = memory::data_type;
+  const Value* x = n.input(0);
+  const Value* w = n.input(1);
+  const Value* b = n.input(2);
+  const Value* y = n.output(0);
+  if (own.sum_operand || y->is_graph_output()) return false;
+  const Dims xd = x->shape().sizes(), wd = w->shape().sizes(), yd = y->shape().sizes();
+  const std::int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3], OC = wd[0], KH = wd[2], KW = wd[3];
+  const std::int64_t OH = yd[2], OW = yd[3];
+  const Dims dil = [&] {
+    Dims d = n.has_attr("dilations") ? n.attr_ints("dilations") : Dims{1, 1};
+    return d.size() == 2 ? d : Dims{1, 1};
+  }();
+  // The outputs [lo, hi) along one axis whose tap k reads inside the image.
+  auto valid = [](std::int64_t k, std::int64_t d, std::int64_t pad, std::int64_t in, std::int64_t out) {
+    const std::int64_t off = k * d - pad;
+    return std::make_pair(std::max<std::int64_t>(0, -off), std::min(out, in - off));
+  };
+  struct Tap {
+    std::int64_t ky, kx, y0, y1, x0, x1;
+  };
+  std::vector<Tap> taps;
+  double work = 0;
+  for (std::int64_t ky = 0; ky < KH; ++ky)
+    for (std::int64_t kx = 0; kx < KW; ++kx) {
+      auto [y0, y1] = valid(ky, dil[0], pad_begin[0], H, OH);
+      auto [x0, x1] = valid(kx, dil[1], pad_begin[1], W, OW);
+      if (y0 >= y1 || x0 >= x1) continue;  // reads only padding: no work
+      const Tap t{ky, kx, y0, y1, x0, x1};
+      if (y0 == 0 && y1 == OH && x0 == 0 && x1 == OW && (taps.empty() || taps[0].y1 - taps[0].y0 < OH ||
+                                                          taps[0].x1 - taps[0].x0 < OW))
+        taps.insert(taps.begin(), t);  // the first product covers every output: it initialises them
+      else
+        taps.push_back(t);
+      work += static_cast<double>((y1 - y0) * (x1 - x0));
+    }
+  if (taps.empty() || taps[0].y1 - taps[0].y0 < OH || taps[0].x1 - taps[0].x0 < OW) return false;
+  if (work > 0.75 * static_cast<double>(OH * OW * KH * KW)) return false;  // mostly dense: oneDNN's conv
+
+  // Row-major 4-D views of the channels-last bytes: [N, H, W, C] and [N, OH, OW, OC].
+  const memory::desc x_md({N, C, H, W}, dt::f32, tag::acdb), y_md({N, OC, OH, OW}, dt::f32, tag::acdb);
+  const memory::desc x_rows({N, H, W, C}, dt::f32, tag::abcd), y_rows({N, OH, OW, OC}, dt::f32, tag::abcd);
+  const float* wp = w->constant().data<float>();
+  struct Part {
+    dnnl::matmul::primitive_desc pd;
+    memory::desc src, dst;
+    Tensor weights;
+    Tap tap;
+  };
+  std::vector<Part> parts;
+  for (std::size_t i = 0; i < taps.size(); ++i) {
+    const Tap& t = taps[i];
+    const std::int64_t dy = t.ky * dil[0] - pad_begin[0], dx = t.kx * dil[1] - pad_begin[1];
+    const Dims region{N, t.y1 - t.y0, t.x1 - t.x0};
+    memory::desc src = x_rows.submemory_desc({N, region[1], region[2], C}, {0, t.y0 + dy, t.x0 + dx, 0});
+    memory::desc dst = y_rows.submemory_desc({N, region[1], region[2], OC}, {0, t.y0, t.x0, 0});
+    dnnl::primitive_attr attr = Lowering::base_attr();
+    if (i > 0) {
+      dnnl::post_ops sum;
+      sum.append_sum(1.0f);
+      attr.set_post_ops(sum);
+    }
+    memory::desc wei({1, 1, C, OC}, dt::f32, tag::any);
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = (i == 0 && b) ? dnnl::matmul::primitive_desc(
+                               dnnl::matmul::desc(src, wei, memory::desc({1, 1, 1, OC}, dt::f32, tag::abcd), dst),
+                               attr, L.engine())
+                         : dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, L.engine());
+    } catch (const dnnl::error&) {
+      return false;
+    }
+    if (is_reference_impl(pd)) return false;
+    std::vector<float> tap_w(static_cast<std::size_t>(C * OC));  // [C, OC]: W[oc, c, ky, kx]
+    for (std::int64_t oc = 0; oc < OC; ++oc)
+      for (std::int64_t c = 0; c < C; ++c)
+        tap_w[static_cast<std::size_t>(c * OC + oc)] = wp[((oc * C + c) * KH + t.ky) * KW + t.kx];
+    parts.push_back({pd, src, dst, Tensor::from_vector<float>({1, 1, C, OC}, tap_w), t});
+  }
+  std::vector<dnnl::eltwise_forward::primitive_desc> activations;
+  for (const EltwiseSpec& e : own.eltwise)
+    for (const EltwiseSpec::Op& op : e.ops) {
+      try {
+        activations.emplace_back(dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, op.alg, y_md,
+                                                             op.alpha, op.beta),
+                                 Lowering::base_attr(), L.engine());
+      } catch (const dnnl::error&) {
+        return false;
+      }
+    }
+
+  SlotId src = L.slot_in(x, x_md);
+  SlotId dst = L.new_value_slot(y, y_md);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    std::vector<std::pair<int, memory>> consts;
+    consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(p.weights, p.pd.weights_desc()));
+    if (i == 0 && b)
+      consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(b->constant().reshaped({1, 1, 1, OC}), p.pd.bias_desc()));
+    const std::string where = "tap (" + std::to_string(p.tap.ky) + "," + std::to_string(p.tap.kx) + ") of " +
+                              std::to_string(KH) + "x" + std::to_string(KW) + " dilation " + std::to_string(dil[0]) +
+                              ": outputs [" + std::to_string(p.tap.y0) + "," + std::to_string(p.tap.y1) + ")x[" +
+                              std::to_string(p.tap.x0) + "," + std::to_string(p.tap.x1) + ")" +
+                              (i == 0 ? (b ? " +bias" : "") : " +sum") + ", nhwc" + dims_str(xd) + " -> nhwc" +
+                              dims_str(yd);
+    L.add_primitive({n.name(), n.op_type(), p.pd.impl_info_str(), where}, &n, dnnl::matmul(p.pd),
+                    p.pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, p.src}, {DNNL_ARG_DST, dst, p.dst}}, std::move(consts));
+  }
+  for (const auto& pd : activations)
+    L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), "activation in place, nhwc" + dims_str(yd)}, &n,
+                    dnnl::eltwise_forward(pd), pd.scratchpad_desc(), {{DNNL_ARG_SRC, dst, y_md}, {DNNL_ARG_DST, dst, y_md}},
+                    {});
+  L.define(y, dst, y_md);
+  L.log(n.op_type() + " '" + n.name() + "': dilated conv as " + std::to_string(parts.size()) + " tap products over " +
+        std::to_string(static_cast<int>(100.0 * work / static_cast<double>(OH * OW * KH * KW))) +
+        "% of the dense conv's work (the other taps read only padding)");
+  return true;
+}
+
 // own_swish: a trailing Swish of the node's own chain may run as Ondine's kernel after the primitive
 // (take_trailing_swish); false when the first attempt found the output not dense.
 inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
@@ -224,6 +355,11 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
     pd = choose();
   }
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
+  const std::string impl = pd.impl_info_str();
+  if (!bf16 && rank == 4 && group == 1 && const_w && const_b && !swish && strides == Dims{1, 1} &&
+      dilates != Dims{0, 0} && (impl.find("gemm") != std::string::npos || is_reference_impl(pd)) &&
+      lower_conv_as_tap_products(L, n, own, r.pad_begin))
+    return true;
   if (!fused) chain = own;
   if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false);  // nothing created yet
 
