@@ -5,14 +5,15 @@ Usage (Debian's Python; needs a build with the examples, node with bench/node_mo
     /usr/bin/python3 bench/peers.py [--threads 2] [--rounds 3] [--runs 10] [--warmup 3]
         [--models resnet50,mobilenetv2,bert] [--batches 1,8] [--build build] [--models-dir models]
 
-For every model and batch size, each round runs Ondine (`ondine bench --json`), ONNX Runtime
-(intraOpNumThreads = --threads, graph optimization 'all') and PyTorch eager (bench/torch_models.py: the
-same architectures with random weights, torch.set_num_threads, inference_mode) one after the other, so
-that load changes on the machine hit every engine alike; a rate is the median over rounds of each
-round's median latency, and a ratio (Ondine / ONNX Runtime) is the median of the rounds' own ratios, each from
-two measurements taken side by side (a load change between rounds moves both engines of the round, not the ratio;
-the "range" column gives the lowest and highest round). Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32 matmul GFLOP/s
-that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is skipped.
+For every model and batch size, each round runs Ondine (`ondine bench --json`), ONNX Runtime (intraOpNumThreads
+= --threads, graph optimization 'all') and PyTorch eager (bench/torch_models.py: the same architectures with
+random weights, torch.set_num_threads, inference_mode; --no-torch leaves it out) one after the other, so that
+load changes on the machine hit every engine alike; a rate is the median over rounds of each round's median
+latency, and a ratio (Ondine / ONNX Runtime) is the median of the rounds' own ratios, each from two measurements
+taken side by side (a load change between rounds moves both engines of the round, not the ratio; the "range"
+column gives the lowest and highest round). Ondine's fraction of peak is FLOPs/sample x samples/s / the fp32
+matmul GFLOP/s that oneDNN reaches at the same thread count (ondine_peak). Without torch the PyTorch column is
+skipped.
 With --no-passes-column, Ondine also runs with its pass pipeline off (--passes none) in the same rounds.
 With --int8, the QDQ int8 models of bench/check_qdq_vs_ort.sh (out/qdq/<model>/<model>.qdq.onnx: Ondine's own
 export) get rows too ("resnet50-int8"), and BERT and gru_pt their dynamically quantized forms (out/qdq/M/M.dynamic.onnx,
@@ -259,6 +260,8 @@ def main():
     p.add_argument("--models-dir", default=os.path.join(REPO, "models"))
     p.add_argument("--no-passes-column", action="store_true",
                    help="also run Ondine with --passes none (shows what the pass pipeline gains)")
+    p.add_argument("--no-torch", action="store_true",
+                   help="leave PyTorch eager out (with Debian's python3-torch installed it runs too, and slowly)")
     p.add_argument("--int8", action="store_true", help="also the QDQ int8 models (out/qdq/, bench/check_qdq_vs_ort.sh)")
     p.add_argument("--qdq-dir", default=os.path.join(REPO, "out", "qdq"))
     p.add_argument("--bf16", action="store_true",
@@ -318,6 +321,8 @@ def main():
         engines.insert(1, Ondine(ondine_exe, a, tmp, passes="none"))
     notes = []
     try:
+        if a.no_torch:
+            raise ImportError("--no-torch")
         engines.append(PyTorch(a))
         if "BLAS_INFO=generic" in engines[-1].torch.__config__.show():
             notes.append("note: this PyTorch is built with BLAS_INFO=generic (reference BLAS, as Debian's python3-torch): "

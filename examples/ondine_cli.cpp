@@ -296,25 +296,41 @@ std::string g_calib_dir;
 // --precision int8 --calib DIR on a float model: static int8 as `ondine quantize MODEL --calib DIR` makes it
 // (fp32 pre-passes, calibration, Q/DQ; with --max-error the fallback keeps layers fp32, worst first, until
 // the outputs are within the bound of fp32's on the samples), here in memory; the QDQ graph then compiles as
-// a quantized model does. A model that is quantized already ignores --calib (said on stderr). Then as
-// check_int8_model.
-void quantize_for_int8(Graph& g, const std::string& path) {
-  const bool quantized = quantized_nodes(g) > 0 || lower::has_int8_layers(g);
-  if (g_int8 && !g_calib_dir.empty()) {
-    if (quantized) {
-      std::cerr << "note: " << path << " is quantized already: --calib " << g_calib_dir << " not used\n";
-    } else {
-      ondine::cli::QuantizeArgs q;
-      q.model = path;
-      q.calib_dir = g_calib_dir;
-      q.max_error = g_max_error;
-      try {
-        ondine::cli::quantize_graph(g, q);
-      } catch (const ondine::cli::QuantizeUsageError& e) {
-        throw UsageError(e.message());
-      }
-      return;
+// a quantized model does. Weights are 8-bit for a target with VNNI, 7-bit without (`--reduce-range`: oneDNN
+// multiplies 8-bit weights exactly only with VNNI, so Ondine would run those layers fp32; said so). A model
+// that is quantized already ignores --calib (said on stderr). Then as check_int8_model.
+ondine::cli::QuantizeArgs int8_quantize_args(const std::string& path) {
+  ondine::cli::QuantizeArgs q;
+  q.model = path;
+  q.calib_dir = g_calib_dir;
+  q.max_error = g_max_error;
+  return q;
+}
+
+bool needs_quantizing(const Graph& g, const std::string& path) {
+  if (!g_int8 || g_calib_dir.empty()) return false;
+  if (quantized_nodes(g) == 0 && !lower::has_int8_layers(g)) return true;
+  std::cerr << "note: " << path << " is quantized already: --calib " << g_calib_dir << " not used\n";
+  return false;
+}
+
+void say_weight_width(const lower::IsaInfo& target) {
+  if (!target.int8_vnni)
+    std::cout << "int8:        7-bit weights for " << target.name << " (no VNNI: oneDNN multiplies 8-bit weights "
+              << "exactly only with VNNI, and Ondine would run those layers fp32)\n";
+}
+
+void quantize_for_int8(Graph& g, const std::string& path, const lower::IsaInfo& target) {
+  if (needs_quantizing(g, path)) {
+    ondine::cli::QuantizeArgs q = int8_quantize_args(path);
+    q.reduce_range = !target.int8_vnni;
+    say_weight_width(target);
+    try {
+      ondine::cli::quantize_graph(g, q);
+    } catch (const ondine::cli::QuantizeUsageError& e) {
+      throw UsageError(e.message());
     }
+    return;
   }
   check_int8_model(g, path);
 }
@@ -398,6 +414,20 @@ struct Engine {
   std::function<std::string(const std::map<std::string, Tensor>&, int runs)> profile;
 };
 
+// What --precision int8 ran: the int8 steps oneDNN got, and where the model's quantized layers stay float
+// (an fp32 island: 8-bit weights without VNNI, an op without an int8 kernel), so int8 is never claimed where
+// it did not happen.
+std::string int8_precision_line(const Graph& g, const CompiledModel& model) {
+  const lower::Int8Plan plan = lower::int8_plan(model);
+  std::string line = "precision: int8 in " + std::to_string(plan.int8_steps) + " step" +
+                     (plan.int8_steps == 1 ? "" : "s") + " (the model's " + std::to_string(quantized_nodes(g)) +
+                     " quantized nodes), fp32 elsewhere";
+  if (!plan.islands.empty())
+    line += "; " + std::to_string(plan.islands.size()) + " fp32 island" + (plan.islands.size() == 1 ? "" : "s") +
+            " where the model is quantized (`ondine inspect MODEL --compiled` says why)";
+  return line;
+}
+
 // The bf16 error bound's progress (lower::Bf16BoundOptions::progress): ranking the candidates and timing
 // them are the long parts, shown on one progress line; each node kept fp32 is a result, a log line.
 std::function<void(const std::string&)> bf16_bound_progress() {
@@ -472,9 +502,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
     engine.precision = line.str() + "\n" + (r.chose_fp32 ? "precision: fp32 in every node" : *precision_line);
   } else {
     model = std::make_shared<CompiledModel>(lower::compile(g, opts));
-    engine.precision = g_int8 ? "precision: int8 in the model's " + std::to_string(quantized_nodes(g)) +
-                                    " quantized nodes, fp32 elsewhere"
-                              : *precision_line;
+    engine.precision = g_int8 ? int8_precision_line(g, *model) : *precision_line;
   }
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
@@ -785,7 +813,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   Graph g = std::move(file.graph);
   check_supported(g);  // every unsupported op at once, before anything runs
   if (file.artifact && !g_calib_dir.empty()) throw UsageError("--calib quantizes an ONNX model; " + path + " is compiled already");
-  quantize_for_int8(g, path);
+  quantize_for_int8(g, path, lower::effective_isa());
   std::map<std::string, Tensor> inputs;
   for (auto& spec : input_specs) {
     auto eq = spec.find('=');
@@ -934,22 +962,36 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
       std::none_of(targets.begin(), targets.end(), [](const lower::IsaInfo& t) { return t.bf16_native; }))
     throw UsageError("--precision bf16: none of the targets has native bf16 (avx512_core_bf16, avx512_core_amx); "
                      "use --precision auto for bf16 where a target has it");
-  // --precision int8 --calib DIR: calibrated and quantized once, here; each child compiles that QDQ copy.
-  std::string model = path;
+  // --precision int8 --calib DIR: calibrated once, here; Q/DQ with 8-bit weights for the targets with VNNI,
+  // 7-bit for the others (quantize_for_int8); each child compiles its QDQ copy.
+  std::map<bool, std::string> quantized_copy;  // 7-bit? -> the QDQ file
   std::vector<std::string> copies;
   Remove remove_copies{&copies};
+  Graph g;
   if (g_int8 && !g_calib_dir.empty()) {
-    Graph g = ondine::onnx::load_model(path);
+    g = ondine::onnx::load_model(path);
     check_supported(g);
-    const bool was_float = quantized_nodes(g) == 0 && !lower::has_int8_layers(g);
-    quantize_for_int8(g, path);
-    if (was_float) {
-      model = args.out_file + ".int8.onnx";
-      copies.push_back(model);
-      ondine::onnx::save_model(g, model);
+  }
+  if (needs_quantizing(g, path)) {
+    ondine::cli::QuantizeArgs q = int8_quantize_args(path);
+    std::unique_ptr<ondine::cli::CalibratedGraph> calibrated;
+    try {
+      calibrated = ondine::cli::calibrate_graph(std::move(g), q);
+      for (const lower::IsaInfo& isa : targets) {
+        q.reduce_range = !isa.int8_vnni;
+        if (quantized_copy.count(q.reduce_range)) continue;
+        say_weight_width(isa);
+        const std::string copy = args.out_file + (q.reduce_range ? ".int8r.onnx" : ".int8.onnx");
+        copies.push_back(copy);
+        ondine::onnx::save_model(ondine::cli::insert_qdq(*calibrated, q), copy);
+        quantized_copy[q.reduce_range] = copy;
+      }
+    } catch (const ondine::cli::QuantizeUsageError& e) {
+      throw UsageError(e.message());
     }
   }
   for (const lower::IsaInfo& isa : targets) {
+    const std::string model = quantized_copy.count(!isa.int8_vnni) ? quantized_copy[!isa.int8_vnni] : path;
     std::vector<std::string> argv = {"ondine", "compile", model, "-o", args.out_file + "." + isa.name + ".ondine",
                                      "--target", isa.name, "--as-variant", "--passes", args.passes,
                                      "--threads", std::to_string(args.threads), "--source",
@@ -1091,7 +1133,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   if (to_artifact) lower::set_isa_pass_options(pm, target);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
-  quantize_for_int8(g, path);
+  quantize_for_int8(g, path, target);
   bind_dims(g, parse_dims(args.dims));
   if (to_artifact) lower::prepare_for_passes(g);
   // Only --check needs the original graph: a clone shares the weights, so fold-bn would then have to
@@ -1297,7 +1339,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   Graph g = std::move(file.graph);
   check_supported(g);
   if (file.artifact && !g_calib_dir.empty()) throw UsageError("--calib quantizes an ONNX model; " + path + " is compiled already");
-  quantize_for_int8(g, path);
+  quantize_for_int8(g, path, lower::effective_isa());
   BatchDims dims = batch_dims(g, dim_specs, path);
   auto batches = bench_batches(g, dims, batch_list, path);
   auto flops = flops_per_sample(g, dims);

@@ -23,8 +23,10 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -130,11 +132,6 @@ struct QuantizeUsageError : Error {
   using Error::Error;
 };
 
-// Quantizes the float graph g in place (loaded from args.model; args.out_file unused): the fp32 pre-passes,
-// calibration on args.calib_dir's samples, Q/DQ insertion (with args.max_error: the fallback, worst layer
-// first). Prints what it did (model, calibration, what was quantized, the fallback) to stdout, progress to
-// stderr. `ondine quantize` writes the result as ONNX; run, bench and compile with --precision int8 --calib
-// DIR compile it.
 // The options args names, checked (QuantizeUsageError) before any model is read.
 struct QuantizePlan {
   quant::CalibrationOptions calibration;
@@ -171,12 +168,34 @@ inline QuantizePlan plan_quantize(const QuantizeArgs& args) {
   return plan;
 }
 
-inline void quantize_graph(Graph& g, const QuantizeArgs& args) {
+// A float graph after the pre-passes, calibrated: Q/DQ can go in at any weight width (insert_qdq), so
+// variants for CPUs with and without VNNI share one calibration.
+struct CalibratedGraph {
+  Graph graph;
+  QuantizePlan plan;
+  quant::CalibrationFolder folder;
+  quant::CalibrationResult calibration;
+};
+
+namespace quantize_detail {
+// Samples are named by their file (one input) or their folder, so an error points at what to fix.
+inline std::function<std::string(std::size_t)> sample_labels(const quant::CalibrationFolder& folder) {
+  return [&folder](std::size_t i) {
+    const auto& files = folder.files.at(i);
+    if (files.size() == 1) return files.begin()->second;
+    return (std::filesystem::path(folder.dir) / folder.labels.at(i)).string();
+  };
+}
+}  // namespace quantize_detail
+
+// The fp32 pre-passes and calibration on args.calib_dir's samples (progress on stderr); prints the model
+// and calibration lines.
+inline std::unique_ptr<CalibratedGraph> calibrate_graph(Graph g, const QuantizeArgs& args) {
   using namespace quantize_detail;
-  QuantizePlan plan = plan_quantize(args);
-  quant::CalibrationOptions& copts = plan.calibration;
-  const quant::QuantizeOptions& qopts = plan.quantize;
-  PassManager& pm = plan.passes;
+  auto c = std::make_unique<CalibratedGraph>();
+  c->plan = plan_quantize(args);
+  quant::CalibrationOptions& copts = c->plan.calibration;
+  PassManager& pm = c->plan.passes;
 
   auto t0 = std::chrono::steady_clock::now();
   std::size_t imported_nodes = g.num_nodes();
@@ -187,46 +206,58 @@ inline void quantize_graph(Graph& g, const QuantizeArgs& args) {
     throw;
   }
 
-  quant::CalibrationFolder folder = quant::scan_calibration_folder(args.calib_dir, quant::input_names(g));
-  // Samples are named by their file (one input) or their folder, so an error points at what to fix.
-  copts.sample_label = [&](std::size_t i) {
-    const auto& files = folder.files.at(i);
-    if (files.size() == 1) return files.begin()->second;
-    return (std::filesystem::path(folder.dir) / folder.labels.at(i)).string();
-  };
-  copts.expected_samples = folder.size();
+  c->folder = quant::scan_calibration_folder(args.calib_dir, quant::input_names(g));
+  copts.sample_label = sample_labels(c->folder);
+  copts.expected_samples = c->folder.size();
   ProgressLine progress("calibrating");
   copts.progress = [&](std::size_t done, std::optional<std::size_t> total) { progress.update(done, total); };
-  std::size_t total = args.max_samples ? std::min(args.max_samples, folder.size()) : folder.size();
+  std::size_t total = args.max_samples ? std::min(args.max_samples, c->folder.size()) : c->folder.size();
   std::cerr << "calibrating " << args.model << " on " << total << " sample(s) from " << args.calib_dir << " ("
             << args.method << ")\n";
-  quant::CalibrationResult calib = quant::calibrate(g, folder.source(), copts);
+  c->calibration = quant::calibrate(g, c->folder.source(), copts);
   progress.clear();
+  copts.progress = nullptr;
   double calib_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!args.save_calibration.empty()) {
     std::ofstream out(args.save_calibration, std::ios::binary);
-    if (!out || !(out << calib.to_text()) || !out.flush())
+    if (!out || !(out << c->calibration.to_text()) || !out.flush())
       throw Error("cannot write the calibration file").in_file(args.save_calibration);
   }
+  std::cout << "model:       " << args.model << " (" << imported_nodes << " nodes; after '" << pm.pipeline() << "': "
+            << g.num_nodes() << ")\n";
+  std::cout << "calibration: " << c->calibration.samples << " sample(s) from " << args.calib_dir << ", method "
+            << args.method << ", activations " << (c->plan.quantize.activations == DType::UInt8 ? "u8" : "s8") << " ("
+            << std::fixed << std::setprecision(1) << calib_s << " s)\n" << std::defaultfloat;
+  c->graph = std::move(g);
+  return c;
+}
 
-  std::size_t fp32_nodes = g.num_nodes();
+// Q/DQ into a copy of c's graph with weights of args.reduce_range's width (with args.max_error: the
+// fallback, worst layer first); prints what was quantized and what stayed fp32.
+inline Graph insert_qdq(const CalibratedGraph& c, const QuantizeArgs& args) {
+  using namespace quantize_detail;
+  quant::QuantizeOptions qopts = c.plan.quantize;
+  qopts.reduce_range_weights = args.reduce_range;
+  quant::CalibrationOptions copts = c.plan.calibration;
+  copts.sample_label = sample_labels(c.folder);
+  Graph g = c.graph.clone();
+  auto t0 = std::chrono::steady_clock::now();
   quant::QuantizeReport report;
   std::optional<quant::FallbackResult> fallback;
-  double fallback_s = 0;
   try {
     if (args.max_error) {
-      fallback = run_fallback(g, calib, qopts, folder, copts, args);
-      fallback_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - calib_s;
+      fallback = run_fallback(g, c.calibration, qopts, c.folder, copts, args);
       g = std::move(fallback->graph);
       report = fallback->report;
     } else {
-      report = quant::quantize_qdq(g, calib, qopts);
+      report = quant::quantize_qdq(g, c.calibration, qopts);
     }
   } catch (Error& e) {
     e.in_file(args.model);
     throw;
   }
+  double fallback_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (fallback && !fallback->met) {
     bool limit = args.max_fallback && fallback->steps.size() == args.max_fallback;
     throw Error("--max-error " + fmt_error(*args.max_error) + " not met: the error is still " +
@@ -236,16 +267,20 @@ inline void quantize_graph(Graph& g, const QuantizeArgs& args) {
                 ". Nothing written")
         .in_file(args.model);
   }
-
-  std::cout << "model:       " << args.model << " (" << imported_nodes << " nodes; after '" << pm.pipeline() << "': "
-            << fp32_nodes << ")\n";
-  std::cout << "calibration: " << calib.samples << " sample(s) from " << args.calib_dir << ", method " << args.method
-            << ", activations " << (qopts.activations == DType::UInt8 ? "u8" : "s8") << ", weights s8 per channel"
-            << (qopts.reduce_range_weights ? ", 7-bit" : "") << " ("
-            << std::fixed << std::setprecision(1) << calib_s << " s)\n" << std::defaultfloat;
+  std::cout << "weights s8 per channel" << (qopts.reduce_range_weights ? ", 7-bit ([-64, 64])" : "") << "\n";
   std::cout << report.to_text();
-  if (fallback) print_fallback(*fallback, *args.max_error, std::min(args.max_error_samples, folder.size()), fallback_s);
+  if (fallback)
+    print_fallback(*fallback, *args.max_error, std::min(args.max_error_samples, c.folder.size()), fallback_s);
   if (!args.save_calibration.empty()) std::cout << "calibration written to " << args.save_calibration << "\n";
+  return g;
+}
+
+// Quantizes the float graph g in place (loaded from args.model; args.out_file unused): calibrate_graph,
+// then insert_qdq. `ondine quantize` writes the result as ONNX; run, bench and compile with
+// --precision int8 --calib DIR compile it.
+inline void quantize_graph(Graph& g, const QuantizeArgs& args) {
+  auto c = calibrate_graph(std::move(g), args);
+  g = insert_qdq(*c, args);
 }
 
 // Returns the exit code: 0 done, 1 error (an ondine::Error propagates to main), 2 command-line mistake.
