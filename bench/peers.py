@@ -16,7 +16,8 @@ matmul GFLOP/s that oneDNN reaches at the same thread count (ondine_peak). Witho
 skipped.
 With --no-passes-column, Ondine also runs with its pass pipeline off (--passes none) in the same rounds.
 With --int8, the QDQ int8 models of bench/check_qdq_vs_ort.sh (out/qdq/<model>/<model>.qdq.onnx: Ondine's own
-export) get rows too ("resnet50-int8"), and BERT and gru_pt their dynamically quantized forms (out/qdq/M/M.dynamic.onnx,
+export) get rows too ("resnet50-int8", Ondine with --precision int8: on a CPU without VNNI its 8-bit weights
+requantized to 7 bits, as ONNX Runtime runs them with saturating u8 x s8 pairs there), and BERT and gru_pt their dynamically quantized forms (out/qdq/M/M.dynamic.onnx,
 written here by `ondine compile --passes quantize-dynamic` when missing): Ondine and ONNX Runtime run the very
 same model; their % of peak is
 against oneDNN's u8 x s8 matmul GOP/s (ondine_peak --int8), and a line per batch gives int8 against ONNX
@@ -131,6 +132,8 @@ class Ondine:
         extra = ["--passes", self.passes] if self.passes is not None else []
         if model.endswith("-bf16"):
             extra += ["--precision", "bf16"]
+        if model.endswith("-int8"):  # int8 wherever the CPU can (without VNNI: 7-bit weights, said by Ondine)
+            extra += ["--precision", "int8"]
         if INPUTS[model.split("-")[0]][1] in ("detector", "gated", "roi"):
             # The detections (the work after NMS), the branch taken, or the proposals depend on the inputs: Ondine runs
             # on the same .npy as ONNX Runtime (`ondine run`: the median of --runs runs; the first one, which

@@ -414,6 +414,19 @@ struct Engine {
   std::function<std::string(const std::map<std::string, Tensor>&, int runs)> profile;
 };
 
+// Whether a QDQ weight (an int8 constant read by a DequantizeLinear) exceeds 64 in magnitude.
+bool has_8bit_weights(const Graph& g) {
+  for (const Node* n : g.nodes()) {
+    if (n->op_type() != "DequantizeLinear" || !n->input(0) || !n->input(0)->is_constant() ||
+        n->input(0)->dtype() != DType::Int8)
+      continue;
+    const Tensor& t = n->input(0)->constant();
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      if (std::abs(int{t.data<std::int8_t>()[i]}) > 64) return true;
+  }
+  return false;
+}
+
 // What --precision int8 ran: the int8 steps oneDNN got, and where the model's quantized layers stay float
 // (an fp32 island: 8-bit weights without VNNI, an op without an int8 kernel), so int8 is never claimed where
 // it did not happen.
@@ -425,6 +438,9 @@ std::string int8_precision_line(const Graph& g, const CompiledModel& model) {
   if (!plan.islands.empty())
     line += "; " + std::to_string(plan.islands.size()) + " fp32 island" + (plan.islands.size() == 1 ? "" : "s") +
             " where the model is quantized (`ondine inspect MODEL --compiled` says why)";
+  const lower::IsaInfo here = lower::effective_isa();
+  if (!here.int8_vnni && has_8bit_weights(g))
+    line += "; 8-bit weights requantized to 7 bits for " + here.name + " (no VNNI: its int8 kernels saturate past 64)";
   return line;
 }
 
@@ -470,6 +486,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.precision = g_precision;
   opts.keep_fp32 = g_keep_fp32;
   opts.conv_layout = g_conv_layout;
+  opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   // Shared: a staged model compiles its later stages at run time with a copy of these options.
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
   opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
@@ -566,6 +583,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   opts.precision = g_precision;
   opts.keep_fp32 = g_keep_fp32;
   opts.conv_layout = g_conv_layout;
+  opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   std::string precision_line;
   opts.log = [&precision_line](const std::string& line) {
     if (line.rfind("precision: ", 0) == 0) precision_line = line;
@@ -1130,7 +1148,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     return compile_variants(path, args, targets);
   }
   const lower::IsaInfo target = targets.empty() ? here : targets[0];
-  if (to_artifact) lower::set_isa_pass_options(pm, target);
+  if (to_artifact) lower::set_isa_pass_options(pm, target, g_int8);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   quantize_for_int8(g, path, target);

@@ -575,6 +575,34 @@ TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights and s8 sources s
       pm.run(g);
       bool int8_here = max_w <= 64 && t == DType::UInt8;
       CHECK(count(g, "ondine.QConv") == (int8_here ? 1u : 0u));
+      // fuse-qdq.halve-weights (what the compiler sets without VNNI): 8-bit weights requantized to 7 bits
+      // (new constants, |w| <= 64) and fused; s8 sources still stay float.
+      Graph h = b.g.clone();
+      PassManager halving = make_pass_manager();
+      halving.context().options["fuse-qdq.max-abs-weight"] = "64";
+      halving.context().options["fuse-qdq.u8-only"] = "1";
+      halving.context().options["fuse-qdq.halve-weights"] = "1";
+      halving.run(h);
+      CHECK(count(h, "ondine.QConv") == (t == DType::UInt8 ? 1u : 0u));
+      for (Node* n : h.nodes())
+        if (n->op_type() == "QConv" && n->input(1) && n->input(1)->is_constant()) {
+          const Tensor& hw = n->input(1)->constant();
+          int worst = 0;
+          for (std::int64_t i = 0; i < hw.numel(); ++i) worst = std::max(worst, std::abs(int{hw.data<std::int8_t>()[i]}));
+          CHECK(worst == (max_w > 64 ? (max_w + 1) / 2 : max_w));  // 127 -> 63.5 -> 64 (half to even)
+        }
+      CHECK(b.g.find_value("w")->constant().data<std::int8_t>()[5] == max_w);  // the file's weights unchanged
+      if (!lower::effective_isa().int8_vnni && t == DType::UInt8) {
+        // CompileOptions::int8_7bit_weights (--precision int8) on this CPU: int8, within 10% of the file's numbers
+        lower::CompileOptions o;
+        o.int8_7bit_weights = true;
+        CompiledModel m = lower::compile(b.g, o);
+        auto in = random_input({1, 16, 9, 9}, 9);
+        Tensor want = ReferenceExecutor(b.g).run({{"x", in}}).begin()->second;
+        Tensor got = m.run({{"x", in}}).begin()->second;
+        CHECK(lower::int8_plan(m).islands.empty());
+        CHECK(test::relative_error(got, want) <= 0.1);
+      }
       CHECK(count(optimized(b.g), "ondine.QConv") == 1);  // without the limits: always
       PassManager bad = make_pass_manager();
       bad.context().options["fuse-qdq.max-abs-weight"] = "64x";

@@ -16,8 +16,9 @@ namespace ondine {
 struct PipelineHook {
   using Log = std::function<void(const std::string&)>;
   // Runs `pipeline` on `g`; `limit_int8`: the CPU has no VNNI, so fuse-qdq keeps 8-bit-weight int8 layers in
-  // float (passes/fuse_qdq.hpp); logs what the passes did through `log` (may be empty).
-  void (*run)(Graph& g, const std::string& pipeline, bool limit_int8, const Log& log) = nullptr;
+  // float (passes/fuse_qdq.hpp), or with `halve_weights` requantizes those weights to 7 bits; logs what
+  // the passes did through `log` (may be empty).
+  void (*run)(Graph& g, const std::string& pipeline, bool limit_int8, bool halve_weights, const Log& log) = nullptr;
 };
 
 inline PipelineHook& pipeline_hook() {

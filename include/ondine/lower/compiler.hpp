@@ -271,7 +271,7 @@ inline bool no_pipeline(const std::string& pipeline) { return pipeline.empty() |
 
 inline void resolve_static_shapes(Graph& g, const CompileOptions& options) {
   if (all_shapes_static(g) || !pipeline_hook().run) return;  // without passes: compiled in stages instead
-  pipeline_hook().run(g, "fold-constants*,dce", false, nullptr);
+  pipeline_hook().run(g, "fold-constants*,dce", false, false, nullptr);
   infer_shapes(g);
   if (options.log) options.log("shapes: folded the values that shapes depend on (fold-constants*, dce)");
 }
@@ -345,7 +345,7 @@ inline void run_passes(Graph& g, const CompileOptions& options) {
     throw Error("compile: the pass pipeline '" + options.passes + "' needs the pass layer (include "
                 "ondine/lower/lower.hpp in a translation unit of the program); ondine/runtime.hpp compiles graphs whose passes "
                 "already ran (artifacts), with CompileOptions::passes = \"none\"");
-  pipeline_hook().run(g, options.passes, !effective_isa().int8_vnni, options.log);
+  pipeline_hook().run(g, options.passes, !effective_isa().int8_vnni, options.int8_7bit_weights, options.log);
   infer_shapes(g);
   check_ops(g);  // a user pass may have created an op nothing runs
   check_node_shapes(g);

@@ -27,12 +27,13 @@ inline const bool pass_layer_registered =
 }  // namespace detail
 
 // The pass options the target ISA (by default this CPU's) needs (true when it set some): without VNNI,
-// fuse-qdq leaves int8 layers with 8-bit weights in float. compile() sets them itself; whoever runs a
+// fuse-qdq leaves int8 layers with 8-bit weights in float (or, `int8_7bit_weights`, requantizes them). compile() sets them itself; whoever runs a
 // pipeline for a compiled model outside compile() (`ondine compile -o MODEL.ondine --target ...`) sets
 // them with this.
-inline bool set_isa_pass_options(PassManager& pm, const IsaInfo& target = effective_isa()) {
+inline bool set_isa_pass_options(PassManager& pm, const IsaInfo& target = effective_isa(),
+                                 bool int8_7bit_weights = false) {
   if (target.int8_vnni) return false;
-  limit_int8_fusion(pm);
+  limit_int8_fusion(pm, int8_7bit_weights);
   return true;
 }
 

@@ -286,6 +286,8 @@ struct FuseQdq {
     bool changed = false;
     const int max_abs_weight = max_abs_weight_option(ctx);
     const bool u8_only = ctx.option("fuse-qdq.u8-only") == "1";
+    const bool halve = ctx.option("fuse-qdq.halve-weights") == "1";
+    std::size_t halved = 0;
     for (Node* n : g.topo_order()) {
       if (erased.count(n) || !n->domain().empty() || !int8_ops().count(n->op_type())) continue;
       std::vector<Node*> gone;
@@ -293,6 +295,10 @@ struct FuseQdq {
       const std::string& op = n->op_type();
       if (op == "Conv" || op == "MatMul" || op == "Gemm") {
         std::string why = beyond_limits(*n, max_abs_weight, u8_only);
+        if (!why.empty() && halve && beyond_limits(*n, 128, u8_only).empty() && halve_weights(g, *n, max_abs_weight)) {
+          ++halved;
+          why = beyond_limits(*n, max_abs_weight, u8_only);
+        }
         if (!why.empty()) {
           ctx.remark("'" + name + "' stays float: " + why);
           continue;
@@ -310,6 +316,11 @@ struct FuseQdq {
       changed = true;
       ctx.rewrite("'" + name + "': " + what);
     }
+    if (halved)
+      ctx.remark(std::to_string(halved) + " layer(s) with 8-bit weights requantized to 7 bits (w/2 rounded to even, "
+                 "scales doubled: up to half an 8-bit step more error per weight), as this CPU's int8 kernels "
+                 "(no VNNI) saturate past " + std::to_string(max_abs_weight) + "; fuse-qdq.halve-weights=0 keeps them "
+                 "float instead");
     if (changed) g.remove_dead_values();
     return changed;
   }
@@ -390,6 +401,39 @@ struct FuseQdq {
                "saturate past " + std::to_string(max_abs_weight) + " (quantize with 7-bit weights to run it in int8 here)";
     }
     return "";
+  }
+
+  // fuse-qdq.halve-weights: the weights of `n` (int8 constants, zero point 0, through a DequantizeLinear)
+  // requantized to fit `limit`: w' = w/2 rounded half to even, its scale doubled (new constants: the file's
+  // stay as they are). False when they are not such weights.
+  static bool halve_weights(Graph& g, Node& n, int limit) {
+    Node* dq = n.input(1) ? n.input(1)->producer() : nullptr;
+    if (!detail::qdq::is_op(dq, "DequantizeLinear") || dq->num_inputs() < 2 || !dq->input(0) ||
+        !dq->input(0)->is_constant() || dq->input(0)->dtype() != DType::Int8 || !dq->input(1) ||
+        !dq->input(1)->is_constant() || dq->input(1)->dtype() != DType::Float32 || dq->output(0)->uses().size() != 1)
+      return false;
+    if (dq->num_inputs() > 2 && dq->input(2)) {  // a zero point: 0 everywhere only
+      if (!dq->input(2)->is_constant()) return false;
+      const Tensor& zp = dq->input(2)->constant();
+      for (std::int64_t i = 0; i < zp.numel(); ++i)
+        if (zp.at_double(static_cast<std::size_t>(i)) != 0) return false;
+    }
+    const Tensor& w = dq->input(0)->constant();
+    Tensor half = Tensor::uninitialized(DType::Int8, w.dims());
+    const std::int8_t* src = w.data<std::int8_t>();
+    std::int8_t* dst = half.data<std::int8_t>();
+    for (std::int64_t i = 0; i < w.numel(); ++i) {
+      int v = src[i];
+      int h = v / 2;                              // towards zero
+      if (v % 2 != 0 && (h % 2 != 0)) h += v > 0 ? 1 : -1;  // .5 cases to the even neighbour
+      dst[i] = static_cast<std::int8_t>(std::clamp(h, -limit, limit));
+    }
+    Tensor scale = dq->input(1)->constant().clone();
+    float* sp = scale.data<float>();
+    for (std::int64_t i = 0; i < scale.numel(); ++i) sp[i] *= 2.0f;
+    dq->set_input(0, add_const(g, dq->input(0)->name() + ".7bit", std::move(half)));
+    dq->set_input(1, add_const(g, dq->input(1)->name() + ".7bit", std::move(scale)));
+    return true;
   }
 
   // Q(act*([Add(MatMul(dq(a), dqw(w)), b)])) and Q(act*(Gemm(dq(a), dqw(w), b))) -> QMatMul(a, w, b)

@@ -90,23 +90,27 @@ inline PassManager make_pass_manager(const std::string& pipeline = default_pipel
 }
 
 // The limits CPUs without VNNI need (passes/fuse_qdq.hpp: their int8 kernels saturate past 7-bit weights,
-// so fuse-qdq leaves such layers and s8 activations in float).
-inline void limit_int8_fusion(PassManager& pm) {
+// so fuse-qdq leaves layers with 8-bit weights, or reading s8 activations, in float; with `halve_weights`
+// it requantizes 8-bit weights to 7 bits instead, CompileOptions::int8_7bit_weights).
+inline void limit_int8_fusion(PassManager& pm, bool halve_weights = false) {
   pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
   pm.context().options.emplace("fuse-qdq.u8-only", "1");
+  if (halve_weights) pm.context().options.emplace("fuse-qdq.halve-weights", "1");
 }
 
 namespace detail {
 // The runner the compiler calls for CompileOptions::passes (ir/pipeline_hook.hpp), registered by this header.
-inline void run_pipeline_for_compiler(Graph& g, const std::string& pipeline, bool limit_int8,
+inline void run_pipeline_for_compiler(Graph& g, const std::string& pipeline, bool limit_int8, bool halve_weights,
                                       const PipelineHook::Log& log) {
   PassManager pm = make_pass_manager(pipeline);
   if (pm.size() == 0) return;
   if (limit_int8) {
-    limit_int8_fusion(pm);
+    limit_int8_fusion(pm, halve_weights);
     if (log)
-      log("int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 "
-          "activations stay float");
+      log(halve_weights ? "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm int8 weights beyond +-64 requantized to 7 "
+                          "bits (w/2 rounded to even, scales doubled); layers reading s8 activations stay float"
+                        : "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 "
+                          "activations stay float");
   }
   pm.run(g);
   if (log) {
