@@ -243,6 +243,29 @@ TEST_CASE("remove-identity leaves nodes that do change their input", "[passes][r
   CHECK(total_nodes(g) == nodes);
 }
 
+TEST_CASE("Dropout in training mode with a constant ratio 0 is the identity (torchvision Swin's export); "
+          "a ratio above 0 is refused",
+          "[passes][remove-identity]") {
+  for (float ratio : {0.0f, 0.25f}) {
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{2, 4});
+    Node* d = g.add_node("Dropout", {x, g.add_constant("ratio", Tensor::scalar<float>(ratio)),
+                                     g.add_constant("training", Tensor::scalar<bool>(true))},
+                         {"y"}, {}, "attn_dropout");
+    g.add_output(g.add_op("Relu", {d->output(0)}));
+    if (ratio == 0.0f) {
+      CHECK(dropout_is_identity(*d));
+      infer_shapes(g);
+      CHECK(run_pass<RemoveIdentity>(g));
+      CHECK(total_nodes(g) == 1);  // the Relu
+    } else {
+      CHECK_FALSE(dropout_is_identity(*d));
+      CHECK_THROWS_WITH(infer_shapes(g), Catch::Contains("attn_dropout") &&
+                                             Catch::Contains("training_mode is true with a ratio that is not a constant 0"));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // fold-constants
 // ---------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "ondine/ir/dropout.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/passes/pass.hpp"
 #include "ondine/passes/rewrite.hpp"
@@ -57,10 +58,7 @@ inline bool is_nondeterministic(const Node& n) {
                                                 "RandomUniformLike", "Multinomial", "Bernoulli"};
   if (random_ops.count(n.op_type())) return true;
   // Dropout drops at random in training mode (opset 12+: a training_mode input that is true).
-  if (n.op_type() == "Dropout" && n.opset() >= 12 && n.input(2)) {
-    const Value* t = n.input(2);
-    return !t->is_constant() || t->constant().numel() != 1 || t->constant().at_double(0) != 0;
-  }
+  if (n.op_type() == "Dropout") return !dropout_is_identity(n);
   return false;
 }
 

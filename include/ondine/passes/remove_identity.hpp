@@ -17,19 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "ondine/ir/dropout.hpp"
 #include "ondine/passes/pass.hpp"
 #include "ondine/passes/rewrite.hpp"
 
 namespace ondine {
 
 namespace detail::remove_identity {
-
-// True when `t` is an omitted input or a constant whose value is false (zero).
-inline bool absent_or_false(const Value* t) {
-  if (!t) return true;
-  if (!t->is_constant() || t->constant().numel() != 1) return false;
-  return t->constant().at_double(0) == 0;
-}
 
 inline bool unread(const Value* v) { return !v || (!v->has_uses() && !v->is_graph_output()); }
 
@@ -46,7 +40,7 @@ inline Value* passed_through(const Node& n) {
     // Dropout(x) = x in inference mode; the mask (output 1) would still need computing.
     for (std::size_t i = 1; i < n.num_outputs(); ++i)
       if (!unread(n.output(i))) return nullptr;
-    if (n.opset() >= 12 && !absent_or_false(n.input(2))) return nullptr;
+    if (!dropout_is_identity(n)) return nullptr;
     return x;
   }
   if (op == "Cast") return same_type && x->shape() == y->shape() ? x : nullptr;  // Cast to its own dtype

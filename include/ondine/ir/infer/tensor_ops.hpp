@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "ondine/ir/dropout.hpp"
 #include "ondine/ir/infer/common.hpp"
 #include "ondine/ir/infer/math.hpp"
 
@@ -871,8 +872,9 @@ inline void infer_dropout(Node& n) {
   if (opset_of(n) >= 12) {
     if (const Tensor* t = constant_input(n, 2)) {
       if (t->numel() != 1) throw n.error("training_mode must be a scalar");
-      if (t->at_double(0) != 0)
-        throw n.error("training_mode is true: Ondine runs inference only (export the model in eval mode)");
+      if (t->at_double(0) != 0 && !dropout_is_identity(n))
+        throw n.error("training_mode is true with a ratio that is not a constant 0: Ondine runs inference only "
+                      "(export the model in eval mode)");
     }
     if (const Tensor* r = constant_input(n, 1); r && r->numel() != 1) throw n.error("ratio must be a scalar");
   }

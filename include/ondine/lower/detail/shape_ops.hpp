@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ondine/ir/dropout.hpp"
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
@@ -306,11 +307,7 @@ inline bool lower_identity(Lowering& L, const Node& n) {
   if (!x || !y || !x->shape().is_static() || x->shape() != y->shape() || x->dtype() != y->dtype()) return false;
   if (n.op_type() == "Dropout") {  // inference: identity, unless the mask is wanted or training is on
     if (n.output(1) && (n.output(1)->has_uses() || n.output(1)->is_graph_output())) return false;
-    if (n.input(2)) {
-      const Value* t = n.input(2);
-      if (!t->is_constant() || t->constant().numel() != 1 || t->constant().at_double(0) != 0) return false;
-    }
-    if (n.attr_int("training_mode", 0) != 0) return false;
+    if (!dropout_is_identity(n)) return false;
   } else if (n.num_outputs() != 1) {
     return false;
   }
