@@ -310,9 +310,11 @@ def test_quantize_from_an_iterable(tmp_path, images):
     fp32 = ondine.compile(MNIST).run({"input": images})["logits"]
     int8 = q.run({"input": images})["logits"]
     assert (int8.argmax(1) == fp32.argmax(1)).mean() >= 0.95
-    # precision='int8' names it: the quantized model as it runs anyway; a float model is refused
+    # precision='int8' names it: its int8 layers in int8 (on a CPU without VNNI with 7-bit weights, so the numbers
+    # may differ from the default compile's, which keeps such layers float there); a float model is refused
     named = ondine.compile(out, precision="int8")
-    assert named.precision == "int8" and np.array_equal(named.run({"input": images})["logits"], int8)
+    assert named.precision == "int8"
+    assert (named.run({"input": images})["logits"].argmax(1) == fp32.argmax(1)).mean() >= 0.95
     with pytest.raises(ondine.Error, match=r"precision='int8': the model has no quantized layers.*ondine\.quantize"):
         ondine.compile(MNIST, precision="int8")
     # one-input models take bare arrays; max_error keeps layers fp32 until the bound holds
