@@ -72,6 +72,11 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    "deltas" [rois,20]: 4 Conv to 32 channels at stride 16, torchvision.ops.RoIAlign (7x7, ratio 2,
                    aligned), Flatten, two Linear + ReLU, class softmax and box deltas. Cases 64x64 with 20
                    proposals, batch 2 of 96x128 with 33 (bench copy roihead_pt: resnet18 to layer3, 800x800, 300).
+  fpn_box_head     opset 13  "image" f32 [1,3,height,width], "proposals" f32 [rois,4] -> "scores" [rois,5], "deltas"
+                   [rois,20]: convs to two levels (strides 4, 8; 16 channels), torchvision.ops.MultiScaleRoIAlign
+                   (LevelMapper, NonZero per level, RoiAlign, levels merged by ScatterElements of an expanded
+                   index), box head. Cases 160x192 with 24 proposals on both levels, 128x128 with 11 small ones
+                   (the stride-8 level gets none: an empty tensor at run time).
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -995,6 +1000,59 @@ def torch_roi_box_head(rng, bench=False):
     return spec
 
 
+def torch_fpn_box_head(rng, bench=False):
+    import torch
+    import torchvision
+    from torch import nn
+
+    # Faster R-CNN's second stage over a feature pyramid, as torchvision exports it: two levels (strides 4
+    # and 8), torchvision.ops.MultiScaleRoIAlign (7x7, ratio 2) mapping each proposal to a level by its size
+    # (LevelMapper: floor(4 + log2(sqrt(area) / 224)), clamped: under 112 pixels level 2, else 3), NonZero per
+    # level, RoiAlign there, and the levels merged back in proposal order (a ScatterElements along axis 0
+    # of an expanded index); then a box head as roi_box_head's. Proposals [K, 4] (x1, y1, x2, y2) of one
+    # image, K dynamic. Case 0 maps proposals to both levels; case 1 has only small ones, so at run time
+    # the stride-8 level gets no proposal (an empty tensor through a later stage).
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c2 = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, 2, 1))
+            self.c3 = nn.Sequential(nn.ReLU(), nn.Conv2d(16, 16, 3, 2, 1))
+            self.pool = torchvision.ops.MultiScaleRoIAlign(["p2", "p3"], output_size=7, sampling_ratio=2)
+            self.fc = nn.Sequential(nn.Flatten(), nn.Linear(16 * 49, 64), nn.ReLU())
+            self.scores = nn.Linear(64, 5)
+            self.deltas = nn.Linear(64, 20)
+
+        def forward(self, image, proposals):
+            p2 = self.c2(image)
+            p3 = self.c3(p2)
+            x = self.pool({"p2": p2, "p3": p3}, [proposals], [(image.shape[-2], image.shape[-1])])
+            x = self.fc(x)
+            return self.scores(x).softmax(-1), self.deltas(x)
+
+    module = Head()
+    spread_init(module, (nn.Conv2d,))
+
+    def proposals(count, height, width, smallest, largest):
+        size = rng.uniform(smallest, largest, size=(count, 2))
+        x1 = rng.uniform(0, width - size[:, 0])
+        y1 = rng.uniform(0, height - size[:, 1])
+        return np.stack([x1, y1, x1 + size[:, 0], y1 + size[:, 1]], axis=1).astype(np.float32)
+
+    cases = [{"image": rng.random((1, 3, 160, 192), dtype=np.float32), "proposals": proposals(24, 160, 192, 16, 150)},
+             {"image": rng.random((1, 3, 128, 128), dtype=np.float32), "proposals": proposals(11, 128, 128, 8, 90)}]
+    # Opset 13: torchvision 0.14 exports roi_align(aligned=False) (MultiScaleRoIAlign's) without a
+    # coordinate_transformation_mode, which from RoiAlign-16 on defaults to half_pixel, i.e. aligned=True:
+    # at opset 16 the file disagrees with PyTorch (ONNX Runtime and Ondine agree with each other). RoiAlign-10
+    # has only PyTorch's aligned=False behaviour.
+    spec = TorchSpec(module, 13, ["image", "proposals"], ["scores", "deltas"],
+                     {"image": {2: "height", 3: "width"}, "proposals": {0: "rois"}, "scores": {0: "rois"},
+                      "deltas": {0: "rois"}}, cases,
+                     "Faster R-CNN-like FPN box head: 3 convs to levels p2, p3 (16 channels), "
+                     "torchvision.ops.MultiScaleRoIAlign 7x7 over [K, 4] proposals, two-Linear box head")
+    spec.peak_range = (0.1, 1000.0)
+    return spec
+
+
 def torch_vision_net(arch, rng, bench=False):
     """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
     (efficientnet_b0, mobilenet_v2, convnext_tiny: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
@@ -1052,6 +1110,7 @@ TORCH_MODELS = {
     "gated_encoder": torch_gated_encoder,
     "text_detector": torch_text_detector,
     "roi_box_head": torch_roi_box_head,
+    "fpn_box_head": torch_fpn_box_head,
 }
 
 

@@ -3,7 +3,7 @@
 
 Usage (Debian's Python with python3-torch and python3-torchvision; needs a build with the `ondine` tool):
     /usr/bin/python3 scripts/sweep_torchvision.py [--which resnet18,swin_t,...] [--opset 16] [--out out/sweep]
-        [--build build] [--tolerance 1e-3] [--timeout 900]
+        [--build build] [--tolerance 1e-3] [--timeout 900] [--peers RUNS]
 
 Each model is built with random weights (torch.manual_seed per model; nothing is downloaded), put in eval
 mode and exported as users export it: torch.onnx.export with input/output names and a dynamic batch axis
@@ -12,7 +12,11 @@ mode and exported as users export it: torch.onnx.export with input/output names 
 output with PyTorch's: max |ondine - torch| / max |torch| against --tolerance. One line per model: export
 failed (a PyTorch limitation, not Ondine's), compile/run failed (the first error line: an Ondine bug or a
 missing op), wrong numbers, or ok with the error and the run time. Detector outputs whose length depends on
-the data (boxes after NMS) are compared only when their shapes agree.
+the data (boxes after NMS) are compared only when their shapes agree; detectors are built without a score
+threshold, so that random weights still detect (the best boxes after NMS, up to detections_per_img).
+With --peers RUNS, each file is also timed on ONNX Runtime and on Ondine (one after the other, 2 threads)
+and the line ends with the ratio of the medians: a quick screen for slow paths, not bench/peers.py's
+interleaved rounds.
 """
 
 import argparse
@@ -63,6 +67,16 @@ MODELS = {
 }
 
 
+SCORE_THRESHOLD = {
+    "fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0},
+    "maskrcnn_resnet50_fpn": {"box_score_thresh": 0.0},
+    "keypointrcnn_resnet50_fpn": {"box_score_thresh": 0.0},
+    "retinanet_resnet50_fpn": {"score_thresh": 0.0},
+    "fcos_resnet50_fpn": {"score_thresh": 0.0},
+    "ssd300_vgg16": {"score_thresh": 0.0},
+}
+
+
 class Wrap:
     """Outputs as a flat tuple of tensors (segmenters return a dict, detectors a list of dicts)."""
 
@@ -93,6 +107,10 @@ def export(torch, tv, name, shape, kind, opset, path):
         kwargs.update(aux_logits=False, init_weights=True)
     if kind == "detect":
         kwargs.update(weights_backbone=None)
+        # Random weights score every box low: with the default thresholds (0.05, 0.2 for FCOS and
+        # RetinaNet) nothing survives and the outputs are empty. No score threshold keeps the best
+        # detections_per_img boxes after NMS, so the boxes, scores and labels are really compared.
+        kwargs.update(SCORE_THRESHOLD.get(name, {}))
     model = tv.models.get_model(name, **kwargs).eval()
     wrap = Wrap(torch, model, kind).module
     rng = np.random.default_rng(0)
@@ -108,6 +126,12 @@ def export(torch, tv, name, shape, kind, opset, path):
     ys = [ys] if isinstance(ys, torch.Tensor) else list(ys)
     out_names = [f"y{i}" for i in range(len(ys))]
     dynamic = None if kind == "detect" else {n: {0: "batch"} for n in names + out_names}
+    if kind == "detect":
+        # torchvision 0.14 exports MultiScaleRoIAlign's roi_align(aligned=False) without a
+        # coordinate_transformation_mode, which RoiAlign-16 reads as half_pixel (aligned=True): at opset 16
+        # the file is not the PyTorch model (ONNX Runtime agrees with Ondine, not with PyTorch). torchvision
+        # documents its detectors' export at opset 11.
+        opset = min(opset, 11)
     torch.onnx.export(wrap, tuple(torch.from_numpy(x) for x in xs), path, input_names=names, output_names=out_names,
                       dynamic_axes=dynamic, opset_version=opset)
     return dict(zip(names, xs)), dict(zip(out_names, [y.numpy() for y in ys]))
@@ -121,6 +145,9 @@ def main():
     p.add_argument("--build", default=os.path.join(REPO, "build"))
     p.add_argument("--tolerance", type=float, default=1e-3)
     p.add_argument("--timeout", type=int, default=900, help="seconds per ondine run")
+    p.add_argument("--peers", type=int, default=0, metavar="RUNS",
+                   help="also time ONNX Runtime (bench/ort_run.mjs) and Ondine on the file, RUNS runs each, 2 threads, "
+                        "one engine at a time, and print ORT median / Ondine median (needs bench/node_modules)")
     a = p.parse_args()
     import torch
     import torchvision as tv
@@ -174,8 +201,30 @@ def main():
         status = "ok" if worst <= a.tolerance and not notes else "WRONG"
         bench = [ln for ln in done.stdout.splitlines() if ln.startswith("benchmark:")]
         median = bench[0].split("median=")[1].split()[0] if bench else "?"
+        peers = ""
+        if a.peers:
+            peers = "; " + time_peers(ondine, path, inputs, d, a.peers, a.timeout)
         print(f"{name:40s} {status}: max err {worst:.2e} of max|torch|{'; ' + ', '.join(notes) if notes else ''} "
-              f"(export {export_s:.0f} s, ondine run {run_s:.1f} s, median {median} ms)", flush=True)
+              f"(export {export_s:.0f} s, ondine run {run_s:.1f} s, median {median} ms{peers})", flush=True)
+
+
+def time_peers(ondine, path, inputs, d, runs, timeout):
+    """Ondine's and ONNX Runtime's median latency on the file (2 threads each, one after the other)."""
+    feeds = []
+    for n in inputs:
+        feeds += ["--input", f"{n}={os.path.join(d, n + '.npy')}"]
+    try:
+        done = subprocess.run([ondine, "run", path, "--threads", "2", "--runs", str(runs)] + feeds,
+                              capture_output=True, text=True, timeout=timeout)
+        line = [ln for ln in done.stdout.splitlines() if ln.startswith("benchmark:")]
+        ours = float(line[0].split("median=")[1].split()[0])
+        done = subprocess.run(["node", os.path.join(REPO, "bench", "ort_run.mjs"), path, "--threads", "2",
+                               "--iterations", str(runs), "--warmup", "3", "--output-dir", os.path.join(d, "ort")] + feeds,
+                              capture_output=True, text=True, timeout=timeout)
+        theirs = float(done.stdout.split('"median_ms":')[1].split(",")[0])
+    except (subprocess.TimeoutExpired, IndexError, ValueError) as e:
+        return f"peers: timing failed ({type(e).__name__})"
+    return f"ORT {theirs:.1f} ms, Ondine {ours:.1f} ms: {theirs / ours:.2f}x
 
 
 if __name__ == "__main__":

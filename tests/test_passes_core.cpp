@@ -1,4 +1,4 @@
-// The core passes: dce, remove-identity, fold-constants, fold-bn, deconv-as-conv. For each: the structure after the
+// The core passes: dce, remove-identity, fold-constants, fold-bn, deconv-as-conv, scatter-rows. For each: the structure after the
 // pass (op counts), the numbers (the reference executor gives the same outputs before and after on
 // seeded random inputs, within a stated tolerance), and the cases where the rewrite must not fire.
 #include <catch2/catch.hpp>
@@ -15,6 +15,7 @@
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/pass_manager.hpp"
 #include "ondine/passes/remove_identity.hpp"
+#include "ondine/passes/scatter_rows.hpp"
 #include "ondine/ir/stats.hpp"
 #include "ondine/reference/executor.hpp"
 
@@ -713,6 +714,96 @@ TEST_CASE("deconv-as-conv must not fire on overlapping, padded, grouped or runti
   g.add_output(add_deconv(g, x, constant(g, "w", {4, 2, 2, 2, 2}, 1), nullptr, "up", {{"strides", Dims{2, 2, 2}}})->output(0));
   infer_shapes(g);
   CHECK_FALSE(run_pass<DeconvAsConv>(g));
+}
+
+// scatter-rows: ScatterElements(data, Expand(column [K, 1, 1], shape), updates, axis 0) as ScatterND of rows
+// (torchvision's MultiScaleRoIAlign merge; the exported model is tested in test_shape_values.cpp).
+struct ScatterCase {
+  Dims data{6, 3, 2}, column{4, 1, 1}, updates{4, 3, 2};
+  std::int64_t axis = 0;
+  std::string reduction = "none";
+  bool expanded = true;  // the indices an Expand of the column (else a graph input of the updates' shape)
+};
+
+Graph scatter_graph(const ScatterCase& c) {
+  Graph g;
+  Value* data = g.add_input("data", DType::Float32, Shape::from(c.data));
+  Value* updates = g.add_input("updates", DType::Float32, Shape::from(c.updates));
+  Value* indices;
+  if (c.expanded) {
+    // Rows 5, 0, -3 (row 3) and 1: a negative index counts from the end.
+    std::vector<std::int64_t> rows{5, 0, -3, 1, 2, 4};
+    std::int64_t count = 1;
+    for (std::int64_t d : c.column) count *= d;
+    rows.resize(static_cast<std::size_t>(count));
+    for (std::int64_t& r : rows) r %= c.data[static_cast<std::size_t>(c.axis)];
+    Value* column = g.add_constant("column", Tensor::from_vector<std::int64_t>(c.column, rows));
+    Value* shape = g.add_constant("shape", Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(c.updates.size())}, c.updates));
+    indices = g.add_op("Expand", {column, shape}, {}, "expand");
+  } else {
+    indices = g.add_input("indices", DType::Int64, Shape::from(c.updates));
+  }
+  std::map<std::string, Attribute> attrs{{"axis", c.axis}};
+  if (c.reduction != "none") attrs["reduction"] = c.reduction;
+  Node* scatter = g.add_node("ScatterElements", {data, indices, updates}, {"merged"}, std::move(attrs), "merge");
+  scatter->set_opset(18);
+  g.add_output(scatter->output(0));
+  infer_shapes(g);
+  return g;
+}
+
+TEST_CASE("scatter-rows writes a row-repeated ScatterElements as ScatterND of whole rows", "[passes][scatter-rows]") {
+  Graph g = scatter_graph({});
+  Graph before = g.clone();
+  PassContext ctx;
+  CHECK(run_pass<ScatterRows>(g, &ctx));
+  CHECK(ctx.rewrites() == 1);
+  CHECK(g.op_histogram() == std::map<std::string, std::size_t>{{"Reshape", 1}, {"ScatterND", 1}});
+  CHECK(g.find_value("merged")->is_graph_output());  // the output keeps its name
+  check_same_outputs(before, g, 0.0);  // copies: exact
+  CHECK_FALSE(run_pass<ScatterRows>(g));
+}
+
+TEST_CASE("scatter-rows must not fire on another axis, a reduction, indices varying in a row, narrow rows",
+          "[passes][scatter-rows][must-not-fire]") {
+  std::vector<std::pair<const char*, ScatterCase>> cases;
+  ScatterCase c;
+  c.axis = 1;
+  c.column = {1, 3, 1};
+  c.updates = {6, 3, 2};
+  cases.emplace_back("axis 1", c);
+  c = ScatterCase{};
+  c.reduction = "add";
+  cases.emplace_back("reduction add", c);
+  c = ScatterCase{};
+  c.expanded = false;
+  cases.emplace_back("indices not an Expand", c);
+  c = ScatterCase{};
+  c.column = {4, 3, 1};
+  cases.emplace_back("a column varying along dim 1", c);
+  c = ScatterCase{};
+  c.updates = {4, 2, 2};
+  c.column = {4, 1, 1};
+  cases.emplace_back("rows narrower than data's", c);
+  for (auto& [what, sc] : cases) {
+    INFO(what);
+    if (std::string(what) == "a column varying along dim 1") {
+      // Expand of [4, 3, 1] to [4, 3, 2]: an index per (row, column), not one per row.
+      Graph g;
+      Value* data = g.add_input("data", DType::Float32, Shape{6, 3, 2});
+      Value* updates = g.add_input("updates", DType::Float32, Shape{4, 3, 2});
+      Value* column = g.add_constant("column", Tensor::from_vector<std::int64_t>({4, 3, 1}, std::vector<std::int64_t>(12, 1)));
+      Value* shape = g.add_constant("shape", Tensor::from_vector<std::int64_t>({3}, {4, 3, 2}));
+      Value* indices = g.add_op("Expand", {column, shape}, {}, "expand");
+      g.add_output(g.add_node("ScatterElements", {data, indices, updates}, {"merged"}, {}, "merge")->output(0));
+      infer_shapes(g);
+      CHECK_FALSE(run_pass<ScatterRows>(g));
+      continue;
+    }
+    Graph g = scatter_graph(sc);
+    CHECK_FALSE(run_pass<ScatterRows>(g));
+    CHECK(g.count_ops("ScatterElements") == 1);
+  }
 }
 
 }  // namespace test_passes_core

@@ -345,8 +345,129 @@ TEST_CASE("a shape that depends on data compiles in stages, the rest once per sh
       CHECK((t.nbytes() == 0 || std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()) == 0));  // empty: no data pointer
     }
   }
-  // Counts of 4, 1 and 6 nonzeros compiled a shape each; none at all ran on the reference kernels.
-  CHECK(m.to_text().find("3 compiled so far") != std::string::npos);
+  // Counts of 4, 1, 6 and 0 nonzeros compiled a shape each (the empty one: its nodes without elements on
+  // their reference kernels).
+  CHECK(m.to_text().find("4 compiled so far") != std::string::npos);
+
+  // A profile covers the later stages: NonZero on its reference kernel (a slow path, named), the rest's
+  // steps compiled per shape; what is left outside every step is the binding and the copies.
+  ExecContext ctx = m.make_context();
+  ctx.profile = true;
+  std::map<std::string, Tensor> in{{"x", Tensor::from_vector<float>({2, 3}, {1, -1, 2, 0, 3, 4})}}, out;
+  for (int i = 0; i < 3; ++i) m.run(ctx, in, out);
+  const std::string profile = m.profile_text(ctx);
+  INFO(profile);
+  CHECK(profile.find("NonZero") != std::string::npos);
+  CHECK(profile.find("NonZero 'nz' reference (a later stage)") != std::string::npos);
+  CHECK(profile.find("Mul ") != std::string::npos);  // the rest's last step, compiled at run time
+  CHECK(ctx.later_stage_times().entries().size() >= 3);
+  ctx.reset_profile();
+  CHECK(ctx.later_stage_times().entries().empty());
+}
+
+TEST_CASE("an empty tensor is a shape: zero proposals compile, the work that has elements stays on oneDNN",
+          "[lower][symbolic][corpus]") {
+  // Faster R-CNN's box head over [K, 5] proposals: K = 0 happens (a pyramid level that no proposal maps
+  // to, an image without candidates). The backbone still has its whole image to compute; only the nodes
+  // without elements may leave oneDNN. (Before, any empty input of a later stage sent that whole stage
+  // to the reference executor: 2 s an image for torchvision's Faster R-CNN, whose box head ran on the
+  // reference GEMM whenever one level had no proposal.)
+  Graph g = ondine::onnx::load_model((corpus_dir("roi_box_head") / "model.onnx").string());
+  Case c = load_case("roi_box_head", 0);
+  c.inputs["proposals"] = Tensor(DType::Float32, {0, 5});
+  lower::CompileOptions options;
+  options.threads = 1;
+  lower::ShapeCache cache(g.clone(), options);
+  auto got = cache.run(c.inputs);
+  auto want = ReferenceExecutor(g).run(c.inputs);
+  for (auto& [name, t] : want) {
+    INFO(name);
+    REQUIRE(got.at(name).dims() == t.dims());
+    CHECK(t.numel() == 0);
+  }
+  Graph bound = g.clone();
+  bind_dims(bound, {{"batch", 1}, {"height", 64}, {"width", 64}, {"rois", 0}});
+  CompiledModel m = lower::compile(std::move(bound), options);
+  std::size_t convs = 0, reference_convs = 0, reference_steps = 0;
+  for (const runtime::StepInfo& s : m.steps()) {
+    const bool reference = s.implementation == "reference" || s.implementation.rfind("no elements", 0) == 0;
+    if (s.implementation == "no elements (reference kernel)") {
+      ++reference_steps;
+      CHECK(!s.slow_path());  // they cost nothing: no slow path in the reports
+    }
+    if (s.op.find("Conv") != std::string::npos) {
+      ++convs;
+      reference_convs += reference;
+    }
+  }
+  CHECK(convs >= 1);
+  CHECK(reference_convs == 0);  // must not fire: the image is not empty
+  CHECK(reference_steps >= 1);  // RoiAlign and the box head: no elements
+  auto run = m.run(c.inputs);
+  CHECK(run.at("scores").dims() == std::vector<std::int64_t>{0, 5});
+  CHECK(run.at("deltas").dims() == std::vector<std::int64_t>{0, 20});
+}
+
+TEST_CASE("FPN box head: pyramid levels merged by scatter-rows, an empty level compiled, equal to PyTorch",
+          "[lower][staged][corpus]") {
+  // torchvision's MultiScaleRoIAlign as exported: NonZero per level (the rest of the model is a later
+  // stage), RoiAlign there, the levels merged by ScatterElements over an expanded index, which
+  // scatter-rows makes a ScatterND of whole rows. Case 1 sends no proposal to the stride-8 level.
+  Graph g = ondine::onnx::load_model((corpus_dir("fpn_box_head") / "model.onnx").string());
+  std::vector<std::string> log;
+  lower::CompileOptions options;
+  options.threads = 1;
+  options.log = [&log](const std::string& line) { log.push_back(line); };
+  lower::ShapeCache cache(g.clone(), options);
+  ReferenceExecutor reference(g);
+  for (int k = 0; k < 2; ++k) {
+    INFO("case " << k);
+    Case c = load_case("fpn_box_head", k);
+    auto got = cache.run(c.inputs);
+    auto ref = reference.run(c.inputs);
+    for (auto& [name, expected] : c.outputs) {
+      INFO(name);
+      CHECK(rel_error(got.at(name), expected) < 1e-4);
+      CHECK(rel_error(ref.at(name), expected) < 1e-4);
+    }
+  }
+  // The pass summary of each compile: "scatter-rows <ms> <nodes> -> <nodes> <rewrites>".
+  std::size_t rewrites = 0;
+  for (const std::string& line : log)
+    if (line.rfind("scatter-rows ", 0) == 0) rewrites += std::stoul(line.substr(line.find_last_of(' ') + 1));
+  CHECK(rewrites >= 3);  // both levels' merges for case 0, the non-empty level's for case 1
+
+  // A profile of the compiled model names the merge as ScatterND and has no Expand of the indices left.
+  Graph bound = g.clone();
+  Case c = load_case("fpn_box_head", 0);
+  bind_dims(bound, {{"height", 160}, {"width", 192}, {"rois", 24}});
+  CompiledModel m = lower::compile(std::move(bound), lower::CompileOptions{});
+  ExecContext ctx = m.make_context();
+  ctx.profile = true;
+  std::map<std::string, Tensor> out;
+  m.run(ctx, c.inputs, out);
+  const std::string profile = m.profile_text(ctx);
+  INFO(profile);
+  CHECK(profile.find("\n  ScatterND ") != std::string::npos);  // a row of the table: op, implementation
+  CHECK(profile.find("\n  ScatterElements ") == std::string::npos);
+  CHECK(profile.find("\n  Expand ") == std::string::npos);
+  CHECK(rel_error(out.at("scores"), c.outputs.at("scores")) < 1e-4);
+}
+
+TEST_CASE("a batch of zero compiles and runs: empty outputs, no crash", "[lower][symbolic][corpus]") {
+  Graph g = ondine::onnx::load_model((corpus_dir("text_detector") / "model.onnx").string());
+  Case c = load_case("text_detector", 0);
+  std::vector<std::int64_t> dims = c.inputs.at("image").dims();
+  dims[0] = 0;
+  lower::ShapeCache cache(g.clone());
+  auto got = cache.run({{"image", Tensor(DType::Float32, dims)}});
+  auto want = ReferenceExecutor(g).run({{"image", Tensor(DType::Float32, dims)}});
+  REQUIRE(got.at("probability").dims() == want.at("probability").dims());
+  CHECK(got.at("probability").dims()[0] == 0);
+  CHECK_THROWS_WITH([&] {
+    Graph bad = g.clone();
+    bind_dims(bad, {{"batch", -1}});
+  }(), Catch::Contains("size >= 0"));
 }
 
 TEST_CASE("two inputs disagreeing on a dim: the error names both inputs and the dim", "[lower][symbolic]") {

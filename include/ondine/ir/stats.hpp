@@ -34,7 +34,8 @@ struct GraphStats {
 inline void bind_dims(Graph& g, const std::map<std::string, std::int64_t>& sizes) {
   std::map<std::string, bool> used;
   for (auto& [k, v] : sizes) {
-    if (v <= 0) throw Error("dim '" + k + "' must be bound to a positive size, got " + std::to_string(v));
+    // Zero is a size: no detection, no proposal at one level of a feature pyramid (ONNX Runtime runs it).
+    if (v < 0) throw Error("dim '" + k + "' must be bound to a size >= 0, got " + std::to_string(v));
     used[k] = false;
   }
   for (Value* in : g.inputs()) {

@@ -174,6 +174,22 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
   return table;
 }
 
+// True for a node that reads or writes a tensor with no elements (a zero-sized dim: no detection, no
+// proposal at some pyramid level): it runs on its reference kernel, which takes empty tensors, rather
+// than a oneDNN primitive made for a zero-sized shape. Costs nothing: there is no work.
+inline bool touches_empty(const Node& n) {
+  auto empty = [](const Value* v) {
+    if (!v || !v->is_tensor() || !v->shape().is_static()) return false;
+    std::optional<std::int64_t> count = v->shape().numel();
+    return count && *count == 0;
+  };
+  for (const Value* v : n.inputs())
+    if (empty(v)) return true;
+  for (const Value* v : n.outputs())
+    if (empty(v)) return true;
+  return false;
+}
+
 inline void lower_reference(Lowering& L, const Node& n) {
   const auto& kernels = reference::kernel_table();
   auto it = kernels.find(n.op_key());
@@ -215,7 +231,9 @@ inline void lower_reference(Lowering& L, const Node& n) {
         &n, std::move(ins), std::move(outs), std::move(bodies)));
     return;
   }
-  L.add_step(std::make_unique<ReferenceStep>(runtime::StepInfo{n.name(), n.op_type(), "reference", detail}, &n,
+  // A node without elements is no slow path: named so that reports do not count it.
+  const char* implementation = touches_empty(n) ? "no elements (reference kernel)" : "reference";
+  L.add_step(std::make_unique<ReferenceStep>(runtime::StepInfo{n.name(), n.op_type(), implementation, detail}, &n,
                                              it->second, std::move(ins), std::move(outs)));
 }
 
@@ -416,7 +434,8 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
     L.current = n;
     try {
       auto it = table.find(n->op_key());
-      bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && it->second.fn(L, *n);
+      bool lowered = it != table.end() && !options.reference_ops.count(n->op_key()) && !touches_empty(*n) &&
+                     it->second.fn(L, *n);
       if (!lowered) lower_reference(L, *n);
     } catch (const dnnl::error& e) {
       throw n->error(std::string("oneDNN: ") + e.what());

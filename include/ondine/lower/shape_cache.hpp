@@ -51,7 +51,8 @@ class ShapeCache {
     if (!options_.packed_weights) options_.packed_weights = std::make_shared<PackedWeights>();
   }
 
-  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) {
+  // With `times` (a profiled run of a staged model, lower/staged.hpp), adds each step's time to it.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, runtime::StageTimes* times = nullptr) {
     check_inputs(graph_, inputs);  // names, dtypes, ranks, static dims and consistent symbols
     Key key{binding_of(inputs), {}};
     for (const std::string& name : shape_inputs_) {
@@ -60,7 +61,16 @@ class ShapeCache {
     }
     std::shared_ptr<Specialisation> spec = get(key);
     ExecContext ctx = spec->take();
+    ctx.profile = times != nullptr;
     std::map<std::string, Tensor> outputs = spec->model.run(ctx, inputs);
+    if (times) {
+      const auto& steps = spec->model.steps();
+      for (std::size_t i = 0; i < steps.size(); ++i)
+        times->add(steps[i].op, steps[i].implementation, steps[i].name, ctx.step_seconds()[i]);
+      times->merge(ctx.later_stage_times());
+      ctx.reset_profile();
+      ctx.profile = false;
+    }
     spec->give_back(std::move(ctx));  // not after a failed run: its context is dropped
     return outputs;
   }

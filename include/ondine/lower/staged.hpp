@@ -11,7 +11,8 @@
 //   3. the rest: a graph of its own whose inputs are the values it reads from stages 1 and 2 (a dim not
 //      known at compile time gets a symbol of its own), run through a ShapeCache: compiled once per shape
 //      the data gives it, reused while the shapes repeat, and staged again if it has data-dependent
-//      shapes of its own. A run that gives it an empty tensor runs it on the reference kernels.
+//      shapes of its own. An empty tensor is a shape like any other: the nodes without elements run on
+//      their reference kernels in that specialisation.
 // Sequences, optionals and string tensors are staged the same way, since the compiled plan holds numeric
 // tensors only: a node
 // that makes one or reads a sequence graph input is at the frontier, and a rest that passes them around
@@ -20,6 +21,7 @@
 // reference kernels at the frontier.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,14 +115,14 @@ class StagedRest : public runtime::Continuation {
     if (rest) {
       rest_names_ = node_names(*rest);
       rest_inputs_ = input_names(*rest);
-      rest_graph_ = std::make_shared<Graph>(rest->clone());
       // A rest that passes sequences or optionals around runs on the reference kernels: the compiled
       // plan carries tensors only.
-      if (!has_non_tensor_values(*rest)) rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
+      if (has_non_tensor_values(*rest)) rest_graph_ = std::make_shared<Graph>(std::move(*rest));
+      else rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
     }
   }
 
-  void run(std::map<std::string, Tensor>& values) const override {
+  void run(std::map<std::string, Tensor>& values, runtime::StageTimes* times) const override {
     std::map<std::string, Tensor> in;
     for (Value* v : frontier_->inputs()) in[v->name()] = value(values, v->name());
     ReferenceExecutor frontier(*frontier_);
@@ -132,18 +134,24 @@ class StagedRest : public runtime::Continuation {
       frontier.override_kernel(node, [c = contexts.get(), &bodies = bodies](const Node& n, const std::vector<Tensor>& args) {
         return run_control_flow(n, args, bodies, (*c)[&n]);
       });
+    if (times) time_frontier(frontier, *times);
     for (auto& [name, t] : frontier.run(in)) values[name] = t;
     give_back(std::move(contexts));
-    if (!rest_graph_) return;
+    if (!rest_ && !rest_graph_) return;
     std::map<std::string, Tensor> rest_in;
-    bool empty = false;
-    for (const std::string& name : rest_inputs_) {
-      rest_in[name] = value(values, name);
-      empty = empty || rest_in[name].numel() == 0;
+    for (const std::string& name : rest_inputs_) rest_in[name] = value(values, name);
+    // An empty input (no detection, no proposal at one pyramid level) compiles like any other shape: the
+    // nodes it leaves without elements run on their reference kernels (touches_empty, compiler.hpp),
+    // the rest as usual. (Running the whole stage on the reference executor then cost Faster R-CNN its
+    // box head on the reference GEMM: 2 s an image.)
+    std::map<std::string, Tensor> out;
+    if (rest_) {
+      out = rest_->run(rest_in, times);
+    } else {
+      ReferenceExecutor rest(*rest_graph_);
+      if (times) time_frontier(rest, *times);
+      out = rest.run(rest_in);
     }
-    // Nothing to compute on (no detection, no nonzero): the reference kernels, which take empty
-    // tensors everywhere, rather than compiling primitives for zero-sized shapes.
-    auto out = empty || !rest_ ? ReferenceExecutor(*rest_graph_).run(rest_in) : rest_->run(rest_in);
     for (auto& [name, t] : out) values[name] = t;
   }
 
@@ -166,6 +174,24 @@ class StagedRest : public runtime::Continuation {
 
  private:
   using FrontierContexts = std::map<const Node*, BodyContexts>;
+
+  // A profiled run: every node of `executor` timed (its kernel, or the override already installed: a
+  // Loop or If running its compiled bodies), as a step on reference kernels.
+  static void time_frontier(ReferenceExecutor& executor, runtime::StageTimes& times) {
+    const auto& kernels = reference::kernel_table();
+    for (Node* n : executor.graph().nodes()) {
+      reference::Kernel kernel = executor.overridden_kernel(n);
+      const std::string implementation = kernel ? "compiled subgraphs" : "reference";
+      if (!kernel) kernel = kernels.at(n->op_key());
+      executor.override_kernel(n, [kernel, implementation, &times](const Node& node, const std::vector<Tensor>& args) {
+        auto t0 = std::chrono::steady_clock::now();
+        std::vector<Tensor> out = kernel(node, args);
+        times.add(node.op_type(), implementation, node.name(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        return out;
+      });
+    }
+  }
   std::unique_ptr<FrontierContexts> take_contexts() const {
     std::lock_guard<std::mutex> lock(pool_mutex_);
     if (pool_.empty()) return std::make_unique<FrontierContexts>();
@@ -206,7 +232,7 @@ class StagedRest : public runtime::Continuation {
   mutable std::mutex pool_mutex_;
   mutable std::vector<std::unique_ptr<FrontierContexts>> pool_;  // at most one per concurrent run
   std::shared_ptr<ShapeCache> rest_;
-  std::shared_ptr<Graph> rest_graph_;  // for runs with an empty input
+  std::shared_ptr<Graph> rest_graph_;  // a rest that reads sequences or optionals: the reference executor
   std::vector<std::string> rest_inputs_;
   std::string frontier_names_, rest_names_;
 };

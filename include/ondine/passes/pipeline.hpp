@@ -29,6 +29,7 @@
 #include "ondine/passes/pass_manager.hpp"
 #include "ondine/passes/qoperator_to_qdq.hpp"
 #include "ondine/passes/remove_identity.hpp"
+#include "ondine/passes/scatter_rows.hpp"
 
 namespace ondine {
 
@@ -43,7 +44,7 @@ namespace ondine {
 // after fold-constants (a causal mask built from the sequence length is a constant by then) and before
 // fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,fuse-gelu,fuse-layernorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -55,6 +56,7 @@ inline PassRegistry& pass_registry() {
         .add<RemoveIdentity>()
         .add<FoldBatchNorm>()
         .add<DeconvAsConv>()
+        .add<ScatterRows>()
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
         .add<FuseAttention>()

@@ -159,6 +159,12 @@ class ReferenceExecutor {
   // Runs node `n` of the graph with `kernel` instead of its reference kernel (a compiled engine runs a
   // control-flow node's bodies on their compiled plans this way).
   void override_kernel(const Node* n, reference::Kernel kernel) { overrides_[n] = std::move(kernel); }
+  // The kernel override_kernel installed for `n`, or an empty one.
+  reference::Kernel overridden_kernel(const Node* n) const {
+    auto it = overrides_.find(n);
+    return it == overrides_.end() ? reference::Kernel() : it->second;
+  }
+  const Graph& graph() const { return graph_; }
 
   // Runs the graph; returns the graph outputs by name. With `keep_all`, every intermediate value too.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, bool keep_all = false) const {

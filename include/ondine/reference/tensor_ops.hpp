@@ -704,6 +704,12 @@ inline std::vector<Tensor> scatter_nd(const Node& n, const std::vector<Tensor>& 
                       std::to_string(dim));
       off += (v < 0 ? v + dim : v) * strides[d];
     }
+    if (r == Reduction::None) {  // a whole slice: one copy
+      if (block > 0)
+        std::memcpy(bytes(out) + static_cast<std::size_t>(off) * es,
+                    bytes(updates) + static_cast<std::size_t>(t * block) * es, static_cast<std::size_t>(block) * es);
+      continue;
+    }
     for (std::int64_t j = 0; j < block; ++j) scatter_one(out, off + j, updates, t * block + j, r, es);
   }
   return {out};

@@ -29,6 +29,7 @@
 #include <new>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -81,12 +82,38 @@ struct StepInfo {
 
 class ExecContext;
 
+// Where the later stages of a staged model (lower/staged.hpp) spent a profiled run's time, per step:
+// they run models compiled per shape and nodes on reference kernels, after the first stage's steps,
+// and a profile that stopped at the first stage would call their time framework overhead.
+class StageTimes {
+ public:
+  struct Entry {
+    double seconds = 0;
+    bool slow_path = false;
+  };
+  using Key = std::tuple<std::string, std::string, std::string>;  // op, implementation, step name
+  void add(const std::string& op, const std::string& implementation, const std::string& name, double seconds) {
+    Entry& e = entries_[Key{op, implementation, name}];
+    e.seconds += seconds;
+    e.slow_path = StepInfo::is_slow_path(op, implementation);
+  }
+  void merge(const StageTimes& other) {
+    for (auto& [key, e] : other.entries_) add(std::get<0>(key), std::get<1>(key), std::get<2>(key), e.seconds);
+  }
+  void clear() { entries_.clear(); }
+  const std::map<Key, Entry>& entries() const { return entries_; }
+
+ private:
+  std::map<Key, Entry> entries_;
+};
+
 // The rest of a model whose shapes depend on data (lower/staged.hpp): it runs after the steps, on the
 // graph inputs and the values the steps computed (all in `values`, by name), and adds what it computes.
+// With `times` (a profiled run), it adds the time of every step it ran.
 class Continuation {
  public:
   virtual ~Continuation() = default;
-  virtual void run(std::map<std::string, Tensor>& values) const = 0;
+  virtual void run(std::map<std::string, Tensor>& values, StageTimes* times) const = 0;
   virtual std::string to_text() const = 0;
   // True for a graph input that only the continuation reads (a sequence: the compiled part has no slot).
   virtual bool reads_input(const std::string& name) const {
@@ -196,7 +223,10 @@ class ExecContext {
     step_seconds_.assign(step_seconds_.size(), 0.0);
     run_seconds_ = 0;
     profiled_runs_ = 0;
+    later_stages_.clear();
   }
+  // A staged model's later stages, per step (summed over the profiled runs).
+  const StageTimes& later_stage_times() const { return later_stages_; }
 
   // The address of a slot's bytes for the current run.
   void* ptr(SlotId id) const {
@@ -257,6 +287,7 @@ class ExecContext {
   std::vector<double> step_seconds_;
   double run_seconds_ = 0;
   std::size_t profiled_runs_ = 0;
+  StageTimes later_stages_;
   std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
 };
 
@@ -348,7 +379,7 @@ class CompiledModel {
     if (next_) {  // a staged model: the steps computed the static part; the rest runs now
       std::map<std::string, Tensor> values = inputs;
       for (auto& [name, t] : outputs) values[name] = t;
-      next_->run(values);
+      next_->run(values, ctx.profile ? &ctx.later_stages_ : nullptr);
       outputs.clear();
       for (const std::string& name : final_outputs_) outputs[name] = values.at(name);
     }
@@ -385,6 +416,17 @@ class CompiledModel {
       if (s.implementation() == "reference" || s.implementation() == "memcpy") in_fallback += t;
       else if (slow_path) in_onednn_ref += t;
       if (slow_path) slow.emplace_back(t, s.op() + " '" + s.name() + "' " + s.implementation());
+    }
+    for (auto& [key, e] : ctx.later_stages_.entries()) {  // a staged model's later stages
+      auto& [op, implementation, name] = key;
+      double t = e.seconds / runs;
+      auto& k = by_kind[{op, implementation}];
+      k.first += t;
+      ++k.second;
+      in_steps += t;
+      if (implementation == "reference" || implementation == "memcpy") in_fallback += t;
+      else if (e.slow_path) in_onednn_ref += t;
+      if (e.slow_path) slow.emplace_back(t, op + " '" + name + "' " + implementation + " (a later stage)");
     }
     std::vector<std::pair<double, std::string>> rows;
     for (auto& [key, v] : by_kind) {
