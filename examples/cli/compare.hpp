@@ -311,12 +311,12 @@ inline int cmd_compare(const CompareArgs& args) {
   std::map<std::string, std::int64_t> dims;
   for (auto& s : args.dims) {
     auto eq = s.find('=');
-    std::int64_t v = 0;
+    std::int64_t v = -1;
     try {
-      v = eq == std::string::npos || eq == 0 ? 0 : std::stoll(s.substr(eq + 1));
+      v = eq == std::string::npos || eq == 0 ? -1 : std::stoll(s.substr(eq + 1));
     } catch (const std::exception&) {
     }
-    if (v <= 0) throw Error("--dim expects NAME=SIZE with a positive size, got '" + s + "'");
+    if (v < 0) throw Error("--dim expects NAME=SIZE with a size >= 0, got '" + s + "'");
     dims[s.substr(0, eq)] = v;
   }
   for (auto& [k, v] : dims) {

@@ -146,9 +146,10 @@ inline bool lower_conv_with_depthwise(Lowering& L, const Node& n, const PostOpCh
 // first the tap that covers every output (with the bias), then the others accumulating (sum post-op),
 // then the node's activations in place. The work is the taps' valid area (ASPP at 512x512: 56%, 25% and
 // 11% of the dense conv's) and the sums run in another order than a dense conv's (float32 reassociation).
-// Stride 1, one group, constant weights, float32, an activation chain only (no fused sum); else false,
-// with nothing created.
-inline bool lower_conv_as_tap_products(Lowering& L, const Node& n, const PostOpChain& own, const Dims& pad_begin) {
+// Stride 1, one group, constant weights, float32, an activation chain only (no fused sum); `dil` the
+// ONNX dilations (1: adjacent taps); else false, with nothing created.
+inline bool lower_conv_as_tap_products(Lowering& L, const Node& n, const PostOpChain& own, const Dims& pad_begin,
+                                       const Dims& dil) {
   using tag = memory::format_tag;
   using dt = memory::data_type;
   const Value* x = n.input(0);
@@ -159,10 +160,6 @@ inline bool lower_conv_as_tap_products(Lowering& L, const Node& n, const PostOpC
   const Dims xd = x->shape().sizes(), wd = w->shape().sizes(), yd = y->shape().sizes();
   const std::int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3], OC = wd[0], KH = wd[2], KW = wd[3];
   const std::int64_t OH = yd[2], OW = yd[3];
-  const Dims dil = [&] {
-    Dims d = n.has_attr("dilations") ? n.attr_ints("dilations") : Dims{1, 1};
-    return d.size() == 2 ? d : Dims{1, 1};
-  }();
   // The outputs [lo, hi) along one axis whose tap k reads inside the image.
   auto valid = [](std::int64_t k, std::int64_t d, std::int64_t pad, std::int64_t in, std::int64_t out) {
     const std::int64_t off = k * d - pad;
@@ -358,7 +355,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   const std::string impl = pd.impl_info_str();
   if (!bf16 && rank == 4 && group == 1 && const_w && const_b && !swish && strides == Dims{1, 1} &&
       dilates != Dims{0, 0} && (impl.find("gemm") != std::string::npos || is_reference_impl(pd)) &&
-      lower_conv_as_tap_products(L, n, own, r.pad_begin))
+      lower_conv_as_tap_products(L, n, own, r.pad_begin, win.dilations))
     return true;
   if (!fused) chain = own;
   if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false);  // nothing created yet
