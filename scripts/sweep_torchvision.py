@@ -13,7 +13,8 @@ output with PyTorch's: max |ondine - torch| / max |torch| against --tolerance. O
 failed (a PyTorch limitation, not Ondine's), compile/run failed (the first error line: an Ondine bug or a
 missing op), wrong numbers, or ok with the error and the run time. Detector outputs whose length depends on
 the data (boxes after NMS) are compared only when their shapes agree; detectors are built without a score
-threshold, so that random weights still detect (the best boxes after NMS, up to detections_per_img).
+threshold, so that random weights still detect (the best boxes after NMS, up to detections_per_img), and
+where random weights tie scores (which tied boxes survive is arbitrary) only the sorted scores must agree.
 With --peers RUNS, each file is also timed on ONNX Runtime and on Ondine (one after the other, 2 threads)
 and the line ends with the ratio of the medians: a quick screen for slow paths, not bench/peers.py's
 interleaved rounds.
@@ -199,6 +200,16 @@ def main():
             scale = max(float(np.abs(y.astype(np.float64)).max()), 1e-30)
             worst = max(worst, float(np.abs(g.astype(np.float64) - y.astype(np.float64)).max()) / scale)
         status = "ok" if worst <= a.tolerance and not notes else "WRONG"
+        if status == "WRONG" and kind == "detect" and not notes:
+            # Random weights give many boxes the very same score; which of the tied boxes survive NMS
+            # and the top-k, and in which order, is arbitrary (ONNX Runtime picks others again). Then the
+            # scores (the last output) must agree as sorted lists, and the row-wise error is only shown.
+            scores_torch = np.sort(list(want.values())[-1].astype(np.float64))
+            scores_got = np.sort(np.load(os.path.join(d, "got", f"{list(want)[-1]}.npy")).astype(np.float64))
+            scale = max(float(np.abs(scores_torch).max(initial=0)), 1e-30)
+            tied = len(np.unique(scores_torch)) < len(scores_torch)
+            if tied and float(np.abs(scores_got - scores_torch).max(initial=0)) / scale <= a.tolerance:
+                status = "ok (sorted scores; boxes differ among tied scores)"
         bench = [ln for ln in done.stdout.splitlines() if ln.startswith("benchmark:")]
         median = bench[0].split("median=")[1].split()[0] if bench else "?"
         peers = ""
@@ -224,7 +235,7 @@ def time_peers(ondine, path, inputs, d, runs, timeout):
         theirs = float(done.stdout.split('"median_ms":')[1].split(",")[0])
     except (subprocess.TimeoutExpired, IndexError, ValueError) as e:
         return f"peers: timing failed ({type(e).__name__})"
-    return f"ORT {theirs:.1f} ms, Ondine {ours:.1f} ms: {theirs / ours:.2f}x
+    return f"ORT {theirs:.1f} ms, Ondine {ours:.1f} ms: {theirs / ours:.2f}x"
 
 
 if __name__ == "__main__":

@@ -468,6 +468,17 @@ TEST_CASE("a batch of zero compiles and runs: empty outputs, no crash", "[lower]
     Graph bad = g.clone();
     bind_dims(bad, {{"batch", -1}});
   }(), Catch::Contains("size >= 0"));
+  // Must not fire at batch 1: PyTorch exports Resize with an empty constant roi, a parameter, not data.
+  Graph one = g.clone();
+  bind_dims(one, {{"batch", 1}, {"height", 64}, {"width", 64}});
+  CompiledModel m = lower::compile(std::move(one));
+  std::size_t resizes = 0;
+  for (const runtime::StepInfo& s : m.steps()) {
+    INFO(s.op << " '" << s.name << "': " << s.implementation);
+    CHECK(s.implementation.rfind("no elements", 0) != 0);
+    resizes += s.op == "Resize";
+  }
+  CHECK(resizes >= 1);
 }
 
 TEST_CASE("two inputs disagreeing on a dim: the error names both inputs and the dim", "[lower][symbolic]") {

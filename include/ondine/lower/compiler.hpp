@@ -177,6 +177,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
 // True for a node that reads or writes a tensor with no elements (a zero-sized dim: no detection, no
 // proposal at some pyramid level): it runs on its reference kernel, which takes empty tensors, rather
 // than a oneDNN primitive made for a zero-sized shape. Costs nothing: there is no work.
+// An empty constant is a parameter, not data (Resize's unused roi as PyTorch exports it): it does not
+// count.
 inline bool touches_empty(const Node& n) {
   auto empty = [](const Value* v) {
     if (!v || !v->is_tensor() || !v->shape().is_static()) return false;
@@ -184,7 +186,7 @@ inline bool touches_empty(const Node& n) {
     return count && *count == 0;
   };
   for (const Value* v : n.inputs())
-    if (empty(v)) return true;
+    if (empty(v) && !v->is_constant()) return true;
   for (const Value* v : n.outputs())
     if (empty(v)) return true;
   return false;

@@ -84,13 +84,45 @@ inline Tensor strided_copy(const Node& n, const Tensor& in, const Ints& out_dims
   if (total == 0) return out;
   const std::uint8_t* src = bytes(in);
   std::uint8_t* dst = bytes(out);
-  std::size_t r = out_dims.size();
-  if (r == 0) {
-    std::memcpy(dst, src + offset * static_cast<std::int64_t>(es), es);
-    return out;
+  // Dims of size 1 move nothing, and a dim whose stride is the next one's extent continues it: dropped
+  // and merged, so that a [n, 1] <- [1, n] transpose is one run, not n runs of one element.
+  Ints dims, steps;
+  for (std::size_t d = 0; d < out_dims.size(); ++d) {
+    if (out_dims[d] == 1) continue;
+    if (!dims.empty() && steps.back() == strides[d] * out_dims[d]) {
+      dims.back() *= out_dims[d];
+      steps.back() = strides[d];
+      continue;
+    }
+    dims.push_back(out_dims[d]);
+    steps.push_back(strides[d]);
   }
-  std::int64_t inner = out_dims[r - 1], inner_stride = strides[r - 1];
-  std::size_t run_bytes = static_cast<std::size_t>(inner) * es;
+  if (dims.empty()) {
+    dims.push_back(1);
+    steps.push_back(1);
+  }
+  const std::size_t r = dims.size();
+  const std::int64_t inner = dims[r - 1], inner_stride = steps[r - 1];
+  const std::size_t run_bytes = static_cast<std::size_t>(inner) * es;
+  // One element at a time (a gather along the innermost dim), typed for the common sizes.
+  auto copy_strided = [&](std::int64_t pos) {
+    auto typed = [&](auto zero) {
+      using T = decltype(zero);
+      const T* s = reinterpret_cast<const T*>(src);
+      T* o = reinterpret_cast<T*>(dst);
+      for (std::int64_t j = 0; j < inner; ++j, pos += inner_stride) std::memcpy(o + j, s + pos, sizeof(T));
+    };
+    switch (es) {
+      case 1: typed(std::uint8_t{}); break;
+      case 2: typed(std::uint16_t{}); break;
+      case 4: typed(std::uint32_t{}); break;
+      case 8: typed(std::uint64_t{}); break;
+      default:
+        for (std::int64_t j = 0; j < inner; ++j, pos += inner_stride)
+          std::memcpy(dst + static_cast<std::size_t>(j) * es, src + pos * static_cast<std::int64_t>(es), es);
+    }
+    dst += run_bytes;
+  };
   Ints idx(r, 0);
   std::int64_t base = offset;
   for (std::int64_t k = 0; k < total; k += inner) {
@@ -98,15 +130,13 @@ inline Tensor strided_copy(const Node& n, const Tensor& in, const Ints& out_dims
       std::memcpy(dst, src + base * static_cast<std::int64_t>(es), run_bytes);
       dst += run_bytes;
     } else {
-      std::int64_t pos = base;
-      for (std::int64_t j = 0; j < inner; ++j, pos += inner_stride, dst += es)
-        std::memcpy(dst, src + pos * static_cast<std::int64_t>(es), es);
+      copy_strided(base);
     }
     for (std::size_t d = r - 1; d-- > 0;) {  // odometer over all dims but the innermost
       ++idx[d];
-      base += strides[d];
-      if (idx[d] < out_dims[d]) break;
-      base -= strides[d] * idx[d];
+      base += steps[d];
+      if (idx[d] < dims[d]) break;
+      base -= steps[d] * idx[d];
       idx[d] = 0;
     }
   }
@@ -729,6 +759,10 @@ inline std::vector<Tensor> non_zero(const Node& n, const std::vector<Tensor>& in
   Tensor out(DType::Int64, {static_cast<std::int64_t>(rank), static_cast<std::int64_t>(count)});
   Ints strides = strides_of(x.dims());
   std::int64_t* dst = out.data<std::int64_t>();
+  if (rank == 1) {  // the flat positions themselves (a detector's 1.3M scores: no division per element)
+    if (count) std::memcpy(dst, flat.data(), count * sizeof(std::int64_t));
+    return {out};
+  }
   for (std::size_t j = 0; j < count; ++j) {
     std::int64_t rest = flat[j];
     for (std::size_t d = 0; d < rank; ++d) {
@@ -897,9 +931,15 @@ inline std::vector<Tensor> top_k(const Node& n, const std::vector<Tensor>& in) {
     for (std::int64_t i = 0; i < inner; ++i) {
       auto at = [&](std::int64_t j) { return (o * len + j) * inner + i; };
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t c) {
+      // The k first of a stable order: ties broken by the lower index, NaN above every number (as
+      // PyTorch's topk), so that the order is strict and weak. A partial sort, O(len log k): a detector's
+      // TopK(1000) over 1.3M candidates took 0.8 s as a full stable sort.
+      auto above = [](double x, double y) { return std::isnan(x) ? !std::isnan(y) : !std::isnan(y) && x > y; };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t c) {
         double va = v[static_cast<std::size_t>(at(a))], vc = v[static_cast<std::size_t>(at(c))];
-        return largest ? va > vc : va < vc;
+        if (above(va, vc)) return largest;
+        if (above(vc, va)) return !largest;
+        return a < c;
       });
       for (std::int64_t j = 0; j < k; ++j) {
         std::int64_t dst = (o * k + j) * inner + i;
