@@ -157,6 +157,8 @@ expect 0 '"b_name": "c_dq"' -- "$ondine" compare "$work/cr_a.onnx" "$work/cr_b.o
 expect 1 "model B does not take model A's inputs" -- "$ondine" compare "$mm" "$work/cr_b.onnx"
 expect 1 'no input .nope.' -- "$ondine" compare "$mm" "$mm" --input nope=x.npy
 expect 1 'cannot open' -- "$ondine" compare "$mm" "$work/missing.onnx"
+expect 1 '--dim expects NAME=SIZE with a size >= 0' -- "$ondine" compare "$mm" "$mm" --dim batch=-1
+expect 1 'batch.*must be bound to a size >= 0' -- "$ondine" run "$mm" --dim batch=-1
 expect 2 'excludes' -- "$ondine" compare "$mm" "$mm" --compiled --per-layer
 if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: the real QDQ model
   "$ondine" quantize "$mm" --calib "$mn/calib" -o "$work/mnist_qdq.onnx" >/dev/null
