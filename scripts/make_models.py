@@ -77,6 +77,11 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    (LevelMapper, NonZero per level, RoiAlign, levels merged by ScatterElements of an expanded
                    index), box head. Cases 160x192 with 24 proposals on both levels, 128x128 with 11 small ones
                    (the stride-8 level gets none: an empty tensor at run time).
+  norm_head        opset 13  "image" f32 [batch,3,height,width] -> "maps" [batch,4,height/2,width/2]: an FCOS-like
+                   tower (Conv 3x3 -> nn.GroupNorm(8, 32) -> ReLU, twice), a diffusion-style block (GroupNorm(4, 32)
+                   -> SiLU -> Conv) and a style-transfer block (InstanceNorm2d(affine) -> ReLU -> Conv 1x1); torch
+                   writes GroupNorm as Reshape -> InstanceNormalization -> Reshape -> Mul -> Add. Cases 64x80
+                   (batch 1), 48x48 (batch 2).
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -1053,6 +1058,43 @@ def torch_fpn_box_head(rng, bench=False):
     return spec
 
 
+def torch_norm_head(rng, bench=False):
+    import torch
+    from torch import nn
+
+    # The normalisations torch exports through InstanceNormalization: nn.GroupNorm (before opset 18, as
+    # Reshape [N, G, -1] -> InstanceNormalization(ones, zeros) -> Reshape(Shape(x)) -> Mul -> Add) after a
+    # conv and before ReLU as torchvision's FCOS/RetinaNet heads have it, before SiLU as diffusion U-Nets
+    # have it, and nn.InstanceNorm2d(affine=True) as style-transfer nets have it.
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 32, 3, 2, 1)
+            tower = []
+            for _ in range(2):
+                tower += [nn.Conv2d(32, 32, 3, 1, 1), nn.GroupNorm(8, 32), nn.ReLU()]
+            self.tower = nn.Sequential(*tower)
+            self.diffusion = nn.Sequential(nn.GroupNorm(4, 32), nn.SiLU(), nn.Conv2d(32, 16, 3, 1, 1))
+            self.style = nn.Sequential(nn.InstanceNorm2d(16, affine=True), nn.ReLU(), nn.Conv2d(16, 4, 1))
+
+        def forward(self, image):
+            return self.style(self.diffusion(self.tower(self.stem(image))))
+
+    module = Head()
+    spread_init(module, (nn.Conv2d,))
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, (nn.GroupNorm, nn.InstanceNorm2d)):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    cases = [{"image": rng.random((1, 3, 64, 80), dtype=np.float32)},
+             {"image": rng.random((2, 3, 48, 48), dtype=np.float32)}]
+    spec = TorchSpec(module, 13, ["image"], ["maps"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "maps": {0: "batch", 2: "h2", 3: "w2"}}, cases,
+                     "GroupNorm + ReLU tower (FCOS-like), GroupNorm + SiLU, InstanceNorm2d(affine) + ReLU")
+    return spec
+
+
 def torch_vision_net(arch, rng, bench=False):
     """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
     (efficientnet_b0, mobilenet_v2, convnext_tiny: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
@@ -1111,6 +1153,7 @@ TORCH_MODELS = {
     "text_detector": torch_text_detector,
     "roi_box_head": torch_roi_box_head,
     "fpn_box_head": torch_fpn_box_head,
+    "norm_head": torch_norm_head,
 }
 
 

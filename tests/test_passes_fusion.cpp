@@ -1,4 +1,4 @@
-// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse):
+// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse-groupnorm, fuse):
 // - the ops: the activation chain attributes, activation recognition and semantics, shape inference;
 // - structure: op counts after each pass;
 // - numbers: the graph before and after a pass agree on the reference executor (seeded inputs,
@@ -18,6 +18,7 @@
 #include "ondine/lower/detail/silu.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
+#include "ondine/passes/fuse_groupnorm.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
 #include "ondine/passes/pipeline.hpp"
@@ -523,6 +524,134 @@ TEST_CASE("fuse-layernorm: must not fire", "[fusion][layernorm][must-not-fire]")
   }
 }
 
+// --- fuse-groupnorm ---------------------------------------------------------------------------------
+
+namespace {
+// torch.nn.GroupNorm(groups, C) as torch.onnx.export writes it (opsets 9-17): Reshape to [N, G, -1],
+// InstanceNormalization with ones and zeros, Reshape back to Shape(x), Mul by gamma, Add beta.
+struct GroupNormSpec {
+  std::int64_t groups = 4;
+  Dims target{0, 4, -1};       // the first Reshape's shape
+  bool restore_by_shape = true;  // Reshape(.., Shape(x)); else a constant of x's dims
+  bool affine = true;
+  bool swap_operands = false;  // Mul(gamma, y), Add(beta, y)
+  Dims gamma_dims;             // {} : [C, 1, ..., 1]
+  bool per_group_params = false;  // InstanceNormalization's scale/bias not ones/zeros
+};
+// xd: x's dims (x may be a node's output whose shape is not inferred yet).
+Value* exported_group_norm(Builder& b, Value* x, const Dims& xd, const GroupNormSpec& s) {
+  const std::int64_t c = xd[1];
+  Value* grouped = b.op("Reshape", {x, b.ints(s.target)});
+  Value* scale = s.per_group_params ? b.positive({s.groups}, 0.5f, 1.5f) : b.floats(std::vector<float>(static_cast<std::size_t>(s.groups), 1.0f));
+  Value* bias = s.per_group_params ? b.weight({s.groups}) : b.floats(std::vector<float>(static_cast<std::size_t>(s.groups), 0.0f));
+  Value* normed = b.op("InstanceNormalization", {grouped, scale, bias}, {{"epsilon", 1e-5f}});
+  Value* shape = s.restore_by_shape ? b.op("Shape", {x}) : b.ints(xd);
+  Value* y = b.op("Reshape", {normed, shape});
+  if (!s.affine) return y;
+  Dims pd = s.gamma_dims;
+  if (pd.empty()) {
+    pd.assign(xd.size() - 1, 1);
+    pd[0] = c;
+  }
+  Value* gamma = b.positive(pd, 0.5f, 1.5f);
+  Value* beta = b.weight(pd, 0.3f);
+  y = s.swap_operands ? b.op("Mul", {gamma, y}) : b.op("Mul", {y, gamma});
+  return s.swap_operands ? b.op("Add", {beta, y}) : b.op("Add", {y, beta});
+}
+}  // namespace
+
+TEST_CASE("fuse-groupnorm: PyTorch's InstanceNormalization form becomes ondine.GroupNorm (1e-5)",
+          "[fusion][groupnorm]") {
+  SECTION("conv -> GroupNorm(4, 8) -> Relu, restored by Shape(x), 4-D") {
+    Builder b;
+    b.g.opsets[""] = 11;
+    Value* x = b.conv(b.input("x", {2, 3, 6, 5}), 8, 3, 3);
+    b.g.add_output(b.op("Relu", {exported_group_norm(b, x, {2, 8, 6, 5}, {})}));
+    std::size_t rewrites = 0;
+    Graph f = run_passes(b.g, "fuse-groupnorm", 1e-5, &rewrites);
+    CHECK(rewrites == 1);
+    CHECK(f.op_histogram() == std::map<std::string, std::size_t>{{"Conv", 1}, {"GroupNorm", 1}, {"Relu", 1}});
+    for (Node* n : f.nodes())
+      if (n->op_type() == "GroupNorm") {
+        CHECK(n->attr_int("num_groups") == 4);
+        CHECK(n->input(1)->constant().dims() == Dims{8});
+      }
+    CHECK(f.opset() == 11);  // an op of Ondine's domain: the model's ONNX opset stays
+  }
+  SECTION("1-D (x [N, C, L]), the batch spelled out, a constant restore shape, operands swapped, per-group s and b") {
+    Builder b;
+    GroupNormSpec s;
+    s.groups = 2;
+    s.target = {3, 2, -1};
+    s.restore_by_shape = false;
+    s.swap_operands = true;
+    s.per_group_params = true;
+    s.gamma_dims = {1, 6, 1};
+    b.g.add_output(exported_group_norm(b, b.input("x", {3, 6, 7}), {3, 6, 7}, s));
+    Graph f = run_passes(b.g, "fuse-groupnorm");
+    CHECK(f.op_histogram() == std::map<std::string, std::size_t>{{"GroupNorm", 1}});
+  }
+  SECTION("no affine (GroupNorm(affine=False)), the last dim spelled out, 5-D") {
+    Builder b;
+    GroupNormSpec s;
+    s.groups = 3;
+    s.target = {0, 3, 2 * 3 * 2 * 2};
+    s.affine = false;
+    b.g.add_output(exported_group_norm(b, b.input("x", {2, 6, 3, 2, 2}), {2, 6, 3, 2, 2}, s));
+    Graph f = run_passes(b.g, "fuse-groupnorm");
+    CHECK(f.op_histogram() == std::map<std::string, std::size_t>{{"GroupNorm", 1}});
+  }
+}
+
+TEST_CASE("fuse-groupnorm: must not fire", "[fusion][groupnorm][must-not-fire]") {
+  SECTION("reshaped back to another shape") {
+    Builder b;
+    Value* x = b.input("x", {2, 8, 4, 4});
+    Value* grouped = b.op("Reshape", {x, b.ints({0, 4, -1})});
+    Value* normed = b.op("InstanceNormalization", {grouped, b.floats({1, 1, 1, 1}), b.floats({0, 0, 0, 0})});
+    b.g.add_output(b.op("Reshape", {normed, b.ints({2, 8, 16})}));
+    check_untouched(b.g, "fuse-groupnorm");
+  }
+  SECTION("the grouping is not [N, G, rest]") {
+    Builder b;
+    Value* x = b.input("x", {2, 8, 4, 4});
+    Value* grouped = b.op("Reshape", {x, b.ints({0, 4, 2, -1})});
+    Value* normed = b.op("InstanceNormalization", {grouped, b.floats({1, 1, 1, 1}), b.floats({0, 0, 0, 0})});
+    b.g.add_output(b.op("Reshape", {normed, b.op("Shape", {x})}));
+    check_untouched(b.g, "fuse-groupnorm");
+  }
+  SECTION("the normalised groups are read elsewhere too") {
+    Builder b;
+    Value* x = b.input("x", {2, 8, 4, 4});
+    Value* grouped = b.op("Reshape", {x, b.ints({0, 4, -1})});
+    Value* normed = b.op("InstanceNormalization", {grouped, b.floats({1, 1, 1, 1}), b.floats({0, 0, 0, 0})});
+    b.g.add_output(b.op("Reshape", {normed, b.op("Shape", {x})}));
+    b.g.add_output(normed);
+    check_untouched(b.g, "fuse-groupnorm");
+  }
+  SECTION("InstanceNormalization's scale computed at run time") {
+    Builder b;
+    Value* x = b.input("x", {2, 8, 4, 4});
+    Value* grouped = b.op("Reshape", {x, b.ints({0, 4, -1})});
+    Value* normed = b.op("InstanceNormalization", {grouped, b.input("s", {4}), b.floats({0, 0, 0, 0})});
+    b.g.add_output(b.op("Reshape", {normed, b.op("Shape", {x})}));
+    check_untouched(b.g, "fuse-groupnorm");
+  }
+  SECTION("a gamma varying along a spatial axis: the GroupNorm fuses, the Mul stays") {
+    Builder b;
+    GroupNormSpec s;
+    s.gamma_dims = {1, 1, 4};
+    b.g.add_output(exported_group_norm(b, b.input("x", {2, 8, 3, 4}), {2, 8, 3, 4}, s));
+    Graph f = run_passes(b.g, "fuse-groupnorm");
+    CHECK(f.op_histogram() == std::map<std::string, std::size_t>{{"Add", 1}, {"Mul", 1}, {"GroupNorm", 1}});
+  }
+  SECTION("a plain InstanceNormalization of x") {
+    Builder b;
+    b.g.add_output(b.op("InstanceNormalization", {b.input("x", {2, 8, 4, 4}), b.weight({8}), b.weight({8})}));
+    check_untouched(b.g, "fuse-groupnorm");
+  }
+}
+
 // --- fuse (post-ops) ----------------------------------------------------------------------------
 
 TEST_CASE("fuse: Conv + residual Add + Relu -> FusedConv with bias, Sum and the chain (1e-5)", "[fusion][post-ops]") {
@@ -868,6 +997,101 @@ TEST_CASE("compiled: a fused node oneDNN cannot take runs its reference kernel, 
   for (auto& line : log) said |= line.find("ondine.FusedMatMul 'mm'") != std::string::npos &&
                                  line.find("reference kernel") != std::string::npos;
   CHECK(said);
+}
+
+TEST_CASE("compiled: GroupNorm, GroupNormalization (opsets 18, 21) and InstanceNormalization run Ondine's kernel "
+          "with the activation that follows (1e-4)",
+          "[fusion][lower][groupnorm]") {
+  struct Case {
+    const char* name;
+    std::function<Value*(Builder&, Value*)> norm;
+    const char* activation;  // "" none, "Relu", "LeakyRelu", "Clip", "SiLU", "Sigmoid" (not taken)
+  };
+  std::vector<Case> cases{
+      {"ondine.GroupNorm", [](Builder& b, Value* x) {
+         return b.op("GroupNorm", {x, b.positive({12}, 0.5f, 1.5f), b.weight({12})}, {{"num_groups", std::int64_t{3}}},
+                     fused::kDomain);
+       }, "Relu"},
+      {"GroupNormalization-18 (per-group scale)", [](Builder& b, Value* x) {
+         Node* n = b.node("GroupNormalization", {x, b.positive({4}, 0.5f, 1.5f), b.weight({4})},
+                          {{"num_groups", std::int64_t{4}}, {"epsilon", 1e-3f}});
+         n->set_opset(18);
+         return n->output(0);
+       }, "LeakyRelu"},
+      {"GroupNormalization-21", [](Builder& b, Value* x) {
+         Node* n = b.node("GroupNormalization", {x, b.positive({12}, 0.5f, 1.5f), b.weight({12})},
+                          {{"num_groups", std::int64_t{6}}});
+         n->set_opset(21);
+         return n->output(0);
+       }, "Clip"},
+      {"InstanceNormalization", [](Builder& b, Value* x) {
+         return b.op("InstanceNormalization", {x, b.positive({12}, 0.5f, 1.5f), b.weight({12})});
+       }, "SiLU"},
+      {"InstanceNormalization, a Sigmoid after it", [](Builder& b, Value* x) {
+         return b.op("InstanceNormalization", {x, b.positive({12}, 0.5f, 1.5f), b.weight({12})});
+       }, "Sigmoid"},
+      {"GroupNorm, nothing after it", [](Builder& b, Value* x) {
+         return b.op("GroupNorm", {x, b.positive({12}, 0.5f, 1.5f), b.weight({12})}, {{"num_groups", std::int64_t{2}}},
+                     fused::kDomain);
+       }, ""},
+  };
+  // 13 x 11 planes: no vector width divides them (the kernels' tails). A mean far from zero: the
+  // variance is the centred one.
+  for (const Case& c : cases) {
+    INFO(c.name << " + " << c.activation);
+    Builder b;
+    Value* x = b.op("Add", {b.input("x", {2, 12, 13, 11}), b.scalar(40.0f)});
+    Value* y = c.norm(b, x);
+    const std::string act = c.activation;
+    if (act == "Relu" || act == "Sigmoid") y = b.op(act, {y});
+    if (act == "LeakyRelu") y = b.op("LeakyRelu", {y}, {{"alpha", 0.2f}});
+    if (act == "Clip") y = b.op("Clip", {y, b.scalar(-0.5f), b.scalar(0.75f)});
+    if (act == "SiLU") y = b.op("Mul", {b.op("Sigmoid", {y}), y});
+    b.g.add_output(y);
+    CompiledModel m = check_compiled(b.g, 1e-4);
+    INFO(m.to_text());
+    CHECK_FALSE(any_reference_step(m));
+    std::size_t kernels = 0, others = 0;
+    for (auto& s : m.steps()) {
+      if (s.implementation.rfind("ondine:", 0) == 0) ++kernels;
+      else if (s.op != "Add" && s.op != "Reorder") ++others;
+    }
+    CHECK(kernels == 1);
+    CHECK(others == (act == "Sigmoid" ? 1u : 0u));  // the activation folded in, but a Sigmoid
+  }
+}
+
+TEST_CASE("compiled: the group-norm kernels agree with each other and with double sums", "[fusion][lower][groupnorm]") {
+  namespace gn = lower::detail::group_norm;
+  namespace silu = lower::detail::silu;
+  std::vector<silu::Kernel> kernels{silu::Kernel::Scalar};
+#ifdef ONDINE_SILU_X86
+  const lower::IsaInfo isa = lower::effective_isa();
+  if (lower::isa_runs_on(lower::CpuIsa::Avx2, isa.isa)) kernels.push_back(silu::Kernel::Avx2);
+  if (isa.avx512) kernels.push_back(silu::Kernel::Avx512);
+#endif
+  // 9001 values: more than two float chunks, and a tail. Values around 1000 with unit spread.
+  Tensor t = random_tensor({9001}, 7, 999.0f, 1001.0f);
+  const float* p = t.data<float>();
+  double sum = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) sum += p[i];
+  const double mean = sum / static_cast<double>(t.numel());
+  double squares = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) squares += (p[i] - mean) * (p[i] - mean);
+  gn::Activation act;
+  act.lo = 0;
+  act.slope = 0.1f;
+  for (silu::Kernel k : kernels) {
+    INFO(silu::kernel_name(k));
+    CHECK(gn::sum(k, p, 9001) == Approx(sum).epsilon(1e-7));
+    CHECK(gn::centered_squares(k, p, 9001, static_cast<float>(mean)) == Approx(squares).epsilon(1e-4));
+    std::vector<float> y(37);
+    gn::affine(k, p, y.data(), y.size(), 0.5f, -500.0f, act);
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const float v = p[i] * 0.5f - 500.0f;
+      CHECK(y[i] == Approx(v > 0 ? v : 0.1f * v).margin(1e-4));
+    }
+  }
 }
 
 // --- end to end -----------------------------------------------------------------------------------

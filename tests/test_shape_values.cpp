@@ -454,6 +454,37 @@ TEST_CASE("FPN box head: pyramid levels merged by scatter-rows, an empty level c
   CHECK(rel_error(out.at("scores"), c.outputs.at("scores")) < 1e-4);
 }
 
+TEST_CASE("norm head: PyTorch's GroupNorm and InstanceNorm exports run Ondine's kernel, equal to PyTorch",
+          "[lower][groupnorm][corpus]") {
+  // nn.GroupNorm exported as Reshape -> InstanceNormalization -> Reshape -> Mul -> Add (fuse-groupnorm
+  // makes it one ondine.GroupNorm), followed by ReLU and by SiLU; nn.InstanceNorm2d(affine) + ReLU.
+  Graph g = ondine::onnx::load_model((corpus_dir("norm_head") / "model.onnx").string());
+  lower::ShapeCache cache(g.clone());
+  for (int k = 0; k < 2; ++k) {
+    INFO("case " << k);
+    Case c = load_case("norm_head", k);
+    auto got = cache.run(c.inputs);
+    CHECK(rel_error(got.at("maps"), c.outputs.at("maps")) < 1e-4);
+  }
+  Graph bound = g.clone();
+  Case c = load_case("norm_head", 0);
+  bind_dims(bound, {{"batch", 1}, {"height", 64}, {"width", 80}});
+  CompiledModel m = lower::compile(std::move(bound), lower::CompileOptions{});
+  std::size_t kernels = 0;
+  for (const auto& s : m.steps()) {
+    INFO(s.op << " " << s.implementation);
+    CHECK(s.implementation != "reference");
+    CHECK(s.op != "Relu");     // folded into the normalisations
+    CHECK(s.op != "Sigmoid");  // the SiLU too
+    if (s.op == "GroupNorm" || s.op == "InstanceNormalization") {
+      CHECK(s.implementation.rfind("ondine:", 0) == 0);
+      ++kernels;
+    }
+  }
+  CHECK(kernels == 4);
+  CHECK(rel_error(m.run(c.inputs).at("maps"), c.outputs.at("maps")) < 1e-4);
+}
+
 TEST_CASE("a batch of zero compiles and runs: empty outputs, no crash", "[lower][symbolic][corpus]") {
   Graph g = ondine::onnx::load_model((corpus_dir("text_detector") / "model.onnx").string());
   Case c = load_case("text_detector", 0);

@@ -8,6 +8,10 @@
 //       Q [..., Sq, D], K [..., D, Sk] (the keys already transposed, as the first MatMul reads them),
 //       V [..., Sk, Dv], Y [..., Sq, Dv]: one rank >= 2 and the same batch dims for all four; Mask
 //       float, broadcasting to the scores [..., Sq, Sk] without changing them; "scale" a float (1).
+//   ondine.GroupNorm    (X, scale, bias)    Y = GroupNormalization(X, scale, bias) as of opset 21: X [N, C, ...],
+//       scale and bias [C] (one value per channel), "num_groups" dividing C, "epsilon" (1e-5). Made by
+//       fuse-groupnorm from the InstanceNormalization form PyTorch exports; shape inference and the
+//       reference kernel are GroupNormalization's (ir/infer/nn_extra.hpp, reference/nn_extra.hpp).
 //
 // The activation chain `act` is three attributes of equal length: "activations" (names, applied in
 // order), "activation_alpha" and "activation_beta" (one float each, 0 when the activation has no

@@ -47,6 +47,7 @@
 #include "ondine/lower/detail/dynamic_quant.hpp"
 #include "ondine/lower/detail/einsum.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/group_norm.hpp"
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
 #include "ondine/lower/detail/pool.hpp"
@@ -111,6 +112,12 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                                "not float32, training_mode, or mean/var outputs read"};
     t["LayerNormalization"] = {lower_layernorm, "oneDNN layer normalization",
                                "not float32, no Scale, stash_type != 1, or Mean/InvStdDev outputs read"};
+    t["GroupNormalization"] = {lower_group_norm,
+                               "Ondine's kernel (AVX-512 / AVX2 / C++): statistics per group, the per-channel affine "
+                               "and a following Relu / LeakyRelu / Clip / SiLU in one write",
+                               "not float32, or scale / bias computed at run time"};
+    t["ondine.GroupNorm"] = t["GroupNormalization"];
+    t["InstanceNormalization"] = t["GroupNormalization"];  // a group per channel
     t["Resize"] = {lower_resize, "oneDNN resampling",
                    "mode cubic, tf_crop_and_resize, sizes/scales computed at run time, resizing N or C, or sample "
                    "positions oneDNN's coordinate rule does not give"};

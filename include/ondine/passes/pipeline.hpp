@@ -22,6 +22,7 @@
 #include "ondine/passes/fuse_attention.hpp"
 #include "ondine/passes/fuse_dynamic_qmatmul.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
+#include "ondine/passes/fuse_groupnorm.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
 #include "ondine/passes/fuse_qdq.hpp"
@@ -36,7 +37,8 @@ namespace ondine {
 // The pipeline for inference: clean up, fold, fuse into what oneDNN runs as one primitive, then
 // decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops (and into a
 // ConvTranspose before deconv-as-conv turns it into a Conv, whose activation fuse then takes); Gelu and
-// LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse; fuse-qdq runs before
+// LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse (GroupNorm there too, before
+// fuse could take its affine Mul/Add); fuse-qdq runs before
 // fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
 // qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form;
 // fuse-dynamic-qmatmul finds dynamically quantized matrix products (ONNX Runtime's quantize_dynamic,
@@ -44,7 +46,7 @@ namespace ondine {
 // after fold-constants (a causal mask built from the sequence length is a constant by then) and before
 // fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-groupnorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -59,6 +61,7 @@ inline PassRegistry& pass_registry() {
         .add<ScatterRows>()
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
+        .add<FuseGroupNorm>()
         .add<FuseAttention>()
         .add<FusePostOps>()
         .add<FuseQdq>()

@@ -308,6 +308,7 @@ inline void register_nn_extra_kernels(KernelTable& table) {
   for (const char* op : {"BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}) table[op] = k::bitwise;
   table["CenterCropPad"] = k::center_crop_pad;
   table["GroupNormalization"] = k::group_norm;
+  table[std::string(fused::kDomain) + ".GroupNorm"] = k::group_norm;  // per-channel scale/bias, as opset 21
   table["LpNormalization"] = k::lp_norm;
   table["LpPool"] = k::lp_pool;
   table["GlobalLpPool"] = k::lp_pool;

@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "ondine/ir/fused_ops.hpp"
 #include "ondine/ir/infer/common.hpp"
 #include "ondine/ir/infer/math.hpp"
 #include "ondine/ir/infer/nn.hpp"
@@ -42,7 +43,7 @@ inline double lp_order(const Node& n) {
 }
 
 // GroupNormalization: num_groups must divide the channels; scale and bias have one value per group at
-// opset 18 and one per channel from opset 21.
+// opset 18 and one per channel from opset 21 (and in ondine.GroupNorm, ir/fused_ops.hpp).
 struct GroupNormSpec {
   std::int64_t groups = 1;
   bool per_channel = true;
@@ -52,7 +53,7 @@ inline GroupNormSpec group_norm_spec(const Node& n) {
   if (!n.has_attr("num_groups")) throw n.error("missing required attribute 'num_groups'");
   s.groups = n.attr_int("num_groups");
   if (s.groups <= 0) throw n.error("num_groups must be positive, got " + std::to_string(s.groups));
-  s.per_channel = n.opset() == 0 || n.opset() >= 21;
+  s.per_channel = n.domain() == fused::kDomain || n.opset() == 0 || n.opset() >= 21;
   if (std::int64_t st = n.attr_int("stash_type", 1); st != 1)
     throw n.error("stash_type " + std::to_string(st) + " is not supported (only 1, float32 statistics; Ondine computes "
                   "them in double)");
@@ -210,6 +211,7 @@ inline void register_nn_extra_infer(InferTable& t) {
   for (const char* op : {"BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}) t[op] = d::infer_bitwise;
   t["CenterCropPad"] = d::infer_center_crop_pad;
   t["GroupNormalization"] = d::infer_group_norm;
+  t[std::string(fused::kDomain) + ".GroupNorm"] = d::infer_group_norm;  // GroupNormalization-21's semantics
   t["LpNormalization"] = d::infer_lp_norm;
   t["LpPool"] = d::infer_lp_pool;
   t["GlobalLpPool"] = d::infer_global_lp_pool;
