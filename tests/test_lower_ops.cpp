@@ -516,4 +516,35 @@ TEST_CASE("lower ops: Einsum forms that are no matmul run the reference kernel, 
   }
 }
 
+TEST_CASE("lower ops: an int64 Transpose that moves size-1 dims only is a view, a one-output Split an alias",
+          "[lower][views]") {
+  // torchvision's boolean indexing: NonZero -> Transpose [1, n] -> [n, 1] -> Split(axis 1, [1]) of int64
+  // positions; the float [2, 1, 3] -> [1, 2, 3] keeps the order of its non-unit dims too.
+  Builder b;
+  Value* positions = b.g.add_input("positions", DType::Int64, Shape{1, 6});
+  Value* column = b.op("Transpose", {positions}, {{"perm", Dims{1, 0}}});
+  Node* split_node = b.node("Split", {column}, {{"axis", std::int64_t{1}}, {"split", Dims{1}}});
+  split_node->set_opset(11);  // the sizes as an attribute
+  Value* split = split_node->output(0);
+  b.g.add_output(split);
+  Value* x = b.input("x", {2, 1, 3});
+  b.g.add_output(b.op("Transpose", {x}, {{"perm", Dims{1, 0, 2}}}));
+  Value* swapped = b.op("Transpose", {b.input("z", {2, 1, 3})}, {{"perm", Dims{2, 1, 0}}});  // a real transpose
+  b.g.add_output(swapped);
+  infer_shapes(b.g);
+  Tensor ids = Tensor::from_vector<std::int64_t>({1, 6}, {9, 4, 7, 0, 3, 8});
+  std::map<std::string, Tensor> inputs{{"positions", ids}, {"x", random_tensor({2, 1, 3}, 1)}, {"z", random_tensor({2, 1, 3}, 2)}};
+  auto want = ReferenceExecutor(b.g).run(inputs);
+  for (const std::string& pipeline : {"default", "none"}) {
+    INFO(pipeline);
+    CompiledModel m = lower::compile(b.g, with_passes(pipeline));
+    INFO(m.to_text());
+    CHECK(m.implementation_histogram().count("reference") == 0);
+    auto got = m.run(inputs);
+    CHECK(got.at(split->name()).dims() == Dims{6, 1});
+    CHECK(got.at(split->name()).to_int64s() == ids.to_int64s());
+    for (auto& [name, w] : want) CHECK(relative_error(got.at(name), w) == 0.0);
+  }
+}
+
 }  // namespace test_lower_ops

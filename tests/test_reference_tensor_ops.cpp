@@ -1,6 +1,8 @@
 // Data-movement and shape ops: shape/type inference and reference kernels, on small hand-computed cases.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -494,6 +496,59 @@ TEST_CASE("NonZero and CumSum", "[tensor_ops]") {
         std::vector<float>{9, 7, 4, 0});
   Tensor m = run1("CumSum", {rt(i64({2, 2}, {1, 2, 3, 4})), rt(Tensor::scalar<std::int64_t>(1))});
   CHECK(ints(m) == Ints{1, 3, 3, 7});
+}
+
+TEST_CASE("TopK: the k first of a stable order (ties by index, NaN above numbers), any axis, both directions",
+          "[tensor_ops][topk]") {
+  // x [6, 40]: values on a coarse grid (many ties) with a few NaN; checked against a full stable sort.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(240);
+  std::uint32_t state = 12345;
+  for (float& e : v) {
+    state = state * 1664525u + 1013904223u;
+    e = static_cast<float>((state >> 8) % 9) - 4.0f;
+    if ((state >> 4) % 23 == 0) e = nan;
+  }
+  Tensor x = f32({6, 40}, v);
+  for (std::int64_t axis : {0, 1})
+    for (std::int64_t largest : {0, 1})
+      for (std::int64_t k : {0, 1, 5, 6}) {
+        INFO("axis " << axis << " largest " << largest << " k " << k);
+        const std::int64_t len = axis == 0 ? 6 : 40, lines = axis == 0 ? 40 : 6;
+        auto out = run("TopK", {rt(x), rt(i64s({k}))}, {{"axis", axis}, {"largest", largest}}, 2);
+        for (std::int64_t line = 0; line < lines; ++line) {
+          auto at = [&](std::int64_t j) { return axis == 0 ? j * 40 + line : line * 40 + j; };
+          std::vector<std::int64_t> order(static_cast<std::size_t>(len));
+          for (std::int64_t j = 0; j < len; ++j) order[static_cast<std::size_t>(j)] = j;
+          auto rank = [&](std::int64_t j) {  // NaN highest
+            const float e = v[static_cast<std::size_t>(at(j))];
+            return std::isnan(e) ? 1e9 : static_cast<double>(e);
+          };
+          std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+            return largest ? rank(a) > rank(b) : rank(a) < rank(b);
+          });
+          for (std::int64_t j = 0; j < k; ++j) {
+            const std::int64_t dst = axis == 0 ? j * 40 + line : line * k + j;
+            const std::int64_t want = order[static_cast<std::size_t>(j)];
+            CHECK(out[1].data<std::int64_t>()[dst] == want);
+            const float got = out[0].data<float>()[dst], expected = v[static_cast<std::size_t>(at(want))];
+            CHECK((std::isnan(got) ? std::isnan(expected) : got == expected));
+          }
+        }
+      }
+}
+
+TEST_CASE("NonZero of rank 1 and 3, GatherND of single elements", "[tensor_ops]") {
+  Tensor flat = run1("NonZero", {rt(f32({6}, {0, 2, 0, -1, 0, 3}))});
+  CHECK(flat.dims() == Ints{1, 3});
+  CHECK(ints(flat) == Ints{1, 3, 5});
+  Tensor cube = run1("NonZero", {rt(i64({2, 2, 2}, {0, 1, 0, 0, 0, 0, 1, 1}))});
+  CHECK(cube.dims() == Ints{3, 3});
+  CHECK(ints(cube) == Ints{0, 1, 1, 0, 1, 1, 1, 0, 1});
+  CHECK(run1("NonZero", {rt(f32({3}, {0, 0, 0}))}).dims() == Ints{1, 0});
+  Tensor picked = run1("GatherND", {rt(f32({5}, {10, 11, 12, 13, 14})),
+                                    rt(i64({3, 1}, {4, -5, 2}))});
+  CHECK(floats(picked) == std::vector<float>{14, 10, 12});
 }
 
 TEST_CASE("EyeLike and ReverseSequence", "[tensor_ops]") {

@@ -137,7 +137,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                    "not float32 or int8 of one type, or no axis"};
     for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
       t[op] = {lower_view, "a view: no copy for row-major data, else one reorder", "dims not static"};
-    t["Transpose"] = {lower_transpose, "oneDNN reorder", "rank above 6, or a dtype oneDNN lacks"};
+    t["Transpose"] = {lower_transpose, "oneDNN reorder; a view when it moves only size-1 dims (any dtype)",
+                      "rank above 6, or a dtype oneDNN lacks (unless a view)"};
     t["DepthToSpace"] = {lower_depth_to_space, "oneDNN reorder", "not 4-D, or a dtype oneDNN lacks"};
     t["Slice"] = {lower_slice, "a view or oneDNN reorder",
                   "starts/ends/axes/steps computed at run time, a negative step, rank above 6, or an empty output"};
@@ -148,6 +149,7 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                "weights computed at run time, clip, input_forget, sequence_lens shorter than the sequence, "
                "non-default activations, or layout 1",
                true};
+    t["Split"] = {lower_split, "an alias when it has one output (the whole input)", "more than one output"};
     t["Identity"] = {lower_identity, "an alias (no copy)", "dims not static"};
     t["Dropout"] = {lower_identity, "an alias (no copy)", "training_mode, a ratio that is not a constant 0, or the mask read"};
     t["ondine.Reorder"] = {lower_reorder, "oneDNN reorder", "a dtype oneDNN lacks"};

@@ -160,11 +160,41 @@ inline void define_view_or_copy(Lowering& L, const Node& n, const Value* y, Slot
 // Transpose as permuted strides of its source: no copy until a reader needs row-major bytes (then one
 // reorder, however many views were stacked), none at all when the permuted strides are row-major or
 // the reader takes strides (attention).
+// True for a Transpose (static shapes, a valid perm) that keeps the order of every dim of size > 1: it
+// moves size-1 dims only, so y's row-major bytes are x's (torchvision's [1, n] -> [n, 1] int64 index lists).
+inline bool moves_unit_dims_only(const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  const std::size_t rank = xd.size();
+  if (yd.size() != rank || x->dtype() != y->dtype()) return false;
+  Dims perm(rank);
+  for (std::size_t i = 0; i < rank; ++i) perm[i] = static_cast<std::int64_t>(rank - 1 - i);
+  if (n.has_attr("perm")) perm = n.attr_ints("perm");
+  if (perm.size() != rank) return false;
+  std::vector<bool> seen(rank, false);
+  std::int64_t last = -1;
+  for (std::size_t j = 0; j < rank; ++j) {
+    const std::int64_t p = perm[j];
+    if (p < 0 || p >= static_cast<std::int64_t>(rank) || seen[static_cast<std::size_t>(p)]) return false;
+    seen[static_cast<std::size_t>(p)] = true;
+    if (yd[j] != xd[static_cast<std::size_t>(p)]) return false;
+    if (xd[static_cast<std::size_t>(p)] == 1) continue;
+    if (p < last) return false;
+    last = p;
+  }
+  return true;
+}
+
+inline bool lower_view(Lowering& L, const Node& n);
+
 inline bool lower_transpose(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
+  if (!x || !y || !x->shape().is_static() || !y->shape().is_static()) return false;
+  if (moves_unit_dims_only(n)) return lower_view(L, n);  // any dtype: the same row-major bytes
   memory::data_type dt;
-  if (!x || !y || !x->shape().is_static() || !y->shape().is_static() || !dnnl_dtype(x->dtype(), dt)) return false;
+  if (!dnnl_dtype(x->dtype(), dt)) return false;
   Dims xd = x->shape().sizes(), yd = y->shape().sizes();
   std::size_t rank = xd.size();
   if (rank == 0 || rank > 6 || yd.size() != rank) return false;
@@ -298,6 +328,16 @@ inline bool lower_view(Lowering& L, const Node& n) {
     }
   }
   L.define_view(n, x, y, n.op_type().c_str());
+  return true;
+}
+
+// Split into one output (the whole input: torch exports unbind of a [n, 1] index list so): an alias.
+inline bool lower_split(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (n.num_outputs() != 1 || !x || !y || !x->shape().is_static() || x->shape() != y->shape() || x->dtype() != y->dtype())
+    return false;
+  L.define_alias(n, x, y);
   return true;
 }
 
