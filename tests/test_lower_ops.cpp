@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "ondine/lower/lower.hpp"
@@ -544,6 +545,69 @@ TEST_CASE("lower ops: an int64 Transpose that moves size-1 dims only is a view, 
     CHECK(got.at(split->name()).dims() == Dims{6, 1});
     CHECK(got.at(split->name()).to_int64s() == ids.to_int64s());
     for (auto& [name, w] : want) CHECK(relative_error(got.at(name), w) == 0.0);
+  }
+}
+
+TEST_CASE("lower ops: Pad in constant mode is Ondine's row copy (any dtype, crops, axes, the value), exactly",
+          "[lower][pad]") {
+  struct PadCase {
+    const char* name;
+    Dims x;
+    Dims pads;
+    DType dtype = DType::Float32;
+    float value = 0.0f;  // constant_value (float32 only)
+    Dims axes;           // opset 18
+    int opset = 13;
+    std::string mode = "constant";
+  };
+  const std::vector<PadCase> cases = {
+      {"H and W, zeros", {1, 3, 5, 6}, {0, 0, 1, 2, 0, 0, 3, 1}},
+      {"a value, every axis", {2, 3, 4}, {1, 0, 2, 0, 2, 1}, DType::Float32, 1.5f},
+      {"crop and pad", {2, 4, 7}, {0, -1, 2, 0, -2, -3}},
+      {"nothing padded (a copy)", {3, 800, 8}, {0, 0, 0, 0, 0, 0}},
+      {"int64", {4, 5}, {1, 2, 0, 1}, DType::Int64},
+      {"opset 18 axes", {2, 3, 4, 5}, {1, 2, 0, 3}, DType::Float32, 0.0f, {1, -1}, 18},
+      {"opset 2 attributes", {2, 3, 4}, {0, 1, 1, 0, 2, 0}, DType::Float32, 0.25f, {}, 2},
+      {"reflect: the reference kernel", {2, 5, 6}, {0, 1, 2, 0, 1, 2}, DType::Float32, 0.0f, {}, 13, "reflect"},
+  };
+  for (const PadCase& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      Builder b;
+      Value* x = b.g.add_input("x", c.dtype, Shape::from(c.x));
+      std::vector<Value*> in{x};
+      Attrs attrs{{"mode", c.mode}};
+      if (c.opset < 11) {
+        attrs["pads"] = c.pads;
+        attrs["value"] = c.value;
+      } else {
+        in.push_back(b.ints(c.pads));
+        if (c.value != 0.0f) in.push_back(b.scalar(c.value));
+        if (!c.axes.empty()) {
+          if (in.size() == 2) in.push_back(nullptr);
+          in.push_back(b.ints(c.axes));
+        }
+      }
+      Node* pad = b.node("Pad", in, attrs);
+      pad->set_opset(c.opset);
+      b.g.add_output(pad->output(0));
+      infer_shapes(b.g);
+      Tensor xv = c.dtype == DType::Int64 ? Tensor(DType::Int64, c.x) : random_tensor(c.x, 3);
+      if (c.dtype == DType::Int64)
+        for (std::int64_t i = 0; i < xv.numel(); ++i) xv.data<std::int64_t>()[i] = 1000 + i;
+      auto want = ReferenceExecutor(b.g).run({{"x", xv}});
+      for (const std::string& pipeline : {"default", "none"}) {
+        INFO(pipeline);
+        CompiledModel m = lower::compile(b.g, with_passes(pipeline));
+        INFO(m.to_text());
+        auto got = m.run({{"x", xv}});
+        const Tensor& w = want.at(pad->output(0)->name());
+        const Tensor& g = got.at(pad->output(0)->name());
+        REQUIRE(g.dims() == w.dims());
+        REQUIRE(g.nbytes() == w.nbytes());
+        CHECK(std::memcmp(g.raw(), w.raw(), w.nbytes()) == 0);
+        CHECK(impls(m, "Pad") == std::vector<std::string>{c.mode == "constant" ? "ondine:copy" : "reference"});
+      }
+    }
   }
 }
 

@@ -882,8 +882,10 @@ TEST_CASE("silu kernels: each kernel this CPU runs matches x * sigmoid(alpha x) 
   std::vector<std::pair<std::string, Run>> kernels{
       {"scalar", [](float* p, std::size_t n, float a) { silu::run(silu::Kernel::Scalar, p, n, a); }}};
 #ifdef ONDINE_SILU_X86
-  if (lower::isa_runs_on(lower::CpuIsa::Avx2, isa.isa))
-    kernels.emplace_back("avx2", [](float* p, std::size_t n, float a) { silu::run(silu::Kernel::Avx2, p, n, a); });
+  if (lower::isa_runs_on(lower::CpuIsa::Avx2, isa.isa)) {  // both forms of the AVX2 kernel too
+    kernels.emplace_back("avx2 division", [](float* p, std::size_t n, float a) { silu::run_avx2_as<true>(p, n, a); });
+    kernels.emplace_back("avx2 reciprocal", [](float* p, std::size_t n, float a) { silu::run_avx2_as<false>(p, n, a); });
+  }
   if (isa.avx512) {  // both forms of the AVX-512 kernel, whichever this CPU's vendor takes
     kernels.emplace_back("avx512 division", [](float* p, std::size_t n, float a) { silu::run_avx512_as<true>(p, n, a); });
     kernels.emplace_back("avx512 reciprocal",

@@ -149,6 +149,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                "weights computed at run time, clip, input_forget, sequence_lens shorter than the sequence, "
                "non-default activations, or layout 1",
                true};
+    t["Pad"] = {lower_pad, "Ondine's copy: the fill, then each row's kept part in one block (any dtype)",
+                "mode reflect, edge or wrap, or pads, axes or the value computed at run time"};
     t["Split"] = {lower_split, "an alias when it has one output (the whole input)", "more than one output"};
     t["Identity"] = {lower_identity, "an alias (no copy)", "dims not static"};
     t["Dropout"] = {lower_identity, "an alias (no copy)", "training_mode, a ratio that is not a constant 0, or the mask read"};

@@ -2,12 +2,16 @@
 // Slice as strided views of their source (copied by one reorder only when a reader needs row-major
 // bytes: Lowering::define_strided_view); the ops that only re-label bytes: Reshape, Flatten, Squeeze,
 // Unsqueeze (zero-copy views of the producer, strided when its strides allow the new dims, else of its
-// row-major bytes); and Identity / inference Dropout (aliases in whatever layout the producer chose).
+// row-major bytes); and Identity / inference Dropout (aliases in whatever layout the producer chose);
+// a one-output Split (an alias); Pad in constant mode (Ondine's row copy).
 //
 // The shape inputs of the view ops are not read at run time: the compiled shapes are static, so the
 // output dims are already known, and the nodes computing those shape inputs drop out as dead steps.
 #pragma once
 
+#include <algorithm>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,7 @@
 #include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/reference/nn.hpp"
 
 namespace ondine::lower::detail {
 
@@ -328,6 +333,105 @@ inline bool lower_view(Lowering& L, const Node& n) {
     }
   }
   L.define_view(n, x, y, n.op_type().c_str());
+  return true;
+}
+
+// Pad in constant mode, row-major, any dtype: the output filled with the value where some pad is positive,
+// then each input row's kept part copied in one block (negative pads crop). Rows are split over threads.
+class PadStep : public runtime::Step {
+ public:
+  PadStep(runtime::StepInfo info, SlotId x, SlotId y, Dims xd, Dims yd, Dims begin, std::vector<unsigned char> fill)
+      : Step(std::move(info), {x}, {y}), x_(x), y_(y), xd_(std::move(xd)), yd_(std::move(yd)), begin_(std::move(begin)),
+        fill_(std::move(fill)) {}
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    const auto* x = static_cast<const unsigned char*>(ctx.ptr(x_));
+    auto* y = static_cast<unsigned char*>(ctx.ptr(y_));
+    const std::size_t es = fill_.size(), rank = xd_.size();
+    std::int64_t out_count = 1;
+    for (std::int64_t d : yd_) out_count *= d;
+    bool grows = false;  // some output position has no source
+    for (std::size_t a = 0; a < rank; ++a) grows |= begin_[a] > 0 || xd_[a] + begin_[a] < yd_[a];
+    if (grows) {
+      if (std::all_of(fill_.begin(), fill_.end(), [](unsigned char c) { return c == 0; })) {
+        std::memset(y, 0, static_cast<std::size_t>(out_count) * es);
+      } else {
+        for (std::int64_t i = 0; i < out_count; ++i) std::memcpy(y + static_cast<std::size_t>(i) * es, fill_.data(), es);
+      }
+    }
+    // The kept input range per axis: [lo, hi) maps to output position + begin.
+    Dims lo(rank), hi(rank), x_stride(rank, 1), y_stride(rank, 1);
+    for (std::size_t a = rank; a-- > 0;) {
+      lo[a] = std::max<std::int64_t>(0, -begin_[a]);
+      hi[a] = std::min<std::int64_t>(xd_[a], yd_[a] - begin_[a]);
+      if (hi[a] <= lo[a]) return;  // nothing of the input is kept
+      if (a + 1 < rank) {
+        x_stride[a] = x_stride[a + 1] * xd_[a + 1];
+        y_stride[a] = y_stride[a + 1] * yd_[a + 1];
+      }
+    }
+    const std::size_t last = rank - 1;
+    const std::size_t row_bytes = static_cast<std::size_t>(hi[last] - lo[last]) * es;
+    std::int64_t rows = 1;
+    for (std::size_t a = 0; a < last; ++a) rows *= hi[a] - lo[a];
+#pragma omp parallel for schedule(static) if (rows > 64 && rows * static_cast<std::int64_t>(row_bytes) > (1 << 18))
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int64_t rest = r, x_off = lo[last], y_off = lo[last] + begin_[last];
+      for (std::size_t a = last; a-- > 0;) {
+        const std::int64_t extent = hi[a] - lo[a], i = lo[a] + rest % extent;
+        rest /= extent;
+        x_off += i * x_stride[a];
+        y_off += (i + begin_[a]) * y_stride[a];
+      }
+      std::memcpy(y + static_cast<std::size_t>(y_off) * es, x + static_cast<std::size_t>(x_off) * es, row_bytes);
+    }
+  }
+
+ private:
+  SlotId x_, y_;
+  Dims xd_, yd_, begin_;
+  std::vector<unsigned char> fill_;
+};
+
+// Pad, constant mode, with pads, axes and the value known when the model compiles; other modes (reflect,
+// edge, wrap) run the reference kernel.
+inline bool lower_pad(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!x || !y || x->dtype() == DType::String || dtype_size(x->dtype()) == 0) return false;
+  if (!x->shape().is_static() || !y->shape().is_static() || x->shape().rank() == 0) return false;
+  if (infer::detail_nn::pad_mode(n) != "constant") return false;
+  const std::size_t rank = x->shape().rank();
+  auto constant_or_null = [&](std::size_t i) -> const Tensor* {
+    const Value* v = n.input(i);
+    return v && v->is_constant() ? &v->constant() : nullptr;
+  };
+  if (n.opset() >= 11 && !constant_or_null(1)) return false;
+  const bool have_axes = n.opset() >= 18 && n.input(3);
+  if (have_axes && !constant_or_null(3)) return false;
+  std::optional<Dims> pads = infer::detail_nn::pad_amounts(n, rank, constant_or_null(1), constant_or_null(3), have_axes);
+  if (!pads) return false;
+  std::vector<unsigned char> fill;
+  if (n.opset() < 11) {
+    fill = reference::detail::nn::fill_bytes(x->dtype(), n.attr_float("value", 0.0f));
+  } else if (const Value* v = n.input(2)) {
+    if (!v->is_constant() || v->dtype() != x->dtype() || v->constant().numel() != 1) return false;
+    fill.resize(dtype_size(x->dtype()));
+    std::memcpy(fill.data(), v->constant().raw(), fill.size());
+  } else {
+    fill = reference::detail::nn::fill_bytes(x->dtype(), 0.0);
+  }
+  const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  Dims begin(pads->begin(), pads->begin() + static_cast<std::ptrdiff_t>(rank));
+  for (std::size_t a = 0; a < rank; ++a)
+    if (yd[a] != xd[a] + (*pads)[a] + (*pads)[a + rank]) return false;  // the reference kernel says why
+  SlotId xs = L.row_major_slot(x), ys = L.new_plain_slot(y);
+  L.define_plain(y, ys);
+  L.add_step(std::make_unique<PadStep>(
+      runtime::StepInfo{n.name(), n.op_type(), "ondine:copy",
+                        "constant, pads " + dims_str(*pads) + ", " + Graph::value_type_str(x) + " -> " + Graph::value_type_str(y)},
+      xs, ys, xd, yd, std::move(begin), std::move(fill)));
   return true;
 }
 

@@ -129,9 +129,9 @@ inline void run_avx512(float* p, std::size_t n, float alpha) {
   run_avx512_as<false>(p, n, alpha);
 }
 
-__attribute__((target("avx2,fma"))) inline __m256 silu8(__m256 x, __m256 alpha) {
+// 1 + 2^t for 8 floats (t clamped to [-126, 126]; the callers saturate long before either end).
+__attribute__((target("avx2,fma"))) inline __m256 one_plus_exp2_8(__m256 t) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  __m256 t = _mm256_mul_ps(_mm256_mul_ps(x, alpha), _mm256_set1_ps(kMinusLog2e));
   t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(126.0f));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(t, n);
@@ -142,24 +142,43 @@ __attribute__((target("avx2,fma"))) inline __m256 silu8(__m256 x, __m256 alpha) 
   q = _mm256_fmadd_ps(q, f, one);
   // 2^n for integer n in [-126, 126]: the exponent field set directly.
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 d = _mm256_add_ps(one, _mm256_mul_ps(q, _mm256_castsi256_ps(bits)));
+  return _mm256_fmadd_ps(q, _mm256_castsi256_ps(bits), one);
+}
+
+// x * sigmoid(alpha x) for 8 floats, k = -alpha log2(e): x / (1 + 2^(k x)), by division (AMD: measured on
+// Zen 3, 0.32-0.38 ns per element on one thread against 0.43 for rcp_ps and two Newton steps) or by the
+// reciprocal (rcp_ps has 12 bits: two steps).
+template <bool Divide>
+__attribute__((target("avx2,fma"))) inline __m256 silu8(__m256 x, __m256 k) {
+  const __m256 d = one_plus_exp2_8(_mm256_mul_ps(x, k));
+  if constexpr (Divide) return _mm256_div_ps(x, d);
   __m256 r = _mm256_rcp_ps(d);
   r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));
-  r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));  // rcp_ps has 12 bits: two steps
+  r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));
   return _mm256_mul_ps(x, r);
 }
 
-__attribute__((target("avx2,fma"))) inline void run_avx2(float* p, std::size_t n, float alpha) {
-  const __m256 a = _mm256_set1_ps(alpha);
+template <bool Divide>
+__attribute__((target("avx2,fma"))) inline void run_avx2_as(float* p, std::size_t n, float alpha) {
+  const __m256 k = _mm256_set1_ps(alpha * kMinusLog2e);
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, silu8(_mm256_loadu_ps(p + i), a));
+  for (; i + 16 <= n; i += 16) {  // two independent vectors per iteration
+    const __m256 a = silu8<Divide>(_mm256_loadu_ps(p + i), k), b = silu8<Divide>(_mm256_loadu_ps(p + i + 8), k);
+    _mm256_storeu_ps(p + i, a);
+    _mm256_storeu_ps(p + i + 8, b);
+  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, silu8<Divide>(_mm256_loadu_ps(p + i), k));
   if (i < n) run_scalar(p + i, n - i, alpha);
+}
+
+inline void run_avx2(float* p, std::size_t n, float alpha) {
+  if (divide_is_fast()) return run_avx2_as<true>(p, n, alpha);
+  run_avx2_as<false>(p, n, alpha);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-
 #endif  // ONDINE_SILU_X86
 
 // The kernel for oneDNN's effective ISA (avx512 / avx2 flags of lower::IsaInfo).
