@@ -536,7 +536,7 @@ TEST_CASE("lower ops: an int64 Transpose that moves size-1 dims only is a view, 
   Tensor ids = Tensor::from_vector<std::int64_t>({1, 6}, {9, 4, 7, 0, 3, 8});
   std::map<std::string, Tensor> inputs{{"positions", ids}, {"x", random_tensor({2, 1, 3}, 1)}, {"z", random_tensor({2, 1, 3}, 2)}};
   auto want = ReferenceExecutor(b.g).run(inputs);
-  for (const std::string& pipeline : {"default", "none"}) {
+  for (const char* pipeline : {"default", "none"}) {
     INFO(pipeline);
     CompiledModel m = lower::compile(b.g, with_passes(pipeline));
     INFO(m.to_text());
@@ -560,16 +560,18 @@ TEST_CASE("lower ops: Pad in constant mode is Ondine's row copy (any dtype, crop
     int opset = 13;
     std::string mode = "constant";
   };
+  const DType f32 = DType::Float32;
   const std::vector<PadCase> cases = {
-      {"H and W, zeros", {1, 3, 5, 6}, {0, 0, 1, 2, 0, 0, 3, 1}},
-      {"a value, every axis", {2, 3, 4}, {1, 0, 2, 0, 2, 1}, DType::Float32, 1.5f},
-      {"crop and pad", {2, 4, 7}, {0, -1, 2, 0, -2, -3}},
-      {"nothing padded (a copy)", {3, 800, 8}, {0, 0, 0, 0, 0, 0}},
-      {"int64", {4, 5}, {1, 2, 0, 1}, DType::Int64},
-      {"opset 18 axes", {2, 3, 4, 5}, {1, 2, 0, 3}, DType::Float32, 0.0f, {1, -1}, 18},
-      {"opset 2 attributes", {2, 3, 4}, {0, 1, 1, 0, 2, 0}, DType::Float32, 0.25f, {}, 2},
-      {"reflect: the reference kernel", {2, 5, 6}, {0, 1, 2, 0, 1, 2}, DType::Float32, 0.0f, {}, 13, "reflect"},
+      {"H and W, zeros", {1, 3, 5, 6}, {0, 0, 1, 2, 0, 0, 3, 1}, f32, 0.0f, {}, 13, "constant"},
+      {"a value, every axis", {2, 3, 4}, {1, 0, 2, 0, 2, 1}, f32, 1.5f, {}, 13, "constant"},
+      {"crop and pad", {2, 4, 7}, {0, -1, 2, 0, -2, -3}, f32, 0.0f, {}, 13, "constant"},
+      {"nothing padded (a copy)", {3, 800, 8}, {0, 0, 0, 0, 0, 0}, f32, 0.0f, {}, 13, "constant"},
+      {"int64", {4, 5}, {1, 2, 0, 1}, DType::Int64, 0.0f, {}, 13, "constant"},
+      {"opset 18 axes", {2, 3, 4, 5}, {1, 2, 0, 3}, f32, 0.0f, {1, -1}, 18, "constant"},
+      {"opset 2 attributes", {2, 3, 4}, {0, 1, 1, 0, 2, 0}, f32, 0.25f, {}, 2, "constant"},
+      {"reflect: the reference kernel", {2, 5, 6}, {0, 1, 2, 0, 1, 2}, f32, 0.0f, {}, 13, "reflect"},
   };
+
   for (const PadCase& c : cases) {
     DYNAMIC_SECTION(c.name) {
       Builder b;
@@ -595,7 +597,7 @@ TEST_CASE("lower ops: Pad in constant mode is Ondine's row copy (any dtype, crop
       if (c.dtype == DType::Int64)
         for (std::int64_t i = 0; i < xv.numel(); ++i) xv.data<std::int64_t>()[i] = 1000 + i;
       auto want = ReferenceExecutor(b.g).run({{"x", xv}});
-      for (const std::string& pipeline : {"default", "none"}) {
+      for (const char* pipeline : {"default", "none"}) {
         INFO(pipeline);
         CompiledModel m = lower::compile(b.g, with_passes(pipeline));
         INFO(m.to_text());
