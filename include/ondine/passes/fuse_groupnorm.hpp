@@ -27,16 +27,14 @@
 #include "ondine/ir/fused_ops.hpp"
 #include "ondine/passes/detail/fusion.hpp"
 #include "ondine/passes/pass.hpp"
+#include "ondine/passes/rewrite.hpp"
 
 namespace ondine {
 
 namespace detail::groupnorm {
 
-// The sole reader of `v` when `v` may disappear into the fusion (one use, not a graph output).
-inline Node* sole_reader(const Value* v) {
-  if (!v || v->is_graph_output() || v->uses().size() != 1) return nullptr;
-  return v->uses().front().node;
-}
+// The sole reader of `v` when `v` may disappear into the fusion (rewrite::single_use).
+inline Node* sole_reader(const Value* v) { return rewrite::single_use(v) ? v->uses().front().node : nullptr; }
 
 inline bool is_onnx(const Node* n, const char* op) { return n && n->domain().empty() && n->op_type() == op; }
 
