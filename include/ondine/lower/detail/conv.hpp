@@ -12,12 +12,15 @@
 // reference kernel.
 #pragma once
 
+#include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/shape_ops.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 
 namespace ondine::lower::detail {
@@ -327,20 +330,23 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
       if (lower_conv_with_depthwise(L, n, chain, *dwf, src_md, weights_md, strides, dilates, r.pad_begin, r.pad_end))
         return true;
   bool fused = false;
+  Dims pad_begin = r.pad_begin, pad_end = r.pad_end;
+  std::optional<memory::desc> stem_dst;  // a stem's channel-blocked output (below)
   auto choose = [&] {
     return choose_fusion<dnnl::convolution_forward::primitive_desc>(
       [&](bool with_chain) {
         const Value* result = (with_chain ? chain : own).result;
-        memory::desc dst_md = activation(y, yd, bf16 && L.bf16_activation(result) ? dt::bf16 : dt::f32);
+        memory::desc dst_md =
+          stem_dst ? *stem_dst : activation(y, yd, bf16 && L.bf16_activation(result) ? dt::bf16 : dt::f32);
         dnnl::primitive_attr attr = Lowering::base_attr();
         attr.set_post_ops((with_chain ? chain : own).ops());
         auto desc = b ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
                                                         dnnl::algorithm::convolution_direct, src_md, weights_md,
                                                         plain_md({out_channels}), dst_md, strides, dilates,
-                                                        r.pad_begin, r.pad_end)
+                                                        pad_begin, pad_end)
                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
                                                         dnnl::algorithm::convolution_direct, src_md, weights_md,
-                                                        dst_md, strides, dilates, r.pad_begin, r.pad_end);
+                                                        dst_md, strides, dilates, pad_begin, pad_end);
         return dnnl::convolution_forward::primitive_desc(desc, attr, L.engine(), true);
       },
       !chain.nodes.empty(), fused);
@@ -351,6 +357,42 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
     src_md = activation_md(x, xd, dt::f32);
     pd = choose();
   }
+  // A stem (fewer than 8 input channels) whose direct kernel oneDNN 2.6 refuses for its padding (the AVX2
+  // kernel's left border takes fewer columns than a Conv1d(1, 128, 9, padding=4) of an audio front end
+  // needs) runs on the im2col GEMM, which writes row-major for the next conv to reorder (gated_pt on AVX2:
+  // 1.6 ms for 9 MFLOP). Instead: the source zero-padded by Ondine's copy (a few channels, so cheap), then
+  // the direct kernel without padding, writing the channel-blocked layout the next conv reads (0.2 ms).
+  std::optional<Dims> padded_dims;
+  const bool padded = std::any_of(pad_begin.begin(), pad_begin.end(), [](std::int64_t p) { return p > 0; }) ||
+                      std::any_of(pad_end.begin(), pad_end.end(), [](std::int64_t p) { return p > 0; });
+  if (pd && padded && !bf16 && group == 1 && channels < 8 && out_channels >= 8 && const_w &&
+      x->layout() != Layout::ChannelsLast && L.options.conv_layout != ConvLayout::Any &&
+      (is_reference_impl(pd) || std::string(pd.impl_info_str()).find("gemm") != std::string::npos)) {
+    using tag = memory::format_tag;
+    const bool wide = effective_isa().avx512;
+    const tag blocked_tag = rank == 3 ? (wide ? tag::nCw16c : tag::nCw8c)
+                            : rank == 4 ? (wide ? tag::nChw16c : tag::nChw8c)
+                                        : (wide ? tag::nCdhw16c : tag::nCdhw8c);
+    Dims xp = xd;
+    for (std::size_t i = 0; i < spatial.size(); ++i) xp[2 + i] += pad_begin[i] + pad_end[i];
+    const memory::desc unpadded_src = src_md;
+    const bool fused_before = fused;
+    src_md = plain_md(xp);
+    stem_dst = memory::desc(yd, dt::f32, blocked_tag);
+    pad_begin.assign(pad_begin.size(), 0);
+    pad_end.assign(pad_end.size(), 0);
+    auto direct = choose();
+    if (direct && !is_reference_impl(direct) && std::string(direct.impl_info_str()).find("gemm") == std::string::npos) {
+      pd = direct;
+      padded_dims = xp;
+    } else {
+      src_md = unpadded_src;
+      stem_dst.reset();
+      pad_begin = r.pad_begin;
+      pad_end = r.pad_end;
+      fused = fused_before;
+    }
+  }
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
   const std::string impl = pd.impl_info_str();
   if (!bf16 && rank == 4 && group == 1 && const_w && const_b && !swish && strides == Dims{1, 1} &&
@@ -360,7 +402,20 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   if (!fused) chain = own;
   if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false);  // nothing created yet
 
-  SlotId src = L.slot_in(x, pd.src_desc());
+  SlotId src;
+  if (padded_dims) {
+    SlotId unpadded = L.row_major_slot(x);
+    src = L.add_slot(runtime::Slot{x->name() + ".padded", DType::Float32, *padded_dims, pd.src_desc().get_size(),
+                                   plain_layout_name(rank), SlotKind::Arena, 0});
+    Dims begin(rank, 0);
+    for (std::size_t i = 0; i < spatial.size(); ++i) begin[2 + i] = r.pad_begin[i];
+    L.add_step(std::make_unique<PadStep>(
+        runtime::StepInfo{n.name(), "Pad", "ondine:copy",
+                          "zero border of " + dims_str(xd) + " -> " + dims_str(*padded_dims) + " for the direct kernel"},
+        unpadded, src, xd, *padded_dims, std::move(begin), std::vector<unsigned char>(sizeof(float), 0)));
+  } else {
+    src = L.slot_in(x, pd.src_desc());
+  }
   std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
   std::vector<std::pair<int, memory>> consts;
   if (const_w)
@@ -374,7 +429,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   bool read_too = false;
   SlotId dst = post_op_dst(L, chain, pd.dst_desc(), read_too);
   commit_post_ops(L, chain, dst, pd.dst_desc());
-  std::string detail = "src " + layout_name(pd.src_desc()) + dims_str(xd) + " wei " + layout_name(pd.weights_desc()) +
+  std::string detail = "src " + layout_name(pd.src_desc()) + (padded_dims ? dims_str(*padded_dims) + " (zero-padded)" : dims_str(xd)) + " wei " + layout_name(pd.weights_desc()) +
                        dims_str(wd) + (const_w ? "" : " (runtime)") + (group > 1 ? " g" + std::to_string(group) : "") + chain.detail() + " -> dst " +
                        layout_name(pd.dst_desc()) + dims_str(yd);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), read_too});
