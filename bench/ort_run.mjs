@@ -4,11 +4,14 @@
 // Usage:
 //   node bench/ort_run.mjs MODEL.onnx --input NAME=in.npy [--input NAME=in.npy ...] --output-dir DIR
 //        [--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]]
+//        [--profile PREFIX]
 //
 // Every graph output is written as DIR/<output name>.npy (characters outside [A-Za-z0-9._-] in the name
 // become '_'). Inputs: little-endian .npy, C order, dtypes float32, float64, int64, int32, int8, uint8, bool.
 // --threads sets intraOpNumThreads (default: ONNX Runtime's choice); graph optimization defaults to 'all'.
 // --iterations N times N runs after --warmup runs (default 1) and prints the latencies as one JSON line.
+// --profile PREFIX: ONNX Runtime's own profiler (a Chrome trace, PREFIX_<date>.json, its path on stderr): the
+// time per node and kernel, to set beside `ondine bench --profile` (bench/ort_profile.py sums it per op).
 // Setup (once): cd bench && npm ci --onnxruntime-node-install=skip
 // Errors go to stderr and the exit status is non-zero.
 
@@ -17,7 +20,7 @@ import path from 'node:path';
 import process from 'node:process';
 
 const USAGE = 'usage: node bench/ort_run.mjs MODEL.onnx --input NAME=in.npy [...] --output-dir DIR ' +
-    '[--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]]';
+    '[--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]] [--profile PREFIX]';
 
 class UsageError extends Error {}
 
@@ -37,7 +40,8 @@ const ORT_TO_DESCR = {
 };
 
 function parseArgs(argv) {
-  const opts = {model: null, inputs: [], outputDir: null, threads: 0, optLevel: 'all', iterations: 0, warmup: 1};
+  const opts = {model: null, inputs: [], outputDir: null, threads: 0, optLevel: 'all', iterations: 0, warmup: 1,
+                profile: null};
   const value = (i, flag) => {
     if (i + 1 >= argv.length) throw new UsageError(`${flag} needs a value`);
     return argv[i + 1];
@@ -55,6 +59,8 @@ function parseArgs(argv) {
       opts.inputs.push({name: spec.slice(0, eq), file: spec.slice(eq + 1)});
     } else if (arg === '--output-dir') {
       opts.outputDir = value(i++, arg);
+    } else if (arg === '--profile') {
+      opts.profile = value(i++, arg);
     } else if (arg === '--threads') {
       opts.threads = positiveInt(value(i++, arg), arg);
     } else if (arg === '--opt-level') {
@@ -154,6 +160,7 @@ async function main() {
 
   const sessionOptions = {graphOptimizationLevel: opts.optLevel, executionMode: 'sequential'};
   if (opts.threads > 0) sessionOptions.intraOpNumThreads = opts.threads;
+  if (opts.profile !== null) Object.assign(sessionOptions, {enableProfiling: true, profileFilePrefix: opts.profile});
   const session = await ort.InferenceSession.create(opts.model, sessionOptions);
 
   const feeds = {};
@@ -184,6 +191,11 @@ async function main() {
     }));
   } else {
     results = await session.run(feeds);
+  }
+
+  if (opts.profile !== null) {
+    await session.endProfiling();  // writes PREFIX_<date>.json (onnxruntime-node returns no path)
+    console.error(`ort_run: profile written as ${opts.profile}_<date>.json`);
   }
 
   if (opts.outputDir !== null) {

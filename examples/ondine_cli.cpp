@@ -286,6 +286,8 @@ void adopt_artifact_precision(const ModelFile& file) {
 }
 // --conv-layout of run and bench (lower::CompileOptions::conv_layout).
 lower::ConvLayout g_conv_layout = lower::ConvLayout::Auto;
+// --conv-algorithm of run and bench (lower::CompileOptions::conv_algorithm).
+lower::ConvAlgorithm g_conv_algorithm = lower::ConvAlgorithm::Auto;
 // --max-error with --precision bf16: the bound on the outputs against fp32 (lower/error_bound.hpp).
 std::optional<double> g_max_error;
 
@@ -486,6 +488,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.precision = g_precision;
   opts.keep_fp32 = g_keep_fp32;
   opts.conv_layout = g_conv_layout;
+  opts.conv_algorithm = g_conv_algorithm;
   opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   // Shared: a staged model compiles its later stages at run time with a copy of these options.
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
@@ -583,6 +586,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   opts.precision = g_precision;
   opts.keep_fp32 = g_keep_fp32;
   opts.conv_layout = g_conv_layout;
+  opts.conv_algorithm = g_conv_algorithm;
   opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   std::string precision_line;
   opts.log = [&precision_line](const std::string& line) {
@@ -1559,6 +1563,12 @@ int main(int argc, char** argv) {
       "float32 convolutions' activations: auto (default: blocked), any (oneDNN picks: "
       "channels-last on AVX-512), or blocked (channels in blocks of the vector width: nChw16c on AVX-512, nChw8c on AVX2)";
   run->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
+  std::string conv_algorithm = "auto";
+  const std::string conv_algorithm_help =
+      "3x3 stride-1 float32 convolutions: auto (default: Winograd F(4x4,3x3) where measured faster: AVX2 CPUs "
+      "without AVX-512), direct (oneDNN's direct kernels), or winograd (wherever it applies)";
+  run->add_option("--conv-algorithm", conv_algorithm, conv_algorithm_help)
+      ->check(CLI::IsMember({"auto", "direct", "winograd"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
@@ -1595,6 +1605,8 @@ int main(int argc, char** argv) {
   bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   bench->add_option("--calib", g_calib_dir, calib_help);
   bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
+  bench->add_option("--conv-algorithm", conv_algorithm, conv_algorithm_help)
+      ->check(CLI::IsMember({"auto", "direct", "winograd"}));
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
@@ -1623,6 +1635,9 @@ int main(int argc, char** argv) {
   g_conv_layout = conv_layout == "blocked" ? lower::ConvLayout::ChannelBlocked
                   : conv_layout == "any"   ? lower::ConvLayout::Any
                                            : lower::ConvLayout::Auto;
+  g_conv_algorithm = conv_algorithm == "direct"     ? lower::ConvAlgorithm::Direct
+                     : conv_algorithm == "winograd" ? lower::ConvAlgorithm::Winograd
+                                                    : lower::ConvAlgorithm::Auto;
   if (g_precision == lower::Precision::Auto && !g_max_error) g_max_error = 0.01;  // auto is verified
   if (!g_calib_dir.empty() && !g_int8) {
     std::cerr << "ondine: error: --calib quantizes a float model for --precision int8 (give it, or leave --calib out)\n";

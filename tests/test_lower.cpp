@@ -517,6 +517,92 @@ TEST_CASE("lower: a stem whose padding oneDNN's direct kernel refuses reads a ze
   CHECK(padded_copies(check_graph(picked, 1e-4, any)) == 0);
 }
 
+TEST_CASE("lower: a 3x3 stride-1 conv runs as Winograd F(4x4,3x3): transforms by Ondine, 36 products by oneDNN (1e-4)",
+          "[lower][winograd]") {
+  // Forced (ConvAlgorithm::Winograd) so that any CPU with AVX2 runs it; Auto takes it where it was measured
+  // faster (an AVX2 CPU without AVX-512). Output sizes that are no multiple of 4, uneven pads, the activation
+  // folded into the output transform, several chunks of tiles.
+  lower::CompileOptions forced;
+  forced.conv_algorithm = lower::ConvAlgorithm::Winograd;
+  auto winograd_steps = [](const CompiledModel& m) { return count_impl(m, "Conv", "ondine:winograd") + count_impl(m, "FusedConv", "ondine:winograd"); };
+  struct Case {
+    const char* what;
+    Dims x;
+    std::int64_t out;
+    Dims pads;
+    const char* act;  // "" none, or the op after the conv
+    std::size_t chunks;
+  };
+  const std::vector<Case> cases = {
+      {"pads 1, Relu, 13x11", {2, 32, 13, 11}, 48, {1, 1, 1, 1}, "Relu", 1},
+      {"no pads, Clip", {1, 48, 9, 10}, 32, {0, 0, 0, 0}, "Clip", 1},
+      {"pads 0,1,1,2, LeakyRelu", {1, 32, 8, 7}, 32, {0, 1, 1, 2}, "LeakyRelu", 1},
+      {"no activation", {3, 64, 6, 6}, 32, {1, 1, 1, 1}, "", 1},
+      {"two chunks", {1, 64, 124, 124}, 64, {1, 1, 1, 1}, "Relu", 2},
+  };
+  const bool avx2 = lower::detail::winograd::has_avx2(lower::effective_isa());
+  for (const Case& c : cases) {
+    INFO(c.what);
+    Builder b;
+    Value* x = b.input("x", c.x);
+    Value* y = b.op("Conv", {x, b.weight({c.out, c.x[1], 3, 3}, 0.2f), b.weight({c.out})}, {{"pads", c.pads}});
+    const std::string act = c.act;
+    if (act == "Clip")
+      y = b.op("Clip", {y, b.g.add_constant("lo", Tensor::scalar(0.0f)), b.g.add_constant("hi", Tensor::scalar(6.0f))});
+    else if (act == "LeakyRelu")
+      y = b.op("LeakyRelu", {y}, {{"alpha", 0.1f}});
+    else if (!act.empty())
+      y = b.op(act, {y});
+    b.g.add_output(b.conv(y, 16, c.out, 1));
+    CompiledModel m = check_graph(b.g, 1e-4, forced);
+    INFO(m.to_text());
+    CHECK_FALSE(any_reference(m));
+    if (!avx2) continue;
+    CHECK(winograd_steps(m) == 2 * c.chunks);  // an input and an output transform per chunk
+    std::size_t products = 0;
+    for (auto& s : m.steps()) products += s.detail.rfind("F(4x4,3x3) 36 products", 0) == 0;
+    CHECK(products == c.chunks);
+    CHECK(count_op(m, "Conv") + count_op(m, "FusedConv") == 3 * c.chunks + 1);  // and the 1x1 conv after it
+    if (!act.empty()) CHECK(count_op(m, act) == 0);
+  }
+  // must not fire: a stride, another kernel, a dilation, groups, channels that are no multiple of the block,
+  // ConvAlgorithm::Direct, and under Auto a conv of few tiles or channels
+  auto one = [](Dims x, std::int64_t out, Dims kernel, std::map<std::string, Attribute> attrs, std::int64_t group = 1) {
+    Builder b;
+    Value* in = b.input("x", x);
+    Dims w{out, x[1] / group};
+    w.insert(w.end(), kernel.begin(), kernel.end());
+    b.g.add_output(b.op("Conv", {in, b.weight(w, 0.2f), b.weight({out})}, std::move(attrs)));
+    return std::move(b.g);
+  };
+  std::vector<std::pair<const char*, Graph>> declined;
+  declined.emplace_back("stride 2", one({1, 32, 16, 16}, 32, {3, 3}, {{"strides", Dims{2, 2}}, {"pads", Dims{1, 1, 1, 1}}}));
+  declined.emplace_back("5x5", one({1, 32, 16, 16}, 32, {5, 5}, {{"pads", Dims{2, 2, 2, 2}}}));
+  declined.emplace_back("dilation 2", one({1, 32, 16, 16}, 32, {3, 3}, {{"dilations", Dims{2, 2}}, {"pads", Dims{2, 2, 2, 2}}}));
+  declined.emplace_back("2 groups", one({1, 32, 16, 16}, 32, {3, 3}, {{"group", std::int64_t{2}}, {"pads", Dims{1, 1, 1, 1}}}, 2));
+  declined.emplace_back("12 channels", one({1, 12, 16, 16}, 32, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}}));
+  {  // a Sigmoid the fusion pass makes the conv's own activation: the output transform has no Sigmoid
+    Builder b;
+    Value* in = b.input("x", {1, 32, 12, 12});
+    b.g.add_output(b.op("Sigmoid", {b.op("Conv", {in, b.weight({32, 32, 3, 3}, 0.2f), b.weight({32})}, {{"pads", Dims{1, 1, 1, 1}}})}));
+    declined.emplace_back("Sigmoid", std::move(b.g));
+  }
+  for (auto& [what, g] : declined) {
+    INFO(what);
+    CHECK(winograd_steps(check_graph(g, 1e-4, forced)) == 0);
+  }
+  lower::CompileOptions direct;
+  direct.conv_algorithm = lower::ConvAlgorithm::Direct;
+  Graph big = one({1, 64, 32, 32}, 64, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
+  CHECK(winograd_steps(check_graph(big, 1e-4, direct)) == 0);
+  Graph small = one({1, 16, 8, 8}, 16, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
+  CHECK(winograd_steps(check_graph(small, 1e-4)) == 0);  // Auto: 4 tiles of 16 channels
+  Graph pays = one({1, 64, 32, 32}, 64, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
+  const lower::IsaInfo isa = lower::effective_isa();
+  const bool measured_here = isa.isa == lower::CpuIsa::Avx2 || isa.isa == lower::CpuIsa::Avx2Vnni;
+  CHECK(winograd_steps(check_graph(pays, 1e-4)) == (measured_here ? 2u : 0u));
+}
+
 TEST_CASE("lower: a 1x1 conv and the depthwise 3x3 reading it run as one primitive when channel-blocked (1e-4)",
           "[lower]") {
   auto relu6 = [](Builder& b, Value* v) {

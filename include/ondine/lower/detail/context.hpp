@@ -63,6 +63,17 @@ inline const char* precision_name(Precision p) {
 // MobileNetV2 3.79 -> 3.69; ResNet-50, ConvNeXt-Tiny and the text detector within 1%).
 enum class ConvLayout { Auto, Any, ChannelBlocked };
 
+// How a 3x3, stride-1 float32 convolution is computed (lower/detail/winograd.hpp). Auto (default): Winograd
+// F(4x4, 3x3) where it was measured faster than oneDNN's direct kernels (AVX2 CPUs without AVX-512, enough
+// tiles and channels: 1.8-3x per conv there), direct elsewhere; Direct: oneDNN's direct kernels always;
+// Winograd: wherever it applies on a CPU with AVX2 (to try it on another CPU; the tests). Winograd's
+// results differ from the direct conv's by about 1e-5 of the output's scale.
+enum class ConvAlgorithm { Auto, Direct, Winograd };
+
+inline const char* conv_algorithm_name(ConvAlgorithm a) {
+  return a == ConvAlgorithm::Direct ? "direct" : a == ConvAlgorithm::Winograd ? "winograd" : "auto";
+}
+
 inline const char* conv_layout_name(ConvLayout l) {
   return l == ConvLayout::ChannelBlocked ? "blocked" : l == ConvLayout::Any ? "any" : "auto";
 }
@@ -92,6 +103,8 @@ struct CompileOptions {
   std::vector<std::string> keep_fp32;
   // The float32 convolutions' activation layout (ConvLayout above).
   ConvLayout conv_layout = ConvLayout::Auto;
+  // 3x3 stride-1 float32 convolutions: Winograd where it pays (ConvAlgorithm above).
+  ConvAlgorithm conv_algorithm = ConvAlgorithm::Auto;
   // On a CPU without VNNI, whose int8 kernels saturate past 7-bit weights: false (default) keeps a QDQ
   // layer with larger (8-bit) weights in float, exactly as the file says; true requantizes its weights to
   // 7 bits (w/2 rounded half to even, scales doubled: up to half an 8-bit step more error per weight) so

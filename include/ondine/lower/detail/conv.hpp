@@ -21,6 +21,7 @@
 #include "ondine/ir/infer/nn.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
+#include "ondine/lower/detail/winograd.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 
 namespace ondine::lower::detail {
@@ -391,6 +392,17 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
       pad_begin = r.pad_begin;
       pad_end = r.pad_end;
       fused = fused_before;
+    }
+  }
+  // A 3x3 stride-1 conv between channel-blocked activations: Winograd F(4x4, 3x3) where it pays (winograd.hpp),
+  // with the whole chain folded into its output transform, else with the node's own part.
+  if (blocked && !bf16 && !swish && !padded_dims && rank == 4 && group == 1 && const_w && const_b &&
+      kernel == Dims{3, 3} && strides == Dims{1, 1} && dilates == Dims{0, 0}) {
+    std::optional<memory::desc> x_blocked = channel_blocked_md(L, x, xd, dt::f32);
+    for (const PostOpChain* c : {&chain, &own}) {
+      if (c == &own && chain.nodes.empty()) break;
+      if (lower_conv_as_winograd(L, n, *c, r.pad_begin, x_blocked, channel_blocked_md(L, c->result, yd, dt::f32)))
+        return true;
     }
   }
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
