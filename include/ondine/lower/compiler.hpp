@@ -86,7 +86,7 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
   static const std::map<std::string, Lowerer> table = [] {
     std::map<std::string, Lowerer> t;
     const char* conv_declines = "not float32, or not 1-3 spatial axes";
-    t["Conv"] = {lower_conv, "oneDNN convolution (post-ops fused; a trailing SiLU runs Ondine's AVX-512/AVX2 kernel)",
+    t["Conv"] = {lower_conv, "oneDNN convolution (post-ops fused; a trailing SiLU runs Ondine's AVX-512/AVX2 kernel; 3x3 stride 1 as Winograd F(4x4,3x3) where it pays)",
                  conv_declines, true};
     t["ondine.FusedConv"] = t["Conv"];
     t["ConvTranspose"] = {lower_deconv, "oneDNN deconvolution", "not float32, not 1-3 spatial axes, or negative pads"};
