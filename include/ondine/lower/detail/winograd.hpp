@@ -170,45 +170,31 @@ __attribute__((target("avx2,fma"))) inline void output_transform(const float* m,
 
 #endif  // ONDINE_WINOGRAD_X86
 
-// The input transform of one chunk of tiles.
-class InputStep : public runtime::Step {
+// One chunk's input transform (x -> V) or output transform (M -> y, with the bias and the activation).
+class TransformStep : public runtime::Step {
  public:
-  InputStep(runtime::StepInfo info, SlotId x, SlotId v, Geometry g, std::int64_t first, std::int64_t rows)
-      : Step(std::move(info), {x}, {v}), x_(x), v_(v), g_(g), first_(first), rows_(rows) {}
+  enum class Kind { Input, Output };
+  TransformStep(runtime::StepInfo info, Kind kind, SlotId from, SlotId to, Geometry g, std::int64_t first,
+                std::int64_t rows, std::vector<float> bias = {}, group_norm::Activation act = {})
+      : Step(std::move(info), {from}, {to}), kind_(kind), from_(from), to_(to), g_(g), first_(first), rows_(rows),
+        bias_(std::move(bias)), act_(act) {}
   void execute(runtime::ExecContext& ctx) const override {
     ctx.backend()->wait();
 #ifdef ONDINE_WINOGRAD_X86
-    input_transform(static_cast<const float*>(ctx.ptr(x_)), g_, first_, rows_, static_cast<float*>(ctx.ptr(v_)));
+    const auto* from = static_cast<const float*>(ctx.ptr(from_));
+    auto* to = static_cast<float*>(ctx.ptr(to_));
+    if (kind_ == Kind::Input)
+      input_transform(from, g_, first_, rows_, to);
+    else
+      output_transform(from, g_, first_, rows_, bias_.empty() ? nullptr : bias_.data(), act_, to);
 #else
     throw Error("internal: Winograd convolution compiled without x86 kernels");
 #endif
   }
 
  private:
-  SlotId x_, v_;
-  Geometry g_;
-  std::int64_t first_, rows_;
-};
-
-// The output transform of one chunk of tiles, with the bias and the activation.
-class OutputStep : public runtime::Step {
- public:
-  OutputStep(runtime::StepInfo info, SlotId m, SlotId y, Geometry g, std::int64_t first, std::int64_t rows,
-             std::vector<float> bias, group_norm::Activation act)
-      : Step(std::move(info), {m}, {y}), m_(m), y_(y), g_(g), first_(first), rows_(rows), bias_(std::move(bias)),
-        act_(act) {}
-  void execute(runtime::ExecContext& ctx) const override {
-    ctx.backend()->wait();
-#ifdef ONDINE_WINOGRAD_X86
-    output_transform(static_cast<const float*>(ctx.ptr(m_)), g_, first_, rows_, bias_.empty() ? nullptr : bias_.data(),
-                     act_, static_cast<float*>(ctx.ptr(y_)));
-#else
-    throw Error("internal: Winograd convolution compiled without x86 kernels");
-#endif
-  }
-
- private:
-  SlotId m_, y_;
+  Kind kind_;
+  SlotId from_, to_;
   Geometry g_;
   std::int64_t first_, rows_;
   std::vector<float> bias_;
@@ -292,18 +278,18 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
                                               v_md.get_size(), "abc", SlotKind::Arena, 0});
     const SlotId m = L.add_slot(runtime::Slot{chain.result->name() + ".winograd_m", DType::Float32,
                                               {36, rows, g.out_channels}, m_md.get_size(), "abc", SlotKind::Arena, 0});
-    L.add_step(std::make_unique<winograd::InputStep>(
+    L.add_step(std::make_unique<winograd::TransformStep>(
         runtime::StepInfo{n.name(), n.op_type(), "ondine:winograd", "F(4x4,3x3) input transform " + layout_name(*x_blocked) + shape + part},
-        src, v, g, first, rows));
+        winograd::TransformStep::Kind::Input, src, v, g, first, rows));
     L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), "F(4x4,3x3) 36 products [" + std::to_string(rows) + "," +
                      std::to_string(g.channels) + "]x[" + std::to_string(g.channels) + "," + std::to_string(g.out_channels) + "]" + part},
                     &n, dnnl::matmul(pd), pd.scratchpad_desc(),
                     {{DNNL_ARG_SRC, v, v_md}, {DNNL_ARG_DST, m, m_md}}, {{DNNL_ARG_WEIGHTS, weights}});
-    L.add_step(std::make_unique<winograd::OutputStep>(
+    L.add_step(std::make_unique<winograd::TransformStep>(
         runtime::StepInfo{n.name(), n.op_type(), "ondine:winograd",
                           "F(4x4,3x3) output transform" + std::string(b ? " +bias" : "") + chain.detail() + " -> dst " +
                               layout_name(*y_blocked) + dims_str(yd) + part},
-        m, dst, g, first, rows, bias, *act));
+        winograd::TransformStep::Kind::Output, m, dst, g, first, rows, bias, *act));
   }
   commit_post_ops(L, chain, dst, *y_blocked);
   return true;
