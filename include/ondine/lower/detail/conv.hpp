@@ -270,6 +270,12 @@ inline bool lower_conv_as_tap_products(Lowering& L, const Node& n, const PostOpC
   return true;
 }
 
+// oneDNN's im2col GEMM convolution or its reference one: the kernels Ondine routes around (padded stems,
+// dilated convs as tap products).
+inline bool is_gemm_or_reference(const dnnl::convolution_forward::primitive_desc& pd) {
+  return is_reference_impl(pd) || std::string(pd.impl_info_str()).find("gemm") != std::string::npos;
+}
+
 // own_swish: a trailing Swish of the node's own chain may run as Ondine's kernel after the primitive
 // (take_trailing_swish); false when the first attempt found the output not dense.
 inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
@@ -368,7 +374,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
                       std::any_of(pad_end.begin(), pad_end.end(), [](std::int64_t p) { return p > 0; });
   if (pd && padded && !bf16 && group == 1 && channels < 8 && out_channels >= 8 && const_w &&
       x->layout() != Layout::ChannelsLast && L.options.conv_layout != ConvLayout::Any &&
-      (is_reference_impl(pd) || std::string(pd.impl_info_str()).find("gemm") != std::string::npos)) {
+      is_gemm_or_reference(pd)) {
     using tag = memory::format_tag;
     const bool wide = effective_isa().avx512;
     const tag blocked_tag = rank == 3 ? (wide ? tag::nCw16c : tag::nCw8c)
@@ -383,7 +389,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
     pad_begin.assign(pad_begin.size(), 0);
     pad_end.assign(pad_end.size(), 0);
     auto direct = choose();
-    if (direct && !is_reference_impl(direct) && std::string(direct.impl_info_str()).find("gemm") == std::string::npos) {
+    if (direct && !is_gemm_or_reference(direct)) {
       pd = direct;
       padded_dims = xp;
     } else {
@@ -406,9 +412,8 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
     }
   }
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
-  const std::string impl = pd.impl_info_str();
   if (!bf16 && rank == 4 && group == 1 && const_w && const_b && !swish && strides == Dims{1, 1} &&
-      dilates != Dims{0, 0} && (impl.find("gemm") != std::string::npos || is_reference_impl(pd)) &&
+      dilates != Dims{0, 0} && is_gemm_or_reference(pd) &&
       lower_conv_as_tap_products(L, n, own, r.pad_begin, win.dilations))
     return true;
   if (!fused) chain = own;
