@@ -82,6 +82,12 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    -> SiLU -> Conv) and a style-transfer block (InstanceNorm2d(affine) -> ReLU -> Conv 1x1); torch
                    writes GroupNorm as Reshape -> InstanceNormalization -> Reshape -> Mul -> Add. Cases 64x80
                    (batch 1), 48x48 (batch 2).
+  convnext_blocks  opset 13  "image" f32 [batch,3,height,width] -> "logits" [batch,10]: torchvision's ConvNeXt with
+                   two small stages (20 and 40 channels, 2 + 1 blocks: depthwise 7x7, LayerNorm over channels
+                   and a Linear-GELU-Linear MLP through permutes, layer scale, residual; LayerNorm2d before
+                   the downsampling conv and the head); torch writes each LayerNorm as ReduceMean / Sub /
+                   Pow / Sqrt / Div. LayerNorm and layer-scale parameters spread. Cases 64x64 (batch 1),
+                   48x80 (batch 2).
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -1095,6 +1101,29 @@ def torch_norm_head(rng, bench=False):
     return spec
 
 
+def torch_convnext_blocks(rng, bench=False):
+    import torch
+    from torch import nn
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    # 20 channels: not a multiple of 8, so channel-blocked activations carry padding; 40: of 8, not of 16.
+    module = ConvNeXt([CNBlockConfig(20, 40, 2), CNBlockConfig(40, None, 1)], num_classes=10)
+    spread_init(module, (nn.Conv2d,))
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("layer_scale"):  # 1e-6 at init: the blocks would add nothing measurable
+                param.uniform_(0.5, 1.5)
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    cases = [{"image": rng.random((1, 3, 64, 64), dtype=np.float32)},
+             {"image": rng.random((2, 3, 48, 80), dtype=np.float32)}]
+    return TorchSpec(module, 13, ["image"], ["logits"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}, cases,
+                     "torchvision ConvNeXt, stages of 20 and 40 channels (2 + 1 blocks), 10 classes")
+
+
 def torch_vision_net(arch, rng, bench=False):
     """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
     (efficientnet_b0, mobilenet_v2, convnext_tiny: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
@@ -1154,6 +1183,7 @@ TORCH_MODELS = {
     "roi_box_head": torch_roi_box_head,
     "fpn_box_head": torch_fpn_box_head,
     "norm_head": torch_norm_head,
+    "convnext_blocks": torch_convnext_blocks,
 }
 
 

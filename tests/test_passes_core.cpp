@@ -627,6 +627,54 @@ TEST_CASE("fold-bn does not fold a BN over a 3-D MatMul output into the MatMul",
   check_same_outputs(before, g, kFoldBnTolerance);
 }
 
+TEST_CASE("fold-bn folds per-channel Mul, Add, Sub and Div by constants after a Conv into it", "[passes][fold-bn]") {
+  // ConvNeXt's layer scale [C, 1, 1] after a Conv, an Add of [1, C, 1, 1] written constant first, a scalar
+  // Sub and a per-channel Div: all four fold, one after the other; the Relu after them stays.
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 6, 5, 5});
+  Value* y = add_conv(g, x, constant(g, "w", {6, 6, 3, 3}, 1, -0.3f, 0.3f), constant(g, "b", {6}, 2), "conv")->output(0);
+  y = g.add_op("Mul", {y, constant(g, "layer_scale", {6, 1, 1}, 3, 0.5f, 1.5f)}, {}, "mul");
+  y = g.add_op("Add", {constant(g, "shift", {1, 6, 1, 1}, 4), y}, {}, "add");
+  y = g.add_op("Sub", {y, g.add_constant("quarter", Tensor::from_vector<float>({1}, {0.25f}))}, {}, "sub");
+  y = g.add_op("Div", {y, constant(g, "divisor", {6, 1, 1}, 5, 0.5f, 2.0f)}, {}, "div");
+  g.add_output(g.add_op("Relu", {y}, {}, "relu"));
+  infer_shapes(g);
+  Graph before = g.clone();
+  PassContext ctx;
+  CHECK(run_pass<FoldBatchNorm>(g, &ctx));
+  CHECK(g.op_histogram() == std::map<std::string, std::size_t>{{"Conv", 1}, {"Relu", 1}});
+  CHECK(ctx.rewrites() == 4);
+  check_same_outputs(before, g, kFoldBnTolerance);
+}
+
+TEST_CASE("fold-bn leaves a Mul or Add after a Conv alone unless it is per channel and constant",
+          "[passes][fold-bn][must-not-fire]") {
+  enum class Why { AlongHeight, RunTimeOperand, ConstantFirstDiv, ConvReadTwice, Broadcasts };
+  for (Why why : {Why::AlongHeight, Why::RunTimeOperand, Why::ConstantFirstDiv, Why::ConvReadTwice, Why::Broadcasts}) {
+    INFO("case " << static_cast<int>(why));
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{1, 4, 5, 5});
+    Value* w = constant(g, "w", {4, 4, 3, 3}, 1, -0.3f, 0.3f);
+    Node* conv = add_conv(g, x, w, nullptr, "conv");
+    Value* y = conv->output(0);
+    Value* k = constant(g, "k", {4, 1, 1}, 2, 0.5f, 1.5f);
+    if (why == Why::AlongHeight) k = constant(g, "k_h", {5, 1}, 3, 0.5f, 1.5f);  // one value per row
+    if (why == Why::RunTimeOperand) k = g.add_input("k_in", DType::Float32, Shape{4, 1, 1});
+    if (why == Why::Broadcasts) k = constant(g, "k_big", {2, 4, 1, 1}, 4, 0.5f, 1.5f);  // makes the batch 2
+    Value* out = why == Why::ConstantFirstDiv ? g.add_op("Div", {k, y}, {}, "div")
+                                              : g.add_op("Mul", {y, k}, {}, "mul");
+    g.add_output(out);
+    if (why == Why::ConvReadTwice) g.add_output(g.add_op("Relu", {y}, {}, "other"));
+    infer_shapes(g);
+    std::map<std::string, Tensor> inputs = random_inputs(g, 11);
+    Graph before = g.clone();
+    CHECK_FALSE(run_pass<FoldBatchNorm>(g));
+    CHECK(conv->input(1) == w);
+    CHECK(g.count_ops("Conv") == 1);
+    check_same_outputs(before, g, 0, 7, inputs);
+  }
+}
+
 // deconv-as-conv: a ConvTranspose(x, W [Cin, C, b, b], B) with strides b, b as DepthToSpace(Conv1x1).
 Node* add_deconv(Graph& g, Value* x, Value* w, Value* b, const std::string& name, std::map<std::string, Attribute> attrs) {
   std::vector<Value*> inputs{x, w};

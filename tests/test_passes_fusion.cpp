@@ -1127,6 +1127,167 @@ Graph bert_layer(std::int64_t seq, std::int64_t hidden, std::int64_t heads) {
 }
 }  // namespace
 
+// --- pointwise-as-conv -------------------------------------------------------------------------
+
+namespace {
+
+// x [N, C, d...] (rank `rank`) -> Transpose to channels-last -> body -> Transpose back, as PyTorch writes ConvNeXt blocks.
+Value* channels_last_detour(Builder& b, Value* x, const std::function<Value*(Value*)>& body, std::int64_t rank = 4) {
+  Dims last{0}, back{0, rank - 1};
+  for (std::int64_t i = 2; i < rank; ++i) last.push_back(i);
+  last.push_back(1);
+  for (std::int64_t i = 1; i + 1 < rank; ++i) back.push_back(i);
+  Value* v = b.op("Transpose", {x}, {{"perm", last}});
+  return b.op("Transpose", {body(v)}, {{"perm", back}});
+}
+
+// A ConvNeXt block on x [N, C, H, W]: depthwise 7x7 (3x3 here), LayerNorm, Linear(C, 4C), GELU,
+// Linear(4C, C) through the permutes, then the layer scale and the residual.
+Value* convnext_block(Builder& b, Value* x, std::int64_t c) {
+  Value* dw = b.op("Conv", {x, b.weight({c, 1, 3, 3}), b.weight({c})},
+                   {{"group", c}, {"pads", Dims{1, 1, 1, 1}}});
+  Value* y = channels_last_detour(b, dw, [&](Value* v) {
+    v = b.layer_norm(v, c);
+    v = b.op("Add", {b.weight({4 * c}), b.op("MatMul", {v, b.weight({c, 4 * c})})});  // torch's order
+    v = b.gelu_erf(v);
+    return b.op("Add", {b.weight({c}), b.op("MatMul", {v, b.weight({4 * c, c}, 0.25f)})});
+  });
+  y = b.op("Mul", {b.positive({c, 1, 1}, 0.5f, 1.5f), y});
+  return b.op("Add", {y, x});
+}
+
+}  // namespace
+
+TEST_CASE("pointwise-as-conv: a ConvNeXt block runs channels-first: 1x1 Convs, ChannelLayerNorm, scales folded (1e-5)",
+          "[fusion][pointwise]") {
+  Builder b;
+  Value* x = b.input("x", {2, 12, 5, 7});  // 12 channels: padded in 8- and 16-channel blocks
+  b.g.add_output(convnext_block(b, x, 12));
+  Graph after = run_passes(b.g, "fuse-gelu,fuse-layernorm,pointwise-as-conv", 1e-5);
+  INFO(after.to_text());
+  CHECK(count(after, "Transpose") == 0);
+  CHECK(count(after, "MatMul") == 0);
+  CHECK(count(after, "ChannelLayerNorm") == 1);
+  CHECK(count(after, "Conv") == 3);
+  CHECK(count(after, "Mul") == 0);  // the layer scale is in the second 1x1 conv's weights
+  CHECK(count(after, "Add") == 1);  // the residual; both biases are in the convs
+  // fuse then gives the 1x1 convs the Gelu and the residual sum.
+  Graph fused = run_passes(b.g, "fuse-gelu,fuse-layernorm,pointwise-as-conv,fuse", 1e-5);
+  CHECK(count(fused, "FusedConv") == 2);
+  CHECK(count(fused, "Add") == 0);
+  CHECK(count(fused, "Gelu") == 0);
+
+  // Compiled with the default pipeline: no transposes, the normalisation on Ondine's kernel.
+  CompiledModel m = check_compiled(b.g, 1e-4, nullptr, "default");
+  INFO(m.to_text());
+  CHECK(count_steps(m, "ChannelLayerNorm", "ondine:") == 1);
+  CHECK(count_steps(m, "Transpose") == 0);
+  CHECK(count_steps(m, "MatMul") == 0);
+  CHECK_FALSE(any_reference_step(m));
+}
+
+TEST_CASE("pointwise-as-conv: LayerNorm2d alone, a 1-D detour, a scalar scale and a Relu (1e-5)", "[fusion][pointwise]") {
+  {
+    INFO("LayerNorm2d: permute, LayerNorm, permute (ConvNeXt's stem and downsampling)");
+    Builder b;
+    Value* x = b.op("Add", {b.input("x", {1, 20, 6, 6}), b.scalar(3.0f)});  // a mean far from 0
+    Value* y = channels_last_detour(b, x, [&](Value* v) {
+      return b.op("LayerNormalization", {v, b.positive({20}, 0.5f, 1.5f), b.weight({20})},
+                  {{"axis", std::int64_t{-1}}, {"epsilon", 1e-6f}});
+    });
+    b.g.add_output(b.op("Conv", {y, b.weight({8, 20, 2, 2})}, {{"strides", Dims{2, 2}}}));
+    Graph after = run_passes(b.g, "pointwise-as-conv", 1e-5);
+    CHECK(after.op_histogram() == std::map<std::string, std::size_t>{{"Add", 1}, {"ChannelLayerNorm", 1}, {"Conv", 1}});
+    CompiledModel m = check_compiled(b.g, 1e-4, nullptr, "default");
+    CHECK(count_steps(m, "ChannelLayerNorm", "ondine:") == 1);
+  }
+  {
+    INFO("1-D: [N, C, L] -> [N, L, C] -> Linear, scalar Mul, Relu, Linear -> back");
+    Builder b;
+    Value* x = b.input("x", {2, 10, 9});
+    b.g.add_output(channels_last_detour(b, x, [&](Value* v) {
+      v = b.op("Mul", {b.op("MatMul", {v, b.weight({10, 16})}), b.scalar(0.5f)});
+      return b.op("MatMul", {b.op("Relu", {v}), b.weight({16, 6})});
+    }, 3));
+    Graph after = run_passes(b.g, "pointwise-as-conv", 1e-5);
+    CHECK(after.op_histogram() == std::map<std::string, std::size_t>{{"Conv", 2}, {"Relu", 1}});
+    check_compiled(b.g, 1e-4, nullptr, "default");
+  }
+}
+
+TEST_CASE("pointwise-as-conv: must not fire", "[fusion][pointwise][must-not-fire]") {
+  struct Case {
+    const char* name;
+    std::function<Value*(Builder&, Value*)> body;  // on the channels-last [2, 5, 7, 12]
+    Dims back;                                      // the closing perm
+  };
+  const Dims inverse{0, 3, 1, 2};
+  std::vector<Case> cases{
+      {"a MatMul by a run-time weight", [](Builder& b, Value* v) {
+         return b.op("MatMul", {v, b.input("w", {12, 12})});
+       }, inverse},
+      {"a constant along the height, not the channels", [](Builder& b, Value* v) {
+         return b.op("Mul", {v, b.positive({5, 1, 1}, 0.5f, 1.5f)});
+       }, inverse},
+      {"LayerNorm over the last two axes", [](Builder& b, Value* v) {
+         return b.op("LayerNormalization", {v, b.positive({7, 12}, 0.5f, 1.5f)}, {{"axis", std::int64_t{-2}}});
+       }, inverse},
+      {"a Softmax over the channels", [](Builder& b, Value* v) {
+         return b.op("Softmax", {v}, {{"axis", std::int64_t{-1}}});
+       }, inverse},
+      {"a value of the detour read twice", [](Builder& b, Value* v) {
+         Value* m = b.op("MatMul", {v, b.weight({12, 12})});
+         b.g.add_output(m);
+         return b.op("Relu", {m});
+       }, inverse},
+      {"a binary op of two run-time values", [](Builder& b, Value* v) {
+         return b.op("Add", {b.op("MatMul", {v, b.weight({12, 12})}), b.input("r", {2, 5, 7, 12})});
+       }, inverse},
+      {"the Transpose back is another permutation", [](Builder& b, Value* v) {
+         return b.op("Relu", {v});
+       }, Dims{0, 3, 2, 1}},
+      {"a Transpose pair with nothing between (cancel-transposes')", [](Builder&, Value* v) { return v; }, inverse},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    Builder b;
+    Value* x = b.input("x", {2, 12, 5, 7});
+    Value* v = b.op("Transpose", {x}, {{"perm", Dims{0, 2, 3, 1}}});
+    b.g.add_output(b.op("Transpose", {c.body(b, v)}, {{"perm", c.back}}));
+    check_untouched(b.g, "pointwise-as-conv");
+  }
+  INFO("no Transpose back: a Reshape to tokens, as ViT and Swin have");
+  Builder b;
+  Value* v = b.op("Transpose", {b.input("x", {2, 12, 5, 7})}, {{"perm", Dims{0, 2, 3, 1}}});
+  v = b.op("MatMul", {v, b.weight({12, 16})});
+  b.g.add_output(b.op("Reshape", {v, b.ints({2, 35, 16})}));
+  check_untouched(b.g, "pointwise-as-conv");
+}
+
+TEST_CASE("compiled: the channel-norm kernel on plain, channels-last and blocked layouts with padding (1e-4)",
+          "[fusion][lower][pointwise]") {
+  // Channel counts: 20 (blocks of 8 and 16 padded; channels-last not a multiple of 8: scalar), 40 (of 8, not
+  // of 16), 3; 13 x 11 positions: no vector width divides them. Reached by each layout mode of the layout pass.
+  for (std::int64_t c : {20, 40, 3}) {
+    for (const char* layout : {"auto", "nhwc", "plain"}) {
+      INFO(c << " channels, layout=" << layout);
+      Builder b;
+      Value* x = b.op("Conv", {b.input("x", {2, 4, 13, 11}), b.weight({c, 4, 1, 1})});
+      x = b.op("Add", {x, b.scalar(5.0f)});
+      Value* y = b.op("ChannelLayerNorm", {x, b.positive({c}, 0.5f, 1.5f), b.weight({c})}, {{"epsilon", 1e-5f}},
+                      fused::kDomain);
+      b.g.add_output(b.op("Conv", {y, b.weight({5, c, 1, 1})}));
+      infer_shapes(b.g);
+      PassManager pm = make_pass_manager("layout");
+      pm.context().options["layout"] = layout;
+      pm.run(b.g);
+      CompiledModel m = check_compiled(b.g, 1e-4);
+      INFO(m.to_text());
+      CHECK(count_steps(m, "ChannelLayerNorm", "ondine:") == 1);
+    }
+  }
+}
+
 TEST_CASE("end to end: a BERT-style layer through fuse-gelu,fuse-layernorm,fuse (1e-5; compiled 1e-4)", "[fusion][e2e]") {
   Graph g = bert_layer(16, 32, 4);
   Graph f = run_passes(g, "fuse-gelu,fuse-layernorm,fuse");

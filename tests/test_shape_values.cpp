@@ -485,6 +485,39 @@ TEST_CASE("norm head: PyTorch's GroupNorm and InstanceNorm exports run Ondine's 
   CHECK(rel_error(m.run(c.inputs).at("maps"), c.outputs.at("maps")) < 1e-4);
 }
 
+TEST_CASE("convnext blocks: torchvision's ConvNeXt runs its MLPs as 1x1 convs and its LayerNorms in place, equal "
+          "to PyTorch", "[lower][pointwise][corpus]") {
+  // torch.onnx.export at opset 13 writes each LayerNorm as ReduceMean / Sub / Pow / Sqrt / Div between
+  // permutes; fuse-layernorm and pointwise-as-conv leave no Transpose and no MatMul.
+  Graph g = ondine::onnx::load_model((corpus_dir("convnext_blocks") / "model.onnx").string());
+  lower::ShapeCache cache(g.clone());
+  for (int k = 0; k < 2; ++k) {
+    INFO("case " << k);
+    Case c = load_case("convnext_blocks", k);
+    CHECK(rel_error(cache.run(c.inputs).at("logits"), c.outputs.at("logits")) < 1e-4);
+  }
+  Graph bound = g.clone();
+  Case c = load_case("convnext_blocks", 0);
+  bind_dims(bound, {{"batch", 1}, {"height", 64}, {"width", 64}});
+  CompiledModel m = lower::compile(std::move(bound), lower::CompileOptions{});
+  std::size_t norms = 0, convs = 0;
+  for (const auto& s : m.steps()) {
+    INFO(s.op << " " << s.name << ": " << s.implementation);
+    CHECK(s.implementation != "reference");
+    CHECK(s.op != "Transpose");
+    CHECK(s.op != "MatMul");
+    CHECK(s.op != "Mul");  // layer scales folded into the second 1x1 convs
+    if (s.op == "ChannelLayerNorm") {
+      CHECK(s.implementation.rfind("ondine:", 0) == 0);
+      ++norms;
+    }
+    convs += s.op == "FusedConv" || s.op == "Conv";
+  }
+  CHECK(norms == 6);   // stem, 3 blocks, downsampling, head
+  CHECK(convs == 11);  // stem, 3 x (depthwise + two 1x1), downsampling
+  CHECK(rel_error(m.run(c.inputs).at("logits"), c.outputs.at("logits")) < 1e-4);
+}
+
 TEST_CASE("a batch of zero compiles and runs: empty outputs, no crash", "[lower][symbolic][corpus]") {
   Graph g = ondine::onnx::load_model((corpus_dir("text_detector") / "model.onnx").string());
   Case c = load_case("text_detector", 0);

@@ -12,6 +12,12 @@
 //       scale and bias [C] (one value per channel), "num_groups" dividing C, "epsilon" (1e-5). Made by
 //       fuse-groupnorm from the InstanceNormalization form PyTorch exports; shape inference and the
 //       reference kernel are GroupNormalization's (ir/infer/nn_extra.hpp, reference/nn_extra.hpp).
+//   ondine.ChannelLayerNorm (X, scale, bias?)  X [N, C, ...]: at every position (n, d...) the C values
+//       X[n, :, d...] are normalised as LayerNormalization normalises a last axis, then
+//       Y = (X - mean) / sqrt(var + epsilon) * scale[c] + bias[c]; scale and bias [C], "epsilon" (1e-5).
+//       LayerNormalization(axis -1) read through Transpose(perm [0, 2, ..., 1]) and written back; made by
+//       pointwise-as-conv (ConvNeXt's LayerNorm, LayerNorm2d), so a channel-blocked activation is
+//       normalised in place of its layout, without the two transposes.
 //
 // The activation chain `act` is three attributes of equal length: "activations" (names, applied in
 // order), "activation_alpha" and "activation_beta" (one float each, 0 when the activation has no

@@ -40,6 +40,7 @@
 #include "ondine/ir/pipeline_hook.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/lower/detail/attention.hpp"
+#include "ondine/lower/detail/channel_norm.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/control_flow.hpp"
 #include "ondine/lower/detail/conv.hpp"
@@ -118,6 +119,10 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                                "not float32, or scale / bias computed at run time"};
     t["ondine.GroupNorm"] = t["GroupNormalization"];
     t["InstanceNormalization"] = t["GroupNormalization"];  // a group per channel
+    t["ondine.ChannelLayerNorm"] = {lower_channel_layer_norm,
+                                    "Ondine's kernel (AVX2 / C++) on the producer's layout: plain, channels-last or "
+                                    "channel-blocked",
+                                    "not float32, or scale / bias computed at run time"};
     t["Resize"] = {lower_resize, "oneDNN resampling",
                    "mode cubic, tf_crop_and_resize, sizes/scales computed at run time, resizing N or C, or sample "
                    "positions oneDNN's coordinate rule does not give"};

@@ -13,6 +13,12 @@
 //                                                                    so its last axis is the BN channel
 //   BN(x) otherwise            -> x * s' + t'                        s', t' shaped [C, 1, ...] to
 //                                                                    broadcast over x's spatial dims
+// And a per-channel affine map by constants right after a Conv, one op after the other:
+//   Mul/Add(Conv(x, W, B), k), Sub/Div(Conv(...), k) -> Conv(x, W * s[m], B * s + t)   k float32, one value
+//                                                       or one per output channel (C or 1 at the channel
+//                                                       axis, 1 elsewhere: [C, 1, 1], [1, C, 1, 1], [1])
+// (ConvNeXt's layer scale, a normalising Sub/Div, a BN already rewritten as Mul + Add), on the same terms:
+// the Conv's output read by that op only, its weights constant.
 // Preconditions for any rewrite: BN in inference mode (no training_mode, or 0; spatial before opset
 // 9), its scale/bias/mean/var constant float32 with one value per channel, X float32, and nothing
 // reading BN's outputs other than output 0. For a fold into the producer, also: the producer's
@@ -204,6 +210,61 @@ inline bool fold_into_gemm(Graph& g, Node& gemm, const Affine& a) {
   return true;
 }
 
+// The per-channel affine map that Mul/Add/Sub/Div `op` applies to `y` (a Conv's output [N, C, d...]) with
+// a float32 constant k of one value or one per channel (dims right-aligned to y's: `channels` or 1 at the
+// channel axis, 1 elsewhere): y * k, y + k, y - k, y / k (y first for Sub and Div); nullopt otherwise.
+inline std::optional<Affine> channel_affine(const Node& op, const Value* y, std::int64_t channels) {
+  const std::string& type = op.op_type();
+  const bool scales = type == "Mul" || type == "Div", shifts = type == "Add" || type == "Sub";
+  if (!op.domain().empty() || (!scales && !shifts) || op.num_inputs() != 2 || op.num_outputs() != 1) return std::nullopt;
+  const Value* k = op.input(0) == y ? op.input(1) : op.input(1) == y ? op.input(0) : nullptr;
+  if (!k || k == y || ((type == "Sub" || type == "Div") && op.input(0) != y)) return std::nullopt;
+  const Tensor* kt = f32_constant(k);
+  const Shape& ys = y->shape();
+  if (!kt || !ys.rank_known() || ys.rank() < 3 || kt->rank() > ys.rank() || !(op.output(0)->shape() == ys))
+    return std::nullopt;
+  bool per_channel = false;
+  for (std::size_t j = 0; j < kt->rank(); ++j) {
+    const std::int64_t d = kt->dims()[j];
+    if (d == 1) continue;
+    if (ys.rank() - kt->rank() + j != 1 || d != channels) return std::nullopt;
+    per_channel = true;
+  }
+  const std::vector<double> v = doubles(*kt);
+  Affine a;
+  for (std::int64_t c = 0; c < channels; ++c) {
+    double x = v[per_channel ? static_cast<std::size_t>(c) : 0];
+    if (type == "Div") {
+      if (x == 0 || !std::isfinite(1 / x)) return std::nullopt;
+      x = 1 / x;
+    }
+    if (type == "Sub") x = -x;
+    a.scale.push_back(scales ? x : 1.0);
+    a.shift.push_back(scales ? 0.0 : x);
+  }
+  return a;
+}
+
+// Folds the per-channel Mul/Add/Sub/Div by constants that follow Conv `conv` (each the only reader of the
+// value before it) into its weights and bias, one after the other; the ops folded go to `folded` (their
+// inputs detached) and their names are returned.
+inline std::vector<std::string> fold_channel_affines(Graph& g, Node& conv, std::vector<Node*>& folded) {
+  std::vector<std::string> names;
+  while (conv.domain().empty() && conv.op_type() == "Conv" && conv.num_outputs() == 1) {
+    Value* y = conv.output(0);
+    const Tensor* w = f32_constant(conv.input(1));
+    if (!w || w->rank() < 3 || y->dtype() != DType::Float32 || !rewrite::single_use(y)) break;
+    Node* op = y->uses()[0].node;
+    std::optional<Affine> a = channel_affine(*op, y, w->dims()[0]);
+    if (!a || !fold_into_conv(g, conv, *a)) break;
+    take_over(g, op->output(0), y);
+    for (std::size_t i = 0; i < op->num_inputs(); ++i) op->set_input(i, nullptr);
+    folded.push_back(op);
+    names.push_back(label(*op));
+  }
+  return names;
+}
+
 // A new one-output node whose output takes `replaced`'s place, dtype, shape and name.
 inline Node* add_replacing_node(Graph& g, Value* replaced, const std::string& op, const std::vector<Value*>& inputs,
                                 const std::string& node_name) {
@@ -291,6 +352,10 @@ struct FoldBatchNorm {
       for (std::size_t i = 0; i < n->num_inputs(); ++i) n->set_input(i, nullptr);
       replaced.push_back(n);
     }
+    for (Node* n : g.topo_order())
+      if (n->domain().empty() && n->op_type() == "Conv" && n->num_inputs() >= 2)
+        for (const std::string& op : d::fold_channel_affines(g, *n, replaced))
+          ctx.rewrite("folded '" + op + "' into '" + d::label(*n) + "'");
     if (replaced.empty()) return false;
     g.remove_nodes(replaced);
     g.remove_dead_values();

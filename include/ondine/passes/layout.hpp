@@ -16,9 +16,10 @@
 //     conv run in plain NCHW is several times slower than the reorders around a blocked one. In "auto",
 //     a conv read only by DepthToSpace writes ChannelsLast instead (deconv-as-conv makes such pairs),
 //     which DepthToSpace reads in place: one copy, not a Reorder and a copy;
-//   - ops created on their input's layout (pooling, Resize, BatchNormalization, eltwise activations,
-//     Identity, Dropout, Softmax, binary ops on same-shape operands, Concat on channels) inherit the layout
-//     of their data input; their other same-shape operands are reordered to it;
+//   - ops created on their input's layout (pooling, Resize, BatchNormalization, ondine.ChannelLayerNorm,
+//     eltwise activations (Gelu too), Identity, Dropout, Softmax, binary ops on same-shape operands, Concat
+//     on channels) inherit the layout of their data input; their other same-shape operands are reordered
+//     to it;
 //   - everything else (reference kernels, Reshape/Flatten/Squeeze/Unsqueeze views, Transpose,
 //     MatMul/Gemm, non-f32 values) reads and writes RowMajor; DepthToSpace reads ChannelsLast too, and
 //     RoiAlign its feature map in any layout (its kernel reads channels side by side, lower/detail/sampling.hpp).
@@ -93,7 +94,8 @@ inline bool is_inheriting_unary(const std::string& op) {
   static const std::set<std::string> ops{"Relu",     "LeakyRelu", "Sigmoid",    "Tanh",       "Elu",
                                          "Exp",      "Log",       "Sqrt",       "Abs",        "Neg",
                                          "Softplus", "HardSwish", "HardSigmoid", "Clip",      "Reciprocal",
-                                         "Pow",      "Identity",  "Dropout",    "Softmax",    "LogSoftmax"};
+                                         "Pow",      "Identity",  "Dropout",    "Softmax",    "LogSoftmax",
+                                         "Gelu",     "ondine.Gelu"};
   return ops.count(op) != 0;
 }
 
@@ -112,6 +114,9 @@ inline Role role_of(const Node& n) {
   // its reference kernel, which reads through a row-major copy as any reference step does.
   if (op == "Resize") return image_rank(y) && image_rank(n.input(0)) ? Role::Inherits : Role::RowMajor;
   if (op == "BatchNormalization") return n.attr_int("training_mode", 0) == 0 ? Role::Inherits : Role::RowMajor;
+  // Ondine's kernel normalises each position's channels in the plain, channels-last or blocked layout
+  // it gets (lower/detail/channel_norm.hpp).
+  if (op == "ondine.ChannelLayerNorm") return image_rank(y) ? Role::Inherits : Role::RowMajor;
   if (is_inheriting_unary(op)) {
     // Pow's exponent, Clip's bounds, Dropout's ratio: oneDNN eltwise needs them constant.
     for (std::size_t i = 1; i < n.num_inputs(); ++i)

@@ -28,6 +28,7 @@
 #include "ondine/passes/fuse_qdq.hpp"
 #include "ondine/passes/layout.hpp"
 #include "ondine/passes/pass_manager.hpp"
+#include "ondine/passes/pointwise_as_conv.hpp"
 #include "ondine/passes/qoperator_to_qdq.hpp"
 #include "ondine/passes/remove_identity.hpp"
 #include "ondine/passes/scatter_rows.hpp"
@@ -44,9 +45,11 @@ namespace ondine {
 // fuse-dynamic-qmatmul finds dynamically quantized matrix products (ONNX Runtime's quantize_dynamic,
 // or "quantize-dynamic,default") after fuse-gelu, so that it takes their Gelu too; fuse-attention runs
 // after fold-constants (a causal mask built from the sequence length is a constant by then) and before
-// fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul.
+// fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul;
+// pointwise-as-conv runs after fuse-gelu and fuse-layernorm (its detours are LayerNorm, MatMul, Gelu) and
+// before fuse, which then gives the 1x1 Convs it makes their activations and residual sums.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-groupnorm,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -62,6 +65,7 @@ inline PassRegistry& pass_registry() {
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
         .add<FuseGroupNorm>()
+        .add<PointwiseAsConv>()
         .add<FuseAttention>()
         .add<FusePostOps>()
         .add<FuseQdq>()

@@ -140,6 +140,38 @@ inline std::vector<Tensor> group_norm(const Node& n, const std::vector<Tensor>& 
   return {from_doubles(x.dtype(), x.dims(), v)};
 }
 
+// ondine.ChannelLayerNorm (ir/fused_ops.hpp): each position's C channel values normalised, in double.
+inline std::vector<Tensor> channel_layer_norm(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required(n, in, 0);
+  const Tensor& scale = required(n, in, 1);
+  require_floating(n, x, "X");
+  nn::require_min_rank(n, x, 2, "X");
+  const int64_t N = x.dims()[0], C = x.dims()[1], inner = nn::product(x.dims(), 2);
+  nn::require_vector(n, scale, C, "scale");
+  std::vector<double> sc = to_doubles(scale), bi(static_cast<std::size_t>(C), 0.0);
+  if (in.size() > 2 && !in[2].empty()) {
+    nn::require_vector(n, in[2], C, "bias");
+    bi = to_doubles(in[2]);
+  }
+  const double eps = n.attr_float("epsilon", 1e-5f);
+  std::vector<double> v = to_doubles(x);
+  for (int64_t b = 0; b < N; ++b)
+    for (int64_t i = 0; i < inner; ++i) {
+      double* p = v.data() + b * C * inner + i;
+      double mean = 0, var = 0;
+      for (int64_t c = 0; c < C; ++c) mean += p[c * inner];
+      mean /= static_cast<double>(C);
+      for (int64_t c = 0; c < C; ++c) var += (p[c * inner] - mean) * (p[c * inner] - mean);
+      var /= static_cast<double>(C);
+      const double inv = 1.0 / std::sqrt(var + eps);
+      for (int64_t c = 0; c < C; ++c) {
+        double& e = p[c * inner];
+        e = (e - mean) * inv * sc[static_cast<std::size_t>(c)] + bi[static_cast<std::size_t>(c)];
+      }
+    }
+  return {from_doubles(x.dtype(), x.dims(), v)};
+}
+
 inline std::vector<Tensor> lp_norm(const Node& n, const std::vector<Tensor>& in) {
   const Tensor& x = required(n, in, 0);
   require_floating(n, x, "input");
@@ -309,6 +341,7 @@ inline void register_nn_extra_kernels(KernelTable& table) {
   table["CenterCropPad"] = k::center_crop_pad;
   table["GroupNormalization"] = k::group_norm;
   table[std::string(fused::kDomain) + ".GroupNorm"] = k::group_norm;  // per-channel scale/bias, as opset 21
+  table[std::string(fused::kDomain) + ".ChannelLayerNorm"] = k::channel_layer_norm;
   table["LpNormalization"] = k::lp_norm;
   table["LpPool"] = k::lp_pool;
   table["GlobalLpPool"] = k::lp_pool;

@@ -124,6 +124,17 @@ inline void infer_group_norm(Node& n) {
   set_output(n, 0, x.dtype(), x.shape());
 }
 
+// ondine.ChannelLayerNorm: X [N, C, ...] float, scale [C], bias [C] or absent; Y like X.
+inline void infer_channel_layer_norm(Node& n) {
+  Value& x = required_input(n, 0);
+  require_floating(n, x);
+  required_input(n, 1);
+  if (!x.shape().rank_known()) return set_output(n, 0, x.dtype(), x.shape());
+  require_min_rank(n, x, 2);
+  for (std::size_t i : {1, 2}) detail_nn::check_vector(n, n.input(i), x.shape()[1], i == 1 ? "scale" : "bias");
+  set_output(n, 0, x.dtype(), x.shape());
+}
+
 inline void infer_lp_norm(Node& n) {
   Value& x = required_input(n, 0);
   require_floating(n, x);
@@ -212,6 +223,7 @@ inline void register_nn_extra_infer(InferTable& t) {
   t["CenterCropPad"] = d::infer_center_crop_pad;
   t["GroupNormalization"] = d::infer_group_norm;
   t[std::string(fused::kDomain) + ".GroupNorm"] = d::infer_group_norm;  // GroupNormalization-21's semantics
+  t[std::string(fused::kDomain) + ".ChannelLayerNorm"] = d::infer_channel_layer_norm;
   t["LpNormalization"] = d::infer_lp_norm;
   t["LpPool"] = d::infer_lp_pool;
   t["GlobalLpPool"] = d::infer_global_lp_pool;
