@@ -68,6 +68,8 @@ inline bool is_unary_elementwise(const Node& n) {
 // `channels` becomes the channel count of its output.
 inline std::optional<Op> classify(Node& n, const Value* v, std::int64_t& channels, std::size_t rank) {
   if (n.num_outputs() < 1 || !is_f32(n.output(0)) || n.input(0) == nullptr) return std::nullopt;
+  const Shape& out = n.output(0)->shape();
+  if (!out.rank_known() || out.rank() != rank) return std::nullopt;  // no broadcast to a larger rank
   for (std::size_t i = 1; i < n.num_outputs(); ++i)
     if (n.output(i) && (n.output(i)->has_uses() || n.output(i)->is_graph_output())) return std::nullopt;
   const std::string& type = n.op_type();

@@ -7,9 +7,9 @@
 // [N, C, P positions] lies at ((n * Cp / B + c / B) * P + p) * B + c % B for a block of B channels (B = 1
 // plain, B = C channels-last, B = 8 or 16 blocked; Cp is C rounded up to B, the padded channels read as
 // nothing and written as zeros, as oneDNN keeps them).
-//   - B a multiple of 8 (blocked, or channels-last with C % 8 == 0): one position at a time, its channels
-//     8 at a time in AVX2 vectors: the mean, then the centred squares (the values are in L1 by then), then
-//     y = (x - mean) * inv_std * scale[c] + bias[c];
+//   - B a multiple of 8 (blocked, or channels-last with C % 8 == 0): eight positions at a time, their
+//     channels 8 at a time in AVX2 vectors: the means, then the centred squares (the values are in L1 by
+//     then), then y = (x - mean) * inv_std * scale[c] + bias[c];
 //   - B = 1 (plain): 8 positions at a time, one AVX2 vector per channel row;
 //   - otherwise, or without AVX2: the same in scalar C++.
 // Statistics in float (C values; two passes, no cancellation); positions split over the run's threads.
@@ -62,44 +62,73 @@ inline void normalize_scalar(const Geometry& g, const float* scale, const float*
 
 #ifdef ONDINE_SILU_X86
 
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+// The 8 sums of a0..a7, in that order, as one vector.
+__attribute__((target("avx2,fma"))) inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                                           __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-// B % 8 == 0: the 8 channels 8j..8j+7 of a position are contiguous.
+// B % 8 == 0: the 8 channels 8j..8j+7 of a position are contiguous. Eight positions at a time, one
+// accumulator each (a position alone is one chain of dependent adds, latency-bound); the channels past the
+// last full vector (C % 8) in scalar code.
 __attribute__((target("avx2,fma"))) inline void normalize_blocked_avx2(const Geometry& g, const float* scale,
                                                                         const float* bias, const float* x, float* y,
                                                                         std::int64_t n, std::int64_t p0,
                                                                         std::int64_t p1) {
   const std::int64_t full = g.C / 8, vectors = g.Cp / 8;
   const auto count = static_cast<float>(g.C);
-  for (std::int64_t p = p0; p < p1; ++p) {
-    __m256 acc = _mm256_setzero_ps();
-    for (std::int64_t j = 0; j < full; ++j) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + g.at(n, 8 * j, p)));
-    float sum = hsum(acc);
-    for (std::int64_t c = full * 8; c < g.C; ++c) sum += x[g.at(n, c, p)];
-    const float mean = sum / count;
-    const __m256 m = _mm256_set1_ps(mean);
-    acc = _mm256_setzero_ps();
+  const auto B = static_cast<std::size_t>(g.B);
+  std::int64_t p = p0;
+  for (; p + 8 <= p1; p += 8) {
+    __m256 a[8];
+    for (__m256& v : a) v = _mm256_setzero_ps();
     for (std::int64_t j = 0; j < full; ++j) {
-      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + g.at(n, 8 * j, p)), m);
-      acc = _mm256_fmadd_ps(d, d, acc);
+      const float* q = x + g.at(n, 8 * j, p);
+      for (std::size_t k = 0; k < 8; ++k) a[k] = _mm256_add_ps(a[k], _mm256_loadu_ps(q + k * B));
     }
-    float squares = hsum(acc);
-    for (std::int64_t c = full * 8; c < g.C; ++c) squares += (x[g.at(n, c, p)] - mean) * (x[g.at(n, c, p)] - mean);
-    const float inv = 1.0f / std::sqrt(squares / count + g.epsilon);
-    const __m256 vi = _mm256_set1_ps(inv);
+    alignas(32) float mean[8], inv[8];
+    _mm256_store_ps(mean, hsum8x8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]));
+    for (std::size_t k = 0; k < 8; ++k) {
+      for (std::int64_t c = full * 8; c < g.C; ++c) mean[k] += x[g.at(n, c, p + static_cast<std::int64_t>(k))];
+      mean[k] /= count;
+    }
+    __m256 m[8];
+    for (std::size_t k = 0; k < 8; ++k) {
+      m[k] = _mm256_set1_ps(mean[k]);
+      a[k] = _mm256_setzero_ps();
+    }
+    for (std::int64_t j = 0; j < full; ++j) {
+      const float* q = x + g.at(n, 8 * j, p);
+      for (std::size_t k = 0; k < 8; ++k) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(q + k * B), m[k]);
+        a[k] = _mm256_fmadd_ps(d, d, a[k]);
+      }
+    }
+    _mm256_store_ps(inv, hsum8x8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]));
+    for (std::size_t k = 0; k < 8; ++k) {
+      for (std::int64_t c = full * 8; c < g.C; ++c) {
+        const float d = x[g.at(n, c, p + static_cast<std::int64_t>(k))] - mean[k];
+        inv[k] += d * d;
+      }
+      inv[k] = 1.0f / std::sqrt(inv[k] / count + g.epsilon);
+    }
     for (std::int64_t j = 0; j < full; ++j) {
       const std::size_t o = g.at(n, 8 * j, p);
-      const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + o), m), vi);
-      _mm256_storeu_ps(y + o, _mm256_fmadd_ps(t, _mm256_loadu_ps(scale + 8 * j), _mm256_loadu_ps(bias + 8 * j)));
+      const __m256 s = _mm256_loadu_ps(scale + 8 * j), b = _mm256_loadu_ps(bias + 8 * j);
+      for (std::size_t k = 0; k < 8; ++k) {
+        const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + o + k * B), m[k]), _mm256_set1_ps(inv[k]));
+        _mm256_storeu_ps(y + o + k * B, _mm256_fmadd_ps(t, s, b));
+      }
     }
-    for (std::int64_t c = full * 8; c < vectors * 8; ++c)
-      y[g.at(n, c, p)] = c < g.C ? (x[g.at(n, c, p)] - mean) * inv * scale[c] + bias[c] : 0.0f;
+    for (std::size_t k = 0; k < 8; ++k)
+      for (std::int64_t c = full * 8; c < vectors * 8; ++c) {
+        const std::size_t o = g.at(n, c, p + static_cast<std::int64_t>(k));
+        y[o] = c < g.C ? (x[o] - mean[k]) * inv[k] * scale[c] + bias[c] : 0.0f;
+      }
   }
+  if (p < p1) normalize_scalar(g, scale, bias, x, y, n, p, p1);
 }
 
 // B == 1 (plain): positions p..p+7 of one channel are contiguous.
