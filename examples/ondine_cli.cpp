@@ -288,6 +288,8 @@ void adopt_artifact_precision(const ModelFile& file) {
 lower::ConvLayout g_conv_layout = lower::ConvLayout::Auto;
 // --conv-algorithm of run and bench (lower::CompileOptions::conv_algorithm).
 lower::ConvAlgorithm g_conv_algorithm = lower::ConvAlgorithm::Auto;
+// --matmul-kernel of run and bench (lower::CompileOptions::matmul_kernel).
+lower::MatMulKernel g_matmul_kernel = lower::MatMulKernel::Auto;
 // --max-error with --precision bf16: the bound on the outputs against fp32 (lower/error_bound.hpp).
 std::optional<double> g_max_error;
 
@@ -489,6 +491,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   opts.keep_fp32 = g_keep_fp32;
   opts.conv_layout = g_conv_layout;
   opts.conv_algorithm = g_conv_algorithm;
+  opts.matmul_kernel = g_matmul_kernel;
   opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   // Shared: a staged model compiles its later stages at run time with a copy of these options.
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
@@ -587,6 +590,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   opts.keep_fp32 = g_keep_fp32;
   opts.conv_layout = g_conv_layout;
   opts.conv_algorithm = g_conv_algorithm;
+  opts.matmul_kernel = g_matmul_kernel;
   opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   std::string precision_line;
   opts.log = [&precision_line](const std::string& line) {
@@ -1569,6 +1573,12 @@ int main(int argc, char** argv) {
       "without AVX-512), direct (oneDNN's direct kernels), or winograd (wherever it applies)";
   run->add_option("--conv-algorithm", conv_algorithm, conv_algorithm_help)
       ->check(CLI::IsMember({"auto", "direct", "winograd"}));
+  std::string matmul_kernel = "auto";
+  const std::string matmul_kernel_help =
+      "float32 matrix products by constant 2-D weights (Linear layers): auto (default: oneDNN's 1x1 convolution "
+      "over the rows where measured faster: AVX2 CPUs without AVX-512, 8 rows or more), gemm (oneDNN's matmul), or "
+      "conv1x1 (the convolution wherever oneDNN has its jit kernel)";
+  run->add_option("--matmul-kernel", matmul_kernel, matmul_kernel_help)->check(CLI::IsMember({"auto", "gemm", "conv1x1"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");
   run->add_option("--tolerance", tolerance,
                   "--check's bound on max|compiled-reference| / max|reference| (default 1e-4; a model with int8 "
@@ -1607,6 +1617,8 @@ int main(int argc, char** argv) {
   bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
   bench->add_option("--conv-algorithm", conv_algorithm, conv_algorithm_help)
       ->check(CLI::IsMember({"auto", "direct", "winograd"}));
+  bench->add_option("--matmul-kernel", matmul_kernel, matmul_kernel_help)
+      ->check(CLI::IsMember({"auto", "gemm", "conv1x1"}));
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "then as many profiled runs: time per op and implementation, share outside oneDNN (overhead)");
@@ -1638,6 +1650,9 @@ int main(int argc, char** argv) {
   g_conv_algorithm = conv_algorithm == "direct"     ? lower::ConvAlgorithm::Direct
                      : conv_algorithm == "winograd" ? lower::ConvAlgorithm::Winograd
                                                     : lower::ConvAlgorithm::Auto;
+  g_matmul_kernel = matmul_kernel == "gemm"      ? lower::MatMulKernel::Gemm
+                    : matmul_kernel == "conv1x1" ? lower::MatMulKernel::Conv1x1
+                                                 : lower::MatMulKernel::Auto;
   if (g_precision == lower::Precision::Auto && !g_max_error) g_max_error = 0.01;  // auto is verified
   if (!g_calib_dir.empty() && !g_int8) {
     std::cerr << "ondine: error: --calib quantizes a float model for --precision int8 (give it, or leave --calib out)\n";

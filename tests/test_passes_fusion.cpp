@@ -985,6 +985,62 @@ TEST_CASE("compiled: FusedMatMul (bias, sum, gelu), FusedGemm and Gelu match the
   CHECK_FALSE(any_reference_step(m));
 }
 
+TEST_CASE("compiled: products by constant weights as 1x1 convolutions over the rows, and where they stay matmuls (1e-4)",
+          "[fusion][lower][matmul-conv]") {
+  // Forced (MatMulKernel::Conv1x1), so any AVX2+ CPU runs it: 3-D A (rows of several batch dims), bias,
+  // residual Sum and GELU post-ops, 13 rows (no vector width divides them), one row, a Gemm with transB and
+  // no C, a MatMul + Add + Relu left unfused by the passes; then the must-not-fire cases.
+  auto compile = [](Graph& g, lower::MatMulKernel kernel) {
+    g.verify();
+    infer_shapes(g);
+    auto inputs = random_inputs(g, 300);
+    auto want = ReferenceExecutor(g).run(inputs);
+    lower::CompileOptions opts;
+    opts.passes = "none";
+    opts.matmul_kernel = kernel;
+    CompiledModel m = lower::compile(g, opts);
+    auto got = m.run(inputs);
+    for (auto& [name, w] : want) {
+      INFO("output " << name << "\n" << m.to_text());
+      require_nontrivial(w, "reference output " + name);
+      CHECK(relative_error(got.at(name), w) <= 1e-4);
+    }
+    return m;
+  };
+  auto convs = [](const CompiledModel& m) {
+    std::size_t k = 0;
+    for (auto& s : m.steps()) k += s.implementation.rfind("jit_1x1", 0) == 0;
+    return k;
+  };
+  {
+    Builder b;
+    Value* x = b.input("x", {2, 13, 24});
+    Node* mm = b.g.add_node("FusedMatMul", {x, b.weight({24, 40}), b.weight({40})}, {"h"}, {}, "mm", fused::kDomain);
+    fused::write_activations(*mm, {{"Gelu"}});
+    Value* r = b.input("r", {2, 13, 24});
+    Node* mm2 = b.g.add_node("FusedMatMul", {mm->output(0), b.weight({40, 24}, 0.25f), b.weight({24}), r}, {"h2"}, {},
+                             "mm2", fused::kDomain);
+    b.g.add_output(mm2->output(0));
+    Value* one = b.op("MatMul", {b.input("v", {1, 24}), b.weight({24, 8})});
+    b.g.add_output(b.op("Relu", {b.op("Add", {one, b.weight({8})})}));
+    b.g.add_output(b.op("Gemm", {b.input("a", {9, 16}), b.weight({8, 16})}, {{"transB", std::int64_t{1}}}));
+    CompiledModel m = compile(b.g, lower::MatMulKernel::Conv1x1);
+    CHECK(convs(m) == 4);
+    CHECK(count_steps(m, "Add") == 0);  // bias and Relu folded into the one-row product
+    CHECK_FALSE(any_reference_step(m));
+    Graph same = b.g.clone();
+    CHECK(convs(compile(same, lower::MatMulKernel::Gemm)) == 0);
+  }
+  {
+    INFO("must not fire: run-time weights, Gemm's C and alpha, batched weights");
+    Builder b;
+    b.g.add_output(b.op("MatMul", {b.input("x", {12, 16}), b.input("w", {16, 8})}));
+    b.g.add_output(b.op("Gemm", {b.input("a", {12, 16}), b.weight({16, 8}), b.weight({12, 8})}, {{"alpha", 0.5f}}));
+    b.g.add_output(b.op("MatMul", {b.input("y", {3, 12, 16}), b.weight({3, 16, 8})}));
+    CHECK(convs(compile(b.g, lower::MatMulKernel::Conv1x1)) == 0);
+  }
+}
+
 TEST_CASE("compiled: a fused node oneDNN cannot take runs its reference kernel, and says so", "[fusion][lower]") {
   Builder b;
   // A runtime Bias: the matmul lowering wants a constant one.

@@ -74,6 +74,18 @@ inline const char* conv_algorithm_name(ConvAlgorithm a) {
   return a == ConvAlgorithm::Direct ? "direct" : a == ConvAlgorithm::Winograd ? "winograd" : "auto";
 }
 
+// How a float32 matrix product by constant 2-D weights ([M, K] x [K, N], a Linear layer; its A row-major) is
+// computed (lower/detail/matmul.hpp). Auto (default): as oneDNN's 1x1 convolution over the M rows as
+// positions where that was measured faster (AVX2 CPUs without AVX-512, M >= 8: row-major [M, K] is the
+// channels-last [1, K, M] its jit_1x1 kernel reads; 1.1-1.3x gemm:jit on transformer and ConvNeXt shapes),
+// oneDNN's matmul elsewhere; Gemm: the matmul always; Conv1x1: the convolution wherever oneDNN has its jit
+// kernel for it (to try it on another CPU; the tests).
+enum class MatMulKernel { Auto, Gemm, Conv1x1 };
+
+inline const char* matmul_kernel_name(MatMulKernel k) {
+  return k == MatMulKernel::Gemm ? "gemm" : k == MatMulKernel::Conv1x1 ? "conv1x1" : "auto";
+}
+
 inline const char* conv_layout_name(ConvLayout l) {
   return l == ConvLayout::ChannelBlocked ? "blocked" : l == ConvLayout::Any ? "any" : "auto";
 }
@@ -105,6 +117,8 @@ struct CompileOptions {
   ConvLayout conv_layout = ConvLayout::Auto;
   // 3x3 stride-1 float32 convolutions: Winograd where it pays (ConvAlgorithm above).
   ConvAlgorithm conv_algorithm = ConvAlgorithm::Auto;
+  // Float32 matrix products by constant 2-D weights: oneDNN's matmul or a 1x1 convolution (MatMulKernel above).
+  MatMulKernel matmul_kernel = MatMulKernel::Auto;
   // On a CPU without VNNI, whose int8 kernels saturate past 7-bit weights: false (default) keeps a QDQ
   // layer with larger (8-bit) weights in float, exactly as the file says; true requantizes its weights to
   // 7 bits (w/2 rounded half to even, scales doubled: up to half an 8-bit step more error per weight) so

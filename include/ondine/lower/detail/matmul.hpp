@@ -76,6 +76,77 @@ inline memory::desc with_data_type(const memory::desc& md, memory::data_type dt)
   return memory::desc(md.dims(), dt, Dims(blk.strides, blk.strides + md.data.ndims));
 }
 
+// A float32 product by constant 2-D weights, [M, K] x [K, N] with A row-major, as oneDNN's 1x1 convolution
+// over the M rows as positions: row-major [M, K] is the channels-last (nwc) [1, K, M] oneDNN's jit_1x1 kernel
+// reads, and its output [1, N, M] nwc is the row-major [M, N], so neither side moves. Measured on AVX2 (2
+// threads, bench numbers in docs/performance.md, session 14): 1.1-1.3x gemm:jit with its best weight layout
+// on the products of transformers and ConvNeXt (197x384x1536 1.38 against 1.58 ms, 1024x256x1024 3.25
+// against 4.23, 49x768x3072 1.67 against 1.82), the same at M = 1. Bias per column, a Sum (binary add of the
+// row-major operand) and eltwise post-ops; nothing else (Gemm's alpha and C, bf16) takes this path. Returns
+// false, with nothing created, where it does not apply or oneDNN has no jit_1x1 kernel for it.
+inline bool emit_matmul_as_conv(Lowering& L, const Node& n, const Value* a, const MatmulPlan& plan,
+                                const std::string& detail_prefix) {
+  if (L.options.matmul_kernel == MatMulKernel::Gemm || !plan.weights_constant || plan.out_scale != 1.0f ||
+      plan.c_runtime || plan.c_constant || plan.src_md.data.ndims != 2 || plan.weights_md.data.ndims != 2 ||
+      plan.src_md.data_type() != memory::data_type::f32 || plan.weights.dtype() != DType::Float32 ||
+      !is_row_major(plan.src_md))
+    return false;
+  const memory::dim M = plan.src_md.data.dims[0], K = plan.src_md.data.dims[1], N = plan.weights_md.data.dims[1];
+  if (plan.bias && plan.bias->numel() != N) return false;
+  if (L.options.matmul_kernel == MatMulKernel::Auto) {
+    const IsaInfo isa = effective_isa();
+    if (isa.avx512 || (isa.isa != CpuIsa::Avx2 && isa.isa != CpuIsa::Avx2Vnni) || M < 8) return false;
+  }
+  using tag = memory::format_tag;
+  const memory::desc src_md({1, K, M}, memory::data_type::f32, tag::nwc), dst_md({1, N, M}, memory::data_type::f32, tag::nwc);
+  const memory::desc weights_md({N, K, 1}, memory::data_type::f32, tag::any), bias_md({N}, memory::data_type::f32, tag::a);
+  dnnl::post_ops po;
+  if (plan.sum) po.append_binary(dnnl::algorithm::binary_add, dst_md);
+  for (const auto* list : {&plan.own_eltwise, &plan.chain.eltwise})
+    for (const EltwiseSpec& e : *list)
+      for (const auto& op : e.ops) po.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
+  dnnl::primitive_attr attr = Lowering::base_attr();
+  attr.set_post_ops(po);
+  const bool with_bias = plan.bias.has_value();
+  auto desc = with_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                          dnnl::algorithm::convolution_direct, src_md, weights_md,
+                                                          bias_md, dst_md, {1}, {0}, {0})
+                        : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                          dnnl::algorithm::convolution_direct, src_md, weights_md,
+                                                          dst_md, {1}, {0}, {0});
+  dnnl::convolution_forward::primitive_desc pd(desc, attr, L.engine(), true);
+  if (!pd || std::string(pd.impl_info_str()).rfind("jit_1x1", 0) != 0) return false;
+
+  const Value* result = plan.chain.result ? plan.chain.result : n.output(0);
+  if (plan.bias_add && plan.chain.nodes.empty()) result = plan.bias_add->output(0);
+  // The weights as given: element (k, j) of B at k * sk + j * sn, so the conv's [N, K, 1] reads it through
+  // strides {sn, sk, 1}.
+  memory::dim sk = N, sn = 1;
+  if (plan.weights_source) {
+    sk = plan.weights_source->data.format_desc.blocking.strides[0];
+    sn = plan.weights_source->data.format_desc.blocking.strides[1];
+  }
+  const memory::desc given({N, K, 1}, memory::data_type::f32, Dims{sn, sk, 1});
+  std::vector<std::pair<int, memory>> consts;
+  consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(plan.weights, pd.weights_desc(), given));
+  if (with_bias) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(*plan.bias, pd.bias_desc()));
+  std::vector<SlotArg> args{{DNNL_ARG_SRC, L.row_major_slot(a), pd.src_desc()}};
+  if (plan.sum)
+    args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, L.row_major_slot(plan.sum), dst_md});
+  const memory::desc value_md = plain_md(result->shape().sizes());
+  SlotId dst = L.new_value_slot(result, value_md);
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  if (plan.bias_add) L.fused.insert(plan.bias_add);
+  for (const Node* f : plan.chain.nodes) L.fused.insert(f);
+  L.define(result, dst, value_md);
+  std::string detail = detail_prefix + " as a 1x1 conv over " + std::to_string(M) + " rows, wei " +
+                       layout_name(pd.weights_desc()) + (with_bias ? " +bias[" + std::to_string(N) + "]" : "") +
+                       plan.own_detail() + plan.chain.detail() + " -> " + dims_str(result->shape().sizes());
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
+                  pd.scratchpad_desc(), std::move(args), std::move(consts));
+  return true;
+}
+
 // Builds the primitive from a plan: with the fused bias-Add and activations first, then alone.
 // Precision::Bf16 with constant weights: bf16 source (`a` as it is when held in bf16, else a converted copy)
 // and weights (packed to bf16 once), f32 accumulation, bias and post-op operands; the output in bf16 when only
@@ -88,6 +159,8 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   if (bf16) {
     plan.src_md = with_data_type(plan.src_md, memory::data_type::bf16);
     plan.weights_md = with_data_type(plan.weights_md, memory::data_type::bf16);
+  } else if (emit_matmul_as_conv(L, n, a, plan, detail_prefix)) {
+    return true;
   }
   auto make_pd = [&](bool with_chain) {
     dnnl::primitive_attr attr = Lowering::base_attr();
