@@ -1576,7 +1576,7 @@ int main(int argc, char** argv) {
   std::string matmul_kernel = "auto";
   const std::string matmul_kernel_help =
       "float32 matrix products by constant 2-D weights (Linear layers): auto (default: oneDNN's 1x1 convolution "
-      "over the rows where measured faster: AVX2 CPUs without AVX-512, 8 rows or more), gemm (oneDNN's matmul), or "
+      "over the rows where measured faster: AVX2 CPUs without AVX-512, 2 rows or more), gemm (oneDNN's matmul), or "
       "conv1x1 (the convolution wherever oneDNN has its jit kernel)";
   run->add_option("--matmul-kernel", matmul_kernel, matmul_kernel_help)->check(CLI::IsMember({"auto", "gemm", "conv1x1"}));
   run->add_flag("--check", check, "also run the reference executor and compare (fails past --tolerance)");

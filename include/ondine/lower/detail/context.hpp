@@ -76,7 +76,7 @@ inline const char* conv_algorithm_name(ConvAlgorithm a) {
 
 // How a float32 matrix product by constant 2-D weights ([M, K] x [K, N], a Linear layer; its A row-major) is
 // computed (lower/detail/matmul.hpp). Auto (default): as oneDNN's 1x1 convolution over the M rows as
-// positions where that was measured faster (AVX2 CPUs without AVX-512, M >= 8: row-major [M, K] is the
+// positions where that was measured faster (AVX2 CPUs without AVX-512, M >= 2: row-major [M, K] is the
 // channels-last [1, K, M] its jit_1x1 kernel reads; 1.1-1.3x gemm:jit on transformer and ConvNeXt shapes),
 // oneDNN's matmul elsewhere; Gemm: the matmul always; Conv1x1: the convolution wherever oneDNN has its jit
 // kernel for it (to try it on another CPU; the tests).

@@ -79,9 +79,9 @@ inline memory::desc with_data_type(const memory::desc& md, memory::data_type dt)
 // A float32 product by constant 2-D weights, [M, K] x [K, N] with A row-major, as oneDNN's 1x1 convolution
 // over the M rows as positions: row-major [M, K] is the channels-last (nwc) [1, K, M] oneDNN's jit_1x1 kernel
 // reads, and its output [1, N, M] nwc is the row-major [M, N], so neither side moves. Measured on AVX2 (2
-// threads, bench numbers in docs/performance.md, session 14): 1.1-1.3x gemm:jit with its best weight layout
-// on the products of transformers and ConvNeXt (197x384x1536 1.38 against 1.58 ms, 1024x256x1024 3.25
-// against 4.23, 49x768x3072 1.67 against 1.82), the same at M = 1. Bias per column, a Sum (binary add of the
+// threads, docs/performance.md, session 14): 1.1-1.3x gemm:jit with its best weight layout on the products
+// of transformers and ConvNeXt (197x384x1536 1.38 against 1.58 ms, 1024x256x1024 3.25 against 4.23,
+// 49x768x3072 1.67 against 1.82, 2 rows 0.067 against 0.107). Bias per column, a Sum (binary add of the
 // row-major operand) and eltwise post-ops; nothing else (Gemm's alpha and C, bf16) takes this path. Returns
 // false, with nothing created, where it does not apply or oneDNN has no jit_1x1 kernel for it.
 inline bool emit_matmul_as_conv(Lowering& L, const Node& n, const Value* a, const MatmulPlan& plan,
@@ -95,7 +95,8 @@ inline bool emit_matmul_as_conv(Lowering& L, const Node& n, const Value* a, cons
   if (plan.bias && plan.bias->numel() != N) return false;
   if (L.options.matmul_kernel == MatMulKernel::Auto) {
     const IsaInfo isa = effective_isa();
-    if (isa.avx512 || (isa.isa != CpuIsa::Avx2 && isa.isa != CpuIsa::Avx2Vnni) || M < 8) return false;
+    // One row: gemm:jit's vector product is faster (384x1536: 0.043 against 0.063 ms).
+    if (isa.avx512 || (isa.isa != CpuIsa::Avx2 && isa.isa != CpuIsa::Avx2Vnni) || M < 2) return false;
   }
   using tag = memory::format_tag;
   const memory::desc src_md({1, K, M}, memory::data_type::f32, tag::nwc), dst_md({1, N, M}, memory::data_type::f32, tag::nwc);
