@@ -1320,6 +1320,19 @@ TEST_CASE("pointwise-as-conv: must not fire", "[fusion][pointwise][must-not-fire
   check_untouched(b.g, "pointwise-as-conv");
 }
 
+TEST_CASE("ondine.ChannelLayerNorm: a scale or bias of the wrong length is an error naming the node", "[fusion][pointwise]") {
+  for (bool bad_bias : {false, true}) {
+    Builder b;
+    Value* x = b.input("x", {1, 6, 4, 4});
+    b.g.add_output(b.op("ChannelLayerNorm", {x, b.weight({bad_bias ? 6 : 5}), b.weight({bad_bias ? 7 : 6})}, {},
+                        fused::kDomain));
+    const std::string e = error_of([&] { infer_shapes(b.g); });
+    INFO(e);
+    CHECK(e.find("ChannelLayerNorm") != std::string::npos);
+    CHECK(e.find(bad_bias ? "bias" : "scale") != std::string::npos);
+  }
+}
+
 TEST_CASE("compiled: the channel-norm kernel on plain, channels-last and blocked layouts with padding (1e-4)",
           "[fusion][lower][pointwise]") {
   // Channel counts: 20 (blocks of 8 and 16 padded; channels-last not a multiple of 8: scalar), 40 (of 8, not

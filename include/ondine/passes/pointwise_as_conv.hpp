@@ -34,6 +34,7 @@
 
 #include "ondine/ir/fused_ops.hpp"
 #include "ondine/passes/cancel_transposes.hpp"
+#include "ondine/passes/detail/fusion.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/pass.hpp"
 #include "ondine/passes/rewrite.hpp"
@@ -51,7 +52,7 @@ struct Op {
   Value* constant = nullptr;
 };
 
-inline bool is_f32(const Value* v) { return v && v->dtype() == DType::Float32; }
+using fusion::is_f32;
 
 inline bool is_unary_elementwise(const Node& n) {
   static const std::set<std::string> ops{"Relu",     "LeakyRelu", "Sigmoid", "Tanh",        "Elu",     "Erf",
