@@ -159,13 +159,14 @@ TEST_CASE("recurrent ops: a bidirectional layer runs its two directions side by 
           "[rnn][lower][threads]") {
   // With two threads the directions are two primitives on one thread each (ConcurrentStep), writing their
   // halves of Y, Y_h and Y_c; with one thread, oneDNN's bidirectional primitive. Initial states, peepholes.
-  // Batch 5: below that an fp32 LSTM or GRU runs Ondine's recurrence kernel on AVX-512 (the next test).
+  // A batch above the largest an fp32 LSTM or GRU runs Ondine's recurrence kernel at (the next test).
+  const std::int64_t b = lower::detail::recurrence::max_small_batch(lower::effective_isa().avx512) + 1;
   for (const char* op : {"LSTM", "GRU", "RNN"}) {
     INFO(op);
-    Recurrent rnn(op, "bidirectional", 7, 5, 5, 6, false, 0, true);
-    std::map<std::string, Tensor> in{{"x", test::uniform_tensor({7, 5, 5}, 31, -1.0f, 1.0f)},
-                                     {"h0", test::uniform_tensor({2, 5, 6}, 32, -1.0f, 1.0f)}};
-    if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({2, 5, 6}, 33, -1.0f, 1.0f);
+    Recurrent rnn(op, "bidirectional", 7, b, 5, 6, false, 0, true);
+    std::map<std::string, Tensor> in{{"x", test::uniform_tensor({7, b, 5}, 31, -1.0f, 1.0f)},
+                                     {"h0", test::uniform_tensor({2, b, 6}, 32, -1.0f, 1.0f)}};
+    if (std::string(op) == "LSTM") in["c0"] = test::uniform_tensor({2, b, 6}, 33, -1.0f, 1.0f);
     auto want = ReferenceExecutor(rnn.g).run(in);
     for (int threads : {1, 2}) {
       INFO("threads " << threads);
@@ -269,13 +270,15 @@ TEST_CASE("recurrent ops: Precision::Bf16 runs oneDNN's bf16 primitive, within b
   for (const auto& s : lower::compile(kept.g, options).steps()) CHECK(s.detail.find(" bf16 (") == std::string::npos);
 }
 
-TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch on AVX-512 runs Ondine's recurrence kernel, equal to the reference",
+TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch runs Ondine's recurrence kernel, equal to the reference",
           "[rnn][lower][lstm-small-batch]") {
-  // lower/detail/lstm_small_batch.hpp: the input projection on a oneDNN matmul, then the recurrence. Hidden
-  // sizes on and off the 16-lane blocks (and 1, 2 and 4 blocks per call), batch 1 to 4 (rows grouped by up to
-  // 4), every direction, with and without initial states, on 1 and 2 threads. Its tanh and sigmoid are
-  // polynomial (absolute error ~3e-7): the bound is the oneDNN path's.
-  const bool avx512 = lower::effective_isa().avx512;
+  // lower/detail/recurrence.hpp: the input projection on a oneDNN matmul, then the
+  // recurrence, on AVX-512 (16-lane blocks; batch 1 to 4) or AVX2 (8-lane blocks; batch 1 to 16). Hidden sizes
+  // on and off the blocks (1 to 4 blocks per call), batches 1 to 8 (rows grouped by up to 4 or 3), every
+  // direction, with and without initial states, on 1 and 2 threads. Its tanh and sigmoid are polynomial
+  // (absolute error ~3e-7): the bound is the oneDNN path's.
+  const char* kernel = lower::detail::recurrence::kernel_name();
+  const std::int64_t max_batch = lower::detail::recurrence::max_small_batch(lower::effective_isa().avx512);
   struct Case {
     const char* direction;
     std::int64_t batch, hidden;
@@ -284,7 +287,7 @@ TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch on AVX-512 runs Ond
   for (const char* op : {"LSTM", "GRU"})  // GRU: linear_before_reset (the helper sets it), PyTorch's
   for (const Case& c : {Case{"forward", 1, 64, false}, Case{"reverse", 1, 37, true}, Case{"bidirectional", 1, 48, true},
                         Case{"bidirectional", 2, 20, false}, Case{"forward", 3, 16, true}, Case{"bidirectional", 4, 33, true},
-                        Case{"forward", 1, 5, false}}) {
+                        Case{"forward", 1, 5, false}, Case{"bidirectional", 8, 20, true}, Case{"reverse", 7, 64, true}}) {
     INFO(op << " " << c.direction << " batch " << c.batch << " hidden " << c.hidden << (c.states ? " with states" : ""));
     Recurrent lstm(op, c.direction, 9, c.batch, 7, c.hidden, false, 0, c.states, false);
     std::map<std::string, Tensor> in{{"x", test::uniform_tensor({9, c.batch, 7}, 41, -1.0f, 1.0f)}};
@@ -299,8 +302,8 @@ TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch on AVX-512 runs Ond
       options.threads = threads;
       auto model = lower::compile(lstm.g, options);
       std::size_t ours = 0;
-      for (const auto& s : model.steps()) ours += s.op == op && s.implementation == "ondine:avx512";
-      CHECK(ours == (avx512 ? 1u : 0u));
+      for (const auto& s : model.steps()) ours += s.op == op && kernel && s.implementation == kernel;
+      CHECK(ours == (kernel && c.batch <= max_batch ? 1u : 0u));
       for (int k = 0; k < 2; ++k) {  // twice: the per-context state is reset by every run
         auto got = model.run(in);
         for (auto& [name, t] : want) {
@@ -310,22 +313,22 @@ TEST_CASE("recurrent ops: an fp32 LSTM or GRU at small batch on AVX-512 runs Ond
       }
     }
   }
-  // Must not fire: batch 5 (oneDNN is faster there) and peepholes stay on oneDNN's LSTM; a GRU without
-  // linear_before_reset on oneDNN's GRU.
+  // Must not fire: a batch above max_batch (oneDNN is faster there) and peepholes stay on oneDNN's LSTM; a
+  // GRU without linear_before_reset on oneDNN's GRU.
+  auto ours_in = [&](const Graph& g) {
+    lower::CompileOptions options;
+    options.threads = 1;
+    std::size_t count = 0;
+    for (const auto& s : lower::compile(g, options).steps()) count += kernel && s.implementation == kernel;
+    return count;
+  };
   Recurrent plain_gru("GRU", "forward", 4, 1, 3, 16, false);
   for (Node* node : plain_gru.g.nodes())
     if (node->name() == "rnn") node->set_attr("linear_before_reset", std::int64_t{0});
-  {
-    lower::CompileOptions options;
-    options.threads = 1;
-    for (const auto& s : lower::compile(plain_gru.g, options).steps()) CHECK(s.implementation != "ondine:avx512");
-  }
+  CHECK(ours_in(plain_gru.g) == 0);
   for (bool peep : {false, true}) {
-    Recurrent lstm("LSTM", "forward", 4, peep ? 1 : 5, 3, 16, false, 0, peep, peep);
-    lower::CompileOptions options;
-    options.threads = 1;
-    auto model = lower::compile(lstm.g, options);
-    for (const auto& s : model.steps()) CHECK(s.implementation != "ondine:avx512");
+    Recurrent lstm("LSTM", "forward", 4, peep ? 1 : max_batch + 1, 3, 16, false, 0, peep, peep);
+    CHECK(ours_in(lstm.g) == 0);
   }
 }
 

@@ -150,7 +150,7 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     for (const char* op : {"LSTM", "GRU", "RNN"})
       t[op] = {lower_recurrent,
                "oneDNN lstm_forward / gru_forward / lbr_gru_forward / vanilla_rnn_forward (an fp32 LSTM or lbr GRU at "
-               "batch 1-4 on AVX-512: Ondine's recurrence kernel)",
+               "batch 1-4 on AVX-512, 1-8 on AVX2: Ondine's recurrence kernel)",
                "weights computed at run time, clip, input_forget, sequence_lens shorter than the sequence, "
                "non-default activations, or layout 1",
                true};

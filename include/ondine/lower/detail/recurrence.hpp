@@ -1,33 +1,38 @@
-// ondine/lower/detail/recurrence.hpp - Ondine's own recurrence kernels on AVX-512, for the two cases
-// oneDNN 2.6 runs slowly or not at all:
+// ondine/lower/detail/recurrence.hpp - Ondine's own recurrence kernels on AVX-512 and AVX2, for the two
+// cases oneDNN 2.6 runs slowly or not at all:
 //
 // 1. An fp32 LSTM at small batch (at most kMaxLstmBatch): oneDNN 2.6's only fp32 LSTM kernel for AVX-512
 //    is brgemm-based; at batch 1 each time step is a [1, H] x [H, 4H] product that it runs at ~30% of the
 //    fp32 peak (PyTorch's bidirectional 2-layer tagger, H 256, T 128, 2 cores of a Zen 4: 107 sequences/s
 //    against ONNX Runtime's 152). Split the way ONNX Runtime and PyTorch do: X W^T + Wb + Rb for all T at
 //    once is a real GEMM (a oneDNN matmul, both directions in one), and what is left per step, G[t] +
-//    h[t-1] R^T and the gates, is a matrix-vector product whose weights stream from cache.
+//    h[t-1] R^T and the gates, is a matrix-vector product whose weights stream from cache. On AVX2 oneDNN's
+//    only LSTM is its GEMM-based `ref`, one direction per thread and its input projection on that thread
+//    alone (the tagger at batch 8: 0.88x ONNX Runtime); there the projection is one matmul on every thread
+//    and the recurrence these kernels, up to kMaxLstmBatchAvx2.
 // 2. A GRU (linear_before_reset, PyTorch's) whose input projection the graph already computed:
 //    quantize-dynamic (quant/quantize_dynamic.hpp) turns GRU(X, W, ...) into G = X W^T as a dynamic int8
 //    matrix product and GRU(G, S, ...) where S selects G's columns of each direction (S[d][k][j] = 1 when
 //    j = d*3H + k): standard ONNX that any runtime computes, at the cost of a product by S. Here that
 //    product is skipped: the recurrence reads G as it is.
 //
-// The kernels keep up to 16 accumulators in registers (the gates of 16 hidden units x up to 4 blocks or
-// batch rows) and apply the gates there, so nothing but h (and LSTM's c) is written per step.
-// Layouts. LSTM's G: [T*N, D*4*Hp] with Hp = H rounded up to 16 and the columns of direction d grouped by
-// blocks of 16 hidden units, gates inside a block (ONNX's order i o f c): column ((d*blocks + j)*4 + g)*16
-// + u. GRU's G: the graph's [T, N, D*3H]. Recurrent weights per direction: [blocks][H][gates][16] (row k of
-// block j holds R[g*H + 16j + u][k]), zero past H. Y is the oneDNN path's dst_layer [T, N, D*H]; the
+// The kernels keep up to 16 accumulators in registers (AVX-512: the gates of 16 hidden units x up to 4
+// blocks or batch rows; AVX2: of 8 units x up to 3) and apply the gates there, so nothing but h (and LSTM's c)
+// is written per step.
+// Layouts, with L = 16 (AVX-512) or 8 (AVX2) hidden units per block (RnnShape::lanes). LSTM's G:
+// [T*N, D*4*Hp] with Hp = H rounded up to L and the columns of direction d grouped by blocks of L hidden
+// units, gates inside a block (ONNX's order i o f c): column ((d*blocks + j)*4 + g)*L + u. GRU's G: the
+// graph's [T, N, D*3H]. Recurrent weights per direction: [blocks][H][gates][L] (row k of block j holds
+// R[g*H + Lj + u][k]), zero past H. Y is the oneDNN path's dst_layer [T, N, D*H]; the
 // previous step's h is read from there.
 // With two threads or more, the threads split each direction's hidden units (a barrier per step, each
 // core's share of the weights stays in its L2) or take a direction each (split_blocks says which).
-// Measured (bench command in docs/performance.md, "Recurrent networks"): the LSTM tagger at batch 1 went
-// from 9.4 ms (oneDNN) to 4.5 ms, at batch 2 from 11.6 to 6.6 ms, at batch 4 from 14.8 to 12.6 ms; at 8
-// they tie.
+// Measured (bench command in docs/performance.md, "Recurrent networks"): on a Zen 4 the LSTM tagger at batch
+// 1 went from 9.4 ms (oneDNN) to 4.5 ms, at batch 2 from 11.6 to 6.6 ms, at batch 4 from 14.8 to 12.6 ms; at
+// 8 they tie. On a Zen 3 with AVX2 only: batch 1 9.0-9.8 -> 6.3-7.1 ms, batch 8 46-47 -> 38-40 ms; at 16 a tie.
 //
-// Taken only when oneDNN's effective ISA has AVX-512 (DNNL_MAX_CPU_ISA caps it) and the node has none of
-// what the oneDNN path declines (rnn_unsupported), nor peepholes.
+// Taken only when oneDNN's effective ISA has AVX-512 or AVX2 (DNNL_MAX_CPU_ISA caps it) and the node has none
+// of what the oneDNN path declines (rnn_unsupported), nor peepholes.
 #pragma once
 
 #include <algorithm>
@@ -38,25 +43,33 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/silu.hpp"
 
 namespace ondine::lower::detail::recurrence {
 
 constexpr std::int64_t kLanes = 16;
-// Above this batch oneDNN's LSTM kernel wins (measured, docs/performance.md "Recurrent networks").
+constexpr std::int64_t kLanes8 = 8;  // the AVX2 kernels' block of hidden units
+// Above this batch oneDNN's LSTM kernel wins (measured, docs/performance.md "Recurrent networks"): on
+// AVX-512 its brgemm LSTM from batch 5; on AVX2 its GEMM-based `ref` LSTM from batch 9 (the taggers at batch
+// 16 tie, at 8 these kernels are 1.1-1.2x faster).
 constexpr std::int64_t kMaxLstmBatch = 4;
+constexpr std::int64_t kMaxLstmBatchAvx2 = 8;
+inline std::int64_t max_small_batch(bool avx512) { return avx512 ? kMaxLstmBatch : kMaxLstmBatchAvx2; }
 
 enum class Cell { Lstm, Gru };
 
 struct RnnShape {
   std::int64_t seq = 0, batch = 0, dirs = 0, input = 0, hidden = 0;
   Cell cell = Cell::Lstm;
+  std::int64_t lanes = kLanes;  // hidden units per block: 16 (AVX-512 kernels) or 8 (AVX2)
   std::int64_t gates() const { return cell == Cell::Lstm ? 4 : 3; }
-  std::int64_t blocks() const { return (hidden + kLanes - 1) / kLanes; }
-  std::int64_t padded() const { return blocks() * kLanes; }
+  std::int64_t blocks() const { return (hidden + lanes - 1) / lanes; }
+  std::int64_t padded() const { return blocks() * lanes; }
   // G's columns per direction: LSTM's padded blocks, or the graph's 3H.
-  std::int64_t g_cols() const { return cell == Cell::Lstm ? blocks() * 4 * kLanes : 3 * hidden; }
+  std::int64_t g_cols() const { return cell == Cell::Lstm ? 4 * padded() : 3 * hidden; }
 };
 
 // The operands of one cell call, at batch row 0 (the strides step to the next row). `bias`: GRU's packed
@@ -225,16 +238,173 @@ inline void time_step(const CellTable& cells, CellArgs a, std::int64_t block_beg
   }
 }
 
+// The same cells on AVX2 (16 ymm registers): blocks of 8 hidden units, at most 12 accumulators (3 blocks of
+// one row, or one block of up to 3 rows), so the broadcast h values stay in registers and the weights are
+// memory operands. The weights of a block ([H][Gates][8]: 32 KB for an LSTM of H 256) stay in L1 while the
+// row groups of a step reuse them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+template <int Blocks, int Rows, int Gates>
+__attribute__((target("avx2,fma"))) inline void recurrent_product8(const CellArgs& a, std::int64_t block,
+                                                                   __m256 (&acc)[Rows][Blocks][Gates]) {
+  const std::int64_t block_floats = a.hidden * Gates * kLanes8;
+  const float* w = a.r_packed + block * block_floats;
+  // Unrolled: 4 steps of k per iteration ran a 3-row cell at 62 instead of 47 GFLOP/s on one Zen 3 core
+  // (weights in L1). Tried and slower on the LSTM tagger's recurrence: software prefetch of the next block's
+  // weights; the sum over k in two halves so the row groups share 16 KB of weights at a time (one core,
+  // batch 8, H 256, 128 steps: 10.7-11.8 ms against 8.7-9.2 whole).
+#pragma GCC unroll 4
+  for (std::int64_t k = 0; k < a.hidden; ++k) {
+    __m256 hk[Rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < Rows; ++r) hk[r] = _mm256_broadcast_ss(a.h_prev + r * a.h_prev_stride + k);
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b)
+#pragma GCC unroll 4
+      for (int q = 0; q < Gates; ++q) {
+        const __m256 wq = _mm256_loadu_ps(w + b * block_floats + (k * Gates + q) * kLanes8);
+#pragma GCC unroll 4
+        for (int r = 0; r < Rows; ++r) acc[r][b][q] = _mm256_fmadd_ps(hk[r], wq, acc[r][b][q]);
+      }
+  }
+}
+
+// The lanes of the hidden units of the block that starts at `unit`, as maskload/maskstore's sign bits.
+__attribute__((target("avx2"))) inline __m256i lanes8_of(std::int64_t unit, std::int64_t hidden) {
+  const int valid = static_cast<int>(std::min<std::int64_t>(kLanes8, hidden - unit));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// sigmoid by one_plus_exp2_8 and a division (exact to rounding; saturates to 0 and 1 for finite z).
+__attribute__((target("avx2,fma"))) inline __m256 sigmoid8(__m256 z) {
+  return _mm256_div_ps(_mm256_set1_ps(1.0f), silu::one_plus_exp2_8(_mm256_mul_ps(z, _mm256_set1_ps(silu::kMinusLog2e))));
+}
+__attribute__((target("avx2,fma"))) inline __m256 tanh8(__m256 z) {
+  return _mm256_fmsub_ps(_mm256_set1_ps(2.0f), sigmoid8(_mm256_add_ps(z, z)), _mm256_set1_ps(1.0f));
+}
+
+template <int Blocks, int Rows>
+__attribute__((target("avx2,fma"))) inline void lstm_cell8(const CellArgs& a, std::int64_t block) {
+  __m256 acc[Rows][Blocks][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) acc[r][b][q] = _mm256_loadu_ps(a.g + r * a.g_stride + ((block + b) * 4 + q) * kLanes8);
+  recurrent_product8<Blocks, Rows, 4>(a, block, acc);
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b) {
+      const std::int64_t unit = (block + b) * kLanes8;
+      const __m256 i = sigmoid8(acc[r][b][0]), o = sigmoid8(acc[r][b][1]);
+      const __m256 f = sigmoid8(acc[r][b][2]), cand = tanh8(acc[r][b][3]);
+      float* cp = a.c + r * a.c_stride + unit;  // padded to whole blocks: no mask
+      const __m256 c_new = _mm256_fmadd_ps(f, _mm256_loadu_ps(cp), _mm256_mul_ps(i, cand));
+      _mm256_storeu_ps(cp, c_new);
+      _mm256_maskstore_ps(a.h_out + r * a.h_out_stride + unit, lanes8_of(unit, a.hidden), _mm256_mul_ps(o, tanh8(c_new)));
+    }
+}
+
+template <int Blocks, int Rows>
+__attribute__((target("avx2,fma"))) inline void gru_cell8(const CellArgs& a, std::int64_t block) {
+  __m256 acc[Rows][Blocks][3];
+  const std::int64_t h = a.hidden;
+#pragma GCC unroll 4
+  for (int b = 0; b < Blocks; ++b) {
+    const std::int64_t unit = (block + b) * kLanes8;
+    const __m256i m = lanes8_of(unit, h);
+    const float* bias = a.bias + (block + b) * 4 * kLanes8;
+#pragma GCC unroll 4
+    for (int r = 0; r < Rows; ++r) {
+      const float* g = a.g + r * a.g_stride + unit;
+      acc[r][b][0] = _mm256_add_ps(_mm256_maskload_ps(g, m), _mm256_loadu_ps(bias));
+      acc[r][b][1] = _mm256_add_ps(_mm256_maskload_ps(g + h, m), _mm256_loadu_ps(bias + kLanes8));
+      acc[r][b][2] = _mm256_loadu_ps(bias + 3 * kLanes8);
+    }
+  }
+  recurrent_product8<Blocks, Rows, 3>(a, block, acc);
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int b = 0; b < Blocks; ++b) {
+      const std::int64_t unit = (block + b) * kLanes8;
+      const __m256i m = lanes8_of(unit, h);
+      const float* bias = a.bias + (block + b) * 4 * kLanes8;
+      const __m256 z = sigmoid8(acc[r][b][0]), reset = sigmoid8(acc[r][b][1]);
+      const __m256 gh = _mm256_add_ps(_mm256_maskload_ps(a.g + r * a.g_stride + 2 * h + unit, m),
+                                      _mm256_loadu_ps(bias + 2 * kLanes8));
+      const __m256 n = tanh8(_mm256_fmadd_ps(reset, acc[r][b][2], gh));
+      const __m256 prev = _mm256_maskload_ps(a.h_prev + r * a.h_prev_stride + unit, m);
+      _mm256_maskstore_ps(a.h_out + r * a.h_out_stride + unit, m, _mm256_fmadd_ps(z, _mm256_sub_ps(prev, n), n));
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// The AVX2 shapes: blocks of 3 for one row, rows in groups of up to 3 on one block.
+struct CellTable8 {
+  CellFn b3r1, b2r1, b1r1, b1r2, b1r3;
+};
+inline const CellTable8& lstm_cells8() {
+  static const CellTable8 t{lstm_cell8<3, 1>, lstm_cell8<2, 1>, lstm_cell8<1, 1>, lstm_cell8<1, 2>, lstm_cell8<1, 3>};
+  return t;
+}
+inline const CellTable8& gru_cells8() {
+  static const CellTable8 t{gru_cell8<3, 1>, gru_cell8<2, 1>, gru_cell8<1, 1>, gru_cell8<1, 2>, gru_cell8<1, 3>};
+  return t;
+}
+
+// One time step on AVX2, as time_step: each block of hidden units for every row group before the next block,
+// so the row groups share the block's weights in L1.
+inline void time_step8(const CellTable8& cells, CellArgs a, std::int64_t block_begin, std::int64_t block_end,
+                       std::int64_t rows) {
+  if (rows == 1) {
+    for (std::int64_t j = block_begin; j < block_end;) {
+      const std::int64_t left = block_end - j;
+      const std::int64_t step = left >= 3 ? 3 : left;
+      (step == 3 ? cells.b3r1 : step == 2 ? cells.b2r1 : cells.b1r1)(a, j);
+      j += step;
+    }
+    return;
+  }
+  for (std::int64_t j = block_begin; j < block_end; ++j)
+    for (std::int64_t r0 = 0; r0 < rows;) {
+      const std::int64_t take = std::min<std::int64_t>(3, rows - r0);
+      CellArgs at = a;
+      at.g += r0 * a.g_stride;
+      at.h_prev += r0 * a.h_prev_stride;
+      if (at.c) at.c += r0 * a.c_stride;
+      at.h_out += r0 * a.h_out_stride;
+      (take == 3 ? cells.b1r3 : take == 2 ? cells.b1r2 : cells.b1r1)(at, j);
+      r0 += take;
+    }
+}
+
 #endif  // ONDINE_SILU_X86
 
-// Whether this kernel can run on oneDNN's effective ISA (`avx512`) in this build.
-inline bool available(bool avx512) {
+// Whether these kernels can run on oneDNN's effective ISA (AVX-512, or AVX2 with FMA) in this build.
+inline bool available(bool avx512, bool avx2) {
 #ifdef ONDINE_SILU_X86
-  return avx512;
+  return avx512 || avx2;
 #else
-  (void)avx512;
+  (void)avx512, (void)avx2;
   return false;
 #endif
+}
+
+// The implementation name of these kernels on oneDNN's effective ISA ("ondine:avx512", "ondine:avx2"), or
+// nullptr where they do not run.
+inline const char* kernel_name(const IsaInfo& isa = effective_isa()) {
+  if (!available(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa))) return nullptr;
+  return isa.avx512 ? "ondine:avx512" : "ondine:avx2";
 }
 
 // Whether W [D, 3H, D*3H] selects G's columns of each direction: W[d][k][j] = 1 when j = d*3H + k, else 0
@@ -252,13 +422,13 @@ inline bool is_column_selection(const Tensor& w, std::int64_t dirs, std::int64_t
 // The recurrent weights R [D, G*H, H] (ONNX) of direction d, packed [blocks][H][G][16].
 inline std::vector<float> pack_recurrent(const Tensor& r, const RnnShape& s, std::int64_t d) {
   const std::int64_t h = s.hidden, blocks = s.blocks(), gates = s.gates();
-  std::vector<float> out(static_cast<std::size_t>(blocks * h * gates * kLanes), 0.0f);
+  std::vector<float> out(static_cast<std::size_t>(blocks * h * gates * s.lanes), 0.0f);
   const float* src = r.data<float>() + d * gates * h * h;
   for (std::int64_t j = 0; j < blocks; ++j)
     for (std::int64_t k = 0; k < h; ++k)
       for (std::int64_t q = 0; q < gates; ++q)
-        for (std::int64_t u = 0; u < kLanes && j * kLanes + u < h; ++u)
-          out[static_cast<std::size_t>(((j * h + k) * gates + q) * kLanes + u)] = src[(q * h + j * kLanes + u) * h + k];
+        for (std::int64_t u = 0; u < s.lanes && j * s.lanes + u < h; ++u)
+          out[static_cast<std::size_t>(((j * h + k) * gates + q) * s.lanes + u)] = src[(q * h + j * s.lanes + u) * h + k];
   return out;
 }
 
@@ -270,7 +440,7 @@ inline Tensor pack_lstm_input(const Tensor& w, const RnnShape& s) {
   for (std::int64_t d = 0; d < s.dirs; ++d)
     for (std::int64_t q = 0; q < 4; ++q)
       for (std::int64_t unit = 0; unit < h; ++unit) {
-        const std::int64_t col = d * s.g_cols() + ((unit / kLanes) * 4 + q) * kLanes + unit % kLanes;
+        const std::int64_t col = d * s.g_cols() + ((unit / s.lanes) * 4 + q) * s.lanes + unit % s.lanes;
         for (std::int64_t i = 0; i < in; ++i)
           out[static_cast<std::size_t>(i * cols + col)] = src[(d * 4 * h + q * h + unit) * in + i];
       }
@@ -284,26 +454,26 @@ inline Tensor pack_lstm_bias(const Value* b, const RnnShape& s) {
     for (std::int64_t d = 0; d < s.dirs; ++d)
       for (std::int64_t q = 0; q < 4; ++q)
         for (std::int64_t unit = 0; unit < h; ++unit)
-          out[static_cast<std::size_t>(d * s.g_cols() + ((unit / kLanes) * 4 + q) * kLanes + unit % kLanes)] =
+          out[static_cast<std::size_t>(d * s.g_cols() + ((unit / s.lanes) * 4 + q) * s.lanes + unit % s.lanes)] =
               src[d * 8 * h + q * h + unit] + src[d * 8 * h + 4 * h + q * h + unit];
   }
   return Tensor::from_vector<float>({1, cols}, out);
 }
 
-// GRU: the biases of direction d per block of 16 hidden units, [blocks][bz, br, Wbh, Rbh][16], from ONNX's
+// GRU: the biases of direction d per block of hidden units, [blocks][bz, br, Wbh, Rbh][lanes], from ONNX's
 // B [D, 6H] = [Wbz Wbr Wbh Rbz Rbr Rbh] (zeros without B).
 inline std::vector<float> pack_gru_bias(const Value* b, const RnnShape& s, std::int64_t d) {
   const std::int64_t h = s.hidden;
-  std::vector<float> out(static_cast<std::size_t>(s.blocks() * 4 * kLanes), 0.0f);
+  std::vector<float> out(static_cast<std::size_t>(s.blocks() * 4 * s.lanes), 0.0f);
   if (!b) return out;
   const float* wb = b->constant().data<float>() + d * 6 * h;
   const float* rb = wb + 3 * h;
   for (std::int64_t unit = 0; unit < h; ++unit) {
-    float* blk = out.data() + (unit / kLanes) * 4 * kLanes + unit % kLanes;
+    float* blk = out.data() + (unit / s.lanes) * 4 * s.lanes + unit % s.lanes;
     blk[0] = wb[unit] + rb[unit];
-    blk[kLanes] = wb[h + unit] + rb[h + unit];
-    blk[2 * kLanes] = wb[2 * h + unit];
-    blk[3 * kLanes] = rb[2 * h + unit];
+    blk[s.lanes] = wb[h + unit] + rb[h + unit];
+    blk[2 * s.lanes] = wb[2 * h + unit];
+    blk[3 * s.lanes] = rb[2 * h + unit];
   }
   return out;
 }
@@ -372,15 +542,29 @@ class RecurrenceStep : public runtime::Step {
   }
 
   // Whether `threads` threads split each direction's hidden units (every step then ends at a barrier)
-  // rather than each taking a direction. One direction: always (else a thread idles). Two: at batch 1 when
-  // a direction's recurrent weights (G*H x H floats) pass half of one core's L2 (Zen 4: 1 MiB) and their
-  // halves do not: PyTorch's LSTM tagger (H 256, T 128, 2 cores) runs its recurrences in 2.97 ms split
+  // rather than each taking a direction. One direction: always (else a thread idles). Two: at batch 1 when a
+  // direction's recurrent weights (G*H x H floats) pass half of one core's L2 and half of them fit in 3/4 of
+  // it. Zen 4 (1 MiB L2): PyTorch's LSTM tagger (H 256, T 128, 2 cores) runs its recurrences in 2.97 ms split
   // against 3.6 ms side by side; at batch 2 and 4 side by side wins (6.6 / 13.6 ms against 7.3 / 14.5 ms in
-  // all). Each thread needs at least 2 blocks of 16 hidden units.
+  // all). Zen 3 (512 KB L2, AVX2), where the halves fit no better: the whole tagger at batch 1 7.9 / 6.9 ms
+  // split against 7.1 / 6.3 side by side. Each thread needs at least 2 blocks of hidden units.
   bool split_blocks(int threads) const {
     if (s_.blocks() < 2 * threads) return false;
     const std::int64_t weight_bytes = s_.gates() * s_.hidden * s_.hidden * static_cast<std::int64_t>(sizeof(float));
-    return s_.dirs == 1 || (s_.batch == 1 && weight_bytes > (std::int64_t{1} << 19));
+    const std::int64_t l2 = l2_bytes();
+    return s_.dirs == 1 || (s_.batch == 1 && 2 * weight_bytes > l2 && 2 * weight_bytes <= 3 * l2);
+  }
+  // One core's L2 in bytes as the C library reports it (1 MiB where it does not).
+  static std::int64_t l2_bytes() {
+    static const std::int64_t bytes = [] {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+      const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#else
+      const long l2 = 0;
+#endif
+      return l2 > 0 ? static_cast<std::int64_t>(l2) : std::int64_t{1} << 20;
+    }();
+    return bytes;
   }
 
  private:
@@ -429,13 +613,16 @@ class RecurrenceStep : public runtime::Step {
     a.c_stride = s_.padded();
     a.h_out_stride = dh;
     float* y = static_cast<float*>(ctx.ptr(slots_.y)) + d * h;
+    const bool avx2 = s_.lanes == kLanes8;
     const CellTable& cells = s_.cell == Cell::Lstm ? lstm_cells() : gru_cells();
+    const CellTable8& cells8 = s_.cell == Cell::Lstm ? lstm_cells8() : gru_cells8();
     const float* g0 = a.g;
     for (std::int64_t i = 0; i < s_.seq; ++i) {
       const std::int64_t t = backward(d) ? s_.seq - 1 - i : i;
       a.g = g0 + t * n * a.g_stride;
       a.h_out = y + t * n * dh;
-      time_step(cells, a, j0, j1, n);
+      if (avx2) time_step8(cells8, a, j0, j1, n);
+      else time_step(cells, a, j0, j1, n);
       a.h_prev = a.h_out;
       a.h_prev_stride = dh;
       if (sync) {
@@ -488,7 +675,7 @@ inline void add_recurrence_step(Lowering& L, const Node& n, const RnnShape& s, b
   const std::string detail = std::string(s.dirs == 2 ? "bidirectional" : reverse ? "reverse" : "forward") + " T" +
                              std::to_string(s.seq) + " N" + std::to_string(s.batch) + " I" + std::to_string(s.input) +
                              " H" + std::to_string(s.hidden) + ": h R^T and the gates per step, " + what;
-  L.add_step(std::make_unique<RecurrenceStep>(runtime::StepInfo{n.name(), n.op_type(), "ondine:avx512", detail}, s,
+  L.add_step(std::make_unique<RecurrenceStep>(runtime::StepInfo{n.name(), n.op_type(), s.lanes == kLanes8 ? "ondine:avx2" : "ondine:avx512", detail}, s,
                                               reverse, slots, std::move(packed), std::move(biases)));
 }
 
@@ -505,17 +692,23 @@ inline SlotId add_input_projection(Lowering& L, const Node& n, const RnnShape& s
   gslot.layout = "ab";
   gslot.dtype = DType::Float32;
   const SlotId gates = L.add_slot(std::move(gslot));
+  const std::string what = "X [" + std::to_string(rows) + "," + std::to_string(s.input) + "] x W^T -> G [" +
+                           std::to_string(rows) + "," + std::to_string(cols) + "], all directions";
   const auto dt = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   const memory::desc src_md = plain_md({rows, s.input}, dt), dst_md = plain_md({rows, cols});
   const memory::desc w_any({s.input, cols}, dt, memory::format_tag::any);
   const memory::desc bias_md = bias ? plain_md({1, cols}) : memory::desc();
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_any, bias_md, dst_md), Lowering::base_attr(), L.engine());
+  // Where oneDNN keeps the weights row-major (gemm:jit, AVX2) they are stored transposed instead: the
+  // taggers' projections on 2 threads of a Zen 3, 1024x512x2048 15.8 -> 14.8 ms, 128x512x2048 6.2 -> 1.7 ms
+  // (a 1x1 convolution over the rows, as matmul.hpp runs other products on AVX2: 17.3-18.8 and 2.4 ms).
+  if (is_row_major(pd.weights_desc()))
+    pd = dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(src_md, memory::desc({s.input, cols}, dt, memory::format_tag::ba), bias_md, dst_md),
+        Lowering::base_attr(), L.engine());
   std::vector<std::pair<int, memory>> consts{{DNNL_ARG_WEIGHTS, L.constant_memory(weights, pd.weights_desc())}};
   if (bias) consts.emplace_back(DNNL_ARG_BIAS, L.constant_memory(*bias, bias_md));
-  L.add_primitive({n.name() + ":input_projection", n.op_type(), pd.impl_info_str(),
-                   "X [" + std::to_string(rows) + "," + std::to_string(s.input) + "] x W^T -> G [" +
-                       std::to_string(rows) + "," + std::to_string(cols) + "], all directions" +
-                       (bf16 ? ", bf16" : "")},
+  L.add_primitive({n.name() + ":input_projection", n.op_type(), pd.impl_info_str(), what + (bf16 ? ", bf16" : "")},
                   &n, dnnl::matmul(pd), pd.scratchpad_desc(),
                   {{DNNL_ARG_SRC, x_slot, src_md}, {DNNL_ARG_DST, gates, dst_md}}, std::move(consts));
   return gates;

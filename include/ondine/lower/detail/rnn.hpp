@@ -168,17 +168,19 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
   // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
   // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
   const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
-  // Ondine's recurrence kernels on AVX-512 (recurrence.hpp): an fp32 LSTM at small batch, and a GRU whose
+  // Ondine's recurrence kernels on AVX-512 and AVX2 (recurrence.hpp): an fp32 LSTM at small batch, and a GRU whose
   // input projection the graph computed (quantize-dynamic's form), which oneDNN would multiply by W again.
-  const bool own_kernels = !quantized && !peep && seq >= 1 && batch >= 1 &&
-                           recurrence::available(effective_isa().avx512);
-  const bool small_lstm = own_kernels && op == "LSTM" && batch <= recurrence::kMaxLstmBatch;
+  const IsaInfo isa = effective_isa();
+  const bool avx512 = isa.avx512, avx2 = isa_runs_on(CpuIsa::Avx2, isa.isa);
+  const bool own_kernels = !quantized && !peep && seq >= 1 && batch >= 1 && recurrence::available(avx512, avx2);
+  const std::int64_t max_small = recurrence::max_small_batch(avx512);
+  const bool small_lstm = own_kernels && op == "LSTM" && batch <= max_small;
   const bool projected_gru = own_kernels && op == "GRU" && lbr &&
                              recurrence::is_column_selection(w->constant(), dirs, gates * hidden);
   // An fp32 GRU at small batch: its input projection on a oneDNN matmul, then the same GRU recurrence
   // (PyTorch's GRU tagger, 2 threads, loaded machine: batch 1 3.87 -> 3.75 ms, batch 4 10.2 -> 9.4 ms
   // against oneDNN's GRU; it compiles in half the time).
-  const bool small_gru = own_kernels && op == "GRU" && lbr && !projected_gru && batch <= recurrence::kMaxLstmBatch;
+  const bool small_gru = own_kernels && op == "GRU" && lbr && !projected_gru && batch <= max_small;
   const bool small_batch = small_lstm || projected_gru || small_gru;
   using tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
@@ -413,7 +415,8 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
     if (wanted(y_h)) slots.y_h = y_h_float_slot, slots.has_y_h = true;
     if (wanted(y_c)) slots.y_c = y_c_slot, slots.has_y_c = true;
     recurrence::RnnShape shape{seq, batch, dirs, in_size, hidden,
-                               op == "GRU" ? recurrence::Cell::Gru : recurrence::Cell::Lstm};
+                               op == "GRU" ? recurrence::Cell::Gru : recurrence::Cell::Lstm,
+                               avx512 ? recurrence::kLanes : recurrence::kLanes8};
     const bool reverse = direction == "reverse";
     if (projected_gru) recurrence::lower_projected_gru(L, n, shape, reverse, x_slot, slots);
     else if (small_gru) recurrence::lower_small_gru(L, n, shape, reverse, x_slot, slots, projection_bf16);
