@@ -240,7 +240,8 @@ inline void time_step(const CellTable& cells, CellArgs a, std::int64_t block_beg
 
 // The same cells on AVX2 (16 ymm registers): blocks of 8 hidden units, at most 12 accumulators (3 blocks of
 // one row, or one block of up to 3 rows), so the broadcast h values stay in registers and the weights are
-// memory operands. The weights of a block ([H][Gates][8]: 32 KB for an LSTM of H 256) stay in L1 while the
+// memory operands. (Twins of the AVX-512 cells rather than one template over a vector type: a function's
+// target attribute, which the intrinsics need, cannot depend on a template parameter.) The weights of a block ([H][Gates][8]: 32 KB for an LSTM of H 256) stay in L1 while the
 // row groups of a step reuse them.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
