@@ -29,7 +29,8 @@
 // core's share of the weights stays in its L2) or take a direction each (split_blocks says which).
 // Measured (bench command in docs/performance.md, "Recurrent networks"): on a Zen 4 the LSTM tagger at batch
 // 1 went from 9.4 ms (oneDNN) to 4.5 ms, at batch 2 from 11.6 to 6.6 ms, at batch 4 from 14.8 to 12.6 ms; at
-// 8 they tie. On a Zen 3 with AVX2 only: batch 1 9.0-9.8 -> 6.3-7.1 ms, batch 8 46-47 -> 38-40 ms; at 16 a tie.
+// 8 they tie. On a Zen 3 with AVX2 only: batch 1 9.0-9.8 -> 6.3-7.4 ms, batch 8 46-47 -> 32 ms; at 16
+// oneDNN's is faster (73-80 against 77-83 ms).
 //
 // Taken only when oneDNN's effective ISA has AVX-512 or AVX2 (DNNL_MAX_CPU_ISA caps it) and the node has none
 // of what the oneDNN path declines (rnn_unsupported), nor peepholes.
@@ -53,8 +54,8 @@ namespace ondine::lower::detail::recurrence {
 constexpr std::int64_t kLanes = 16;
 constexpr std::int64_t kLanes8 = 8;  // the AVX2 kernels' block of hidden units
 // Above this batch oneDNN's LSTM kernel wins (measured, docs/performance.md "Recurrent networks"): on
-// AVX-512 its brgemm LSTM from batch 5; on AVX2 its GEMM-based `ref` LSTM from batch 9 (the taggers at batch
-// 16 tie, at 8 these kernels are 1.1-1.2x faster).
+// AVX-512 its brgemm LSTM from batch 5; on AVX2 its GEMM-based `ref` LSTM from batch 9 (the LSTM tagger at
+// batch 8: these kernels 1.4x faster; at 16 oneDNN's 5-10%).
 constexpr std::int64_t kMaxLstmBatch = 4;
 constexpr std::int64_t kMaxLstmBatchAvx2 = 8;
 inline std::int64_t max_small_batch(bool avx512) { return avx512 ? kMaxLstmBatch : kMaxLstmBatchAvx2; }
@@ -240,9 +241,9 @@ inline void time_step(const CellTable& cells, CellArgs a, std::int64_t block_beg
 
 // The same cells on AVX2 (16 ymm registers): blocks of 8 hidden units, at most 12 accumulators (3 blocks of
 // one row, or one block of up to 3 rows), so the broadcast h values stay in registers and the weights are
-// memory operands. (Twins of the AVX-512 cells rather than one template over a vector type: a function's
-// target attribute, which the intrinsics need, cannot depend on a template parameter.) The weights of a block ([H][Gates][8]: 32 KB for an LSTM of H 256) stay in L1 while the
-// row groups of a step reuse them.
+// memory operands; the row groups of a step reuse a block's weights ([H][Gates][8]: 32 KB for an LSTM of
+// H 256) from L1. Twins of the AVX-512 cells rather than one template over a vector type: a function's
+// target attribute, which the intrinsics need, cannot depend on a template parameter.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -676,8 +677,9 @@ inline void add_recurrence_step(Lowering& L, const Node& n, const RnnShape& s, b
   const std::string detail = std::string(s.dirs == 2 ? "bidirectional" : reverse ? "reverse" : "forward") + " T" +
                              std::to_string(s.seq) + " N" + std::to_string(s.batch) + " I" + std::to_string(s.input) +
                              " H" + std::to_string(s.hidden) + ": h R^T and the gates per step, " + what;
-  L.add_step(std::make_unique<RecurrenceStep>(runtime::StepInfo{n.name(), n.op_type(), s.lanes == kLanes8 ? "ondine:avx2" : "ondine:avx512", detail}, s,
-                                              reverse, slots, std::move(packed), std::move(biases)));
+  const char* kernel = s.lanes == kLanes8 ? "ondine:avx2" : "ondine:avx512";
+  L.add_step(std::make_unique<RecurrenceStep>(runtime::StepInfo{n.name(), n.op_type(), kernel, detail}, s, reverse,
+                                              slots, std::move(packed), std::move(biases)));
 }
 
 // G = X W^T (+ bias) for every step and all directions, on one oneDNN matmul into an arena slot of
