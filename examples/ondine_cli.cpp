@@ -5,7 +5,7 @@
 //                  [--dim batch=1] [--seed N] [--tolerance T] [--target native,avx2 (with -o OUT.ondine)]
 //   ondine run MODEL [--input NAME=FILE.npy]... [--dim batch=8] [--output-dir DIR] [--seed N] [--runs N]
 //              [--threads N] [--reference] [--check] [--tolerance T] [--passes P]
-//              [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]]
+//              [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]] [--profile]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
 //                [--passes P] [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]] [--profile]
 //   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
@@ -830,7 +830,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
 int cmd_run(const std::string& path, const std::vector<std::string>& input_specs,
             const std::vector<std::string>& dim_specs, const std::string& output_dir, std::uint64_t seed, int runs,
             bool use_reference, int threads, bool check, std::optional<double> check_tolerance, const std::string& passes,
-            bool passes_given) {
+            bool passes_given, bool profile) {
   pipeline_for(passes);
   ModelFile file = load_model_file(path);
   adopt_artifact_precision(file);
@@ -899,6 +899,8 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   if (!use_reference) std::cout << " compile=" << engine.compile_ms << " ms";
   std::cout << "\n";
   if (!engine.precision.empty()) std::cout << engine.precision << "\n";
+  if (profile && engine.profile)  // after the timed runs, so profiling cannot slow them
+    std::cout << engine.profile(inputs, std::max(runs, 1));
   if (check && !use_reference) {
     // Every optimisation (passes and lowering) is checked against the oracle: the imported graph on
     // the reference executor, same inputs.
@@ -1544,6 +1546,9 @@ int main(int argc, char** argv) {
   run->add_option("--runs", runs, "timed runs for the benchmark line")->check(CLI::PositiveNumber);
   run->add_option("--threads", threads, "oneDNN threads (default: OpenMP's, i.e. OMP_NUM_THREADS or all cores)");
   run->add_flag("--reference", reference, "run on the reference executor instead of the compiled model");
+  bool run_profile = false;
+  run->add_flag("--profile", run_profile,
+                "then as many profiled runs on the same inputs: time per op and implementation (as bench --profile)");
   const std::string precision_help =
       "fp32 (default), bf16: convolutions, matrix products with constant weights, attention and recurrent layers (batch 5 and up) "
       "in bfloat16 with float32 "
@@ -1688,7 +1693,7 @@ int main(int argc, char** argv) {
     ondine::reference::set_max_loop_iterations(max_loop_iterations);
     if (*run)
       return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance, passes,
-                     run_passes_opt->count() > 0);
+                     run_passes_opt->count() > 0, run_profile);
   } catch (const UsageError& e) {
     std::cerr << "ondine: error: " << e.what() << "\n";
     return 2;

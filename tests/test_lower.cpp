@@ -603,6 +603,53 @@ TEST_CASE("lower: a 3x3 stride-1 conv runs as Winograd F(4x4,3x3): transforms by
   CHECK(winograd_steps(check_graph(pays, 1e-4)) == (measured_here ? 2u : 0u));
 }
 
+TEST_CASE("lower: Winograd adds a residual as it writes the outputs (ResNet's basic block), in place or on a copy (1e-4)",
+          "[lower][winograd]") {
+  // conv3x3 -> Add(residual) -> Relu as one Winograd conv: the residual in the destination first (its own slot
+  // when nothing reads it later, else a copy), added before the activation. Residuals: another conv's output
+  // (in place), the block's input (read by the conv too: a copy), a value read again by a node reading the conv's
+  // output (a copy); one chunk and two.
+  lower::CompileOptions forced;
+  forced.conv_algorithm = lower::ConvAlgorithm::Winograd;
+  const bool avx2 = lower::detail::winograd::has_avx2(lower::effective_isa());
+  struct Case {
+    const char* what;
+    Dims x;
+    const char* residual;  // "conv", "input" or "shared"
+    std::size_t chunks, copies;
+  };
+  const std::vector<Case> cases = {
+      {"another conv's output, in place", {2, 32, 13, 11}, "conv", 1, 0},
+      {"the block's input", {1, 32, 10, 9}, "input", 1, 1},
+      {"a value read again later", {1, 32, 12, 12}, "shared", 1, 1},
+      {"two chunks, in place", {1, 64, 124, 124}, "conv", 2, 0},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const std::int64_t C = c.x[1];
+    Builder b;
+    Value* x = b.input("x", c.x);
+    const std::string kind = c.residual;
+    Value* residual = kind == "input" ? x : b.op("Relu", {b.conv(x, C, C, 1)});
+    Value* y = b.op("Conv", {x, b.weight({C, C, 3, 3}, 0.2f), b.weight({C})}, {{"pads", Dims{1, 1, 1, 1}}});
+    y = b.op("Relu", {b.op("Add", {y, residual})});
+    b.g.add_output(b.conv(y, 16, C, 1));
+    if (kind == "shared") b.g.add_output(b.op("Mul", {y, residual}));  // reads the residual after the conv
+    CompiledModel m = check_graph(b.g, 1e-4, forced);
+    INFO(m.to_text());
+    CHECK_FALSE(any_reference(m));
+    if (!avx2) continue;
+    std::size_t outputs_with_sum = 0;
+    for (auto& s : m.steps())
+      outputs_with_sum += s.implementation == "ondine:winograd" && s.detail.find("output transform") != std::string::npos &&
+                          s.detail.find("+sum(") != std::string::npos;
+    CHECK(outputs_with_sum == c.chunks);
+    CHECK(count_op(m, "Add") == 0);
+    CHECK(count_op(m, "Relu") == 0);
+    CHECK(count_op(m, "Copy") == c.copies);
+  }
+}
+
 TEST_CASE("lower: a 1x1 conv and the depthwise 3x3 reading it run as one primitive when channel-blocked (1e-4)",
           "[lower]") {
   auto relu6 = [](Builder& b, Value* v) {

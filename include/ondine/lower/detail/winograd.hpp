@@ -138,10 +138,12 @@ __attribute__((target("avx2,fma"))) inline void input_transform(const float* x, 
   }
 }
 
-// y (channel-blocked) for tiles [first, first + rows): act(A^T M A + bias), outputs past the edges dropped.
+// y (channel-blocked) for tiles [first, first + rows): act(A^T M A + bias [+ y]), outputs past the edges dropped.
+// With `sum` y holds the residual operand already (oneDNN's sum post-op, scale 1): each output is read, then
+// written, by the one thread that owns its tile.
 __attribute__((target("avx2,fma"))) inline void output_transform(const float* m, const Geometry& g, std::int64_t first,
                                                                  std::int64_t rows, const float* bias,
-                                                                 const group_norm::Activation& act, float* y) {
+                                                                 const group_norm::Activation& act, bool sum, float* y) {
   const std::int64_t K = g.out_channels, B = g.block, tw = g.tiles_wide(), per_image = g.tiles_high() * tw;
   const std::int64_t valid = std::min(rows, g.tiles() - first), plane = g.out_height * g.out_width * B;
   const __m256 lo = _mm256_set1_ps(act.lo), hi = _mm256_set1_ps(act.hi), slope = _mm256_set1_ps(act.slope),
@@ -159,10 +161,12 @@ __attribute__((target("avx2,fma"))) inline void output_transform(const float* m,
       float* base = y + (image * (K / B) + k0 / B) * plane + k0 % B;
       for (int i = 0; i < 4 && h0 + i < g.out_height; ++i)
         for (int j = 0; j < 4 && w0 + j < g.out_width; ++j) {
-          const __m256 s = _mm256_add_ps(o[i * 4 + j], b);
+          float* at = base + ((h0 + i) * g.out_width + w0 + j) * B;
+          __m256 s = _mm256_add_ps(o[i * 4 + j], b);
+          if (sum) s = _mm256_add_ps(s, _mm256_loadu_ps(at));
           __m256 out = _mm256_min_ps(_mm256_max_ps(s, lo), hi);
           if (act.slope != 0) out = _mm256_fmadd_ps(slope, _mm256_min_ps(s, zero), out);
-          _mm256_storeu_ps(base + ((h0 + i) * g.out_width + w0 + j) * B, out);
+          _mm256_storeu_ps(at, out);
         }
     }
   }
@@ -170,14 +174,15 @@ __attribute__((target("avx2,fma"))) inline void output_transform(const float* m,
 
 #endif  // ONDINE_WINOGRAD_X86
 
-// One chunk's input transform (x -> V) or output transform (M -> y, with the bias and the activation).
+// One chunk's input transform (x -> V) or output transform (M -> y, with the bias, the residual sum already in
+// y when `sum`, and the activation).
 class TransformStep : public runtime::Step {
  public:
   enum class Kind { Input, Output };
   TransformStep(runtime::StepInfo info, Kind kind, SlotId from, SlotId to, Geometry g, std::int64_t first,
-                std::int64_t rows, std::vector<float> bias = {}, group_norm::Activation act = {})
-      : Step(std::move(info), {from}, {to}), kind_(kind), from_(from), to_(to), g_(g), first_(first), rows_(rows),
-        bias_(std::move(bias)), act_(act) {}
+                std::int64_t rows, std::vector<float> bias = {}, group_norm::Activation act = {}, bool sum = false)
+      : Step(std::move(info), sum ? std::vector<SlotId>{from, to} : std::vector<SlotId>{from}, {to}), kind_(kind),
+        from_(from), to_(to), g_(g), first_(first), rows_(rows), bias_(std::move(bias)), act_(act), sum_(sum) {}
   void execute(runtime::ExecContext& ctx) const override {
     ctx.backend()->wait();
 #ifdef ONDINE_WINOGRAD_X86
@@ -186,7 +191,7 @@ class TransformStep : public runtime::Step {
     if (kind_ == Kind::Input)
       input_transform(from, g_, first_, rows_, to);
     else
-      output_transform(from, g_, first_, rows_, bias_.empty() ? nullptr : bias_.data(), act_, to);
+      output_transform(from, g_, first_, rows_, bias_.empty() ? nullptr : bias_.data(), act_, sum_, to);
 #else
     throw Error("internal: Winograd convolution compiled without x86 kernels");
 #endif
@@ -199,6 +204,7 @@ class TransformStep : public runtime::Step {
   std::int64_t first_, rows_;
   std::vector<float> bias_;
   group_norm::Activation act_;
+  bool sum_;
 };
 
 // Transformed tiles per chunk: V and M of one chunk within about this many bytes each.
@@ -220,8 +226,9 @@ inline bool has_avx2(const IsaInfo& isa) {
 
 // Lowers conv `n` (3x3, stride 1, dilation 1, one group, constant weights and bias, checked by the caller) with
 // `chain` folded as Winograd F(4x4, 3x3); false (nothing created) where it does not apply or would not pay:
-// no AVX2, a layout that is not channel-blocked, channels not a multiple of the block, a Sum or an activation
-// the output transform does not have.
+// no AVX2, a layout that is not channel-blocked, channels not a multiple of the block, or an activation the
+// output transform does not have. A Sum (ResNet's residual add) is added as the outputs are written, before the
+// activation, as oneDNN's sum post-op is: its operand in the destination first (post_op_dst).
 inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain& chain, const Dims& pad_begin,
                                    const std::optional<memory::desc>& x_blocked,
                                    const std::optional<memory::desc>& y_blocked) {
@@ -231,7 +238,6 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
   const ConvAlgorithm algorithm = L.options.conv_algorithm;
   const IsaInfo isa = effective_isa();
   if (algorithm == ConvAlgorithm::Direct || !winograd::has_avx2(isa) || !x_blocked || !y_blocked) return false;
-  if (chain.sum_operand) return false;
   std::optional<group_norm::Activation> act = group_norm_activation(chain);
   if (!act) return false;
   const Value* x = n.input(0);
@@ -268,7 +274,8 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
   if (b) bias.assign(b->constant().data<float>(), b->constant().data<float>() + g.out_channels);
   const memory weights = L.constant_memory(winograd::transform_weights(w->constant()), pd.weights_desc());
   const SlotId src = L.slot_in(x, *x_blocked);
-  const SlotId dst = L.new_value_slot(chain.result, *y_blocked);
+  bool sum = false;
+  const SlotId dst = post_op_dst(L, chain, *y_blocked, sum);
   const std::string shape = dims_str(xd) + " -> " + dims_str(yd) + ", " + std::to_string(tiles) + " tiles in " +
                             std::to_string(chunks) + " chunk" + (chunks > 1 ? "s" : "");
   for (std::int64_t i = 0; i < chunks; ++i) {
@@ -289,7 +296,7 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
         runtime::StepInfo{n.name(), n.op_type(), "ondine:winograd",
                           "F(4x4,3x3) output transform" + std::string(b ? " +bias" : "") + chain.detail() + " -> dst " +
                               layout_name(*y_blocked) + dims_str(yd) + part},
-        winograd::TransformStep::Kind::Output, m, dst, g, first, rows, bias, *act));
+        winograd::TransformStep::Kind::Output, m, dst, g, first, rows, bias, *act, sum));
   }
   commit_post_ops(L, chain, dst, *y_blocked);
   return true;
