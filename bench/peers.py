@@ -59,7 +59,7 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "textdet_pt": ("image", "text", 640), "efficientnet_pt": ("image", "image", 0),
           "mobilenetv2_pt": ("image", "image", 0), "convnext_pt": ("image", "image", 0),
           "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512),
-          "roihead_pt": ("image", "roi", 800)}
+          "roihead_pt": ("image", "roi", 800), "resnet18_pt": ("image", "image", 0)}
 
 
 def model_path(models_dir, model):

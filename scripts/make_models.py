@@ -1126,7 +1126,7 @@ def torch_convnext_blocks(rng, bench=False):
 
 def torch_vision_net(arch, rng, bench=False):
     """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
-    (efficientnet_b0, mobilenet_v2, convnext_tiny: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
+    (efficientnet_b0, mobilenet_v2, convnext_tiny, resnet18: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
     deeplabv3_mobilenet_v3_large: 21-class segmenters at 512x512). Benchmark size only: their weights (9 to
     110 MB) stay out of the repository's corpus."""
     import torch
@@ -1162,7 +1162,8 @@ def torch_vision_net(arch, rng, bench=False):
 
 
 VISION_NETS = {"efficientnet_b0": "efficientnet_pt", "mobilenet_v2": "mobilenetv2_pt", "convnext_tiny": "convnext_pt",
-               "lraspp_mobilenet_v3_large": "lraspp_pt", "deeplabv3_mobilenet_v3_large": "deeplab_pt"}
+               "lraspp_mobilenet_v3_large": "lraspp_pt", "deeplabv3_mobilenet_v3_large": "deeplab_pt",
+               "resnet18": "resnet18_pt"}
 
 
 TORCH_MODELS = {
