@@ -54,6 +54,11 @@ TEST_CASE("a profiled run accounts each step's time and the time outside steps",
     CHECK(text.find("framework overhead") != std::string::npos);
     CHECK(text.find("slow paths ") != std::string::npos);  // the Erf, named with its time
     CHECK(text.find("Erf 'erf' reference") != std::string::npos);
+    // the slowest nodes by name, each with its op and implementation
+    const auto nodes = text.find("slowest nodes:");
+    REQUIRE(nodes != std::string::npos);
+    CHECK(text.find("Erf 'erf' reference", nodes) != std::string::npos);
+    CHECK(text.find("Conv '", nodes) != std::string::npos);
     ctx.reset_profile();
     CHECK(ctx.profiled_runs() == 0);
   }

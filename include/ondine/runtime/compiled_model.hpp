@@ -293,6 +293,8 @@ class ExecContext {
 
 class CompiledModel {
  public:
+  static constexpr std::size_t kProfileNodes = 10;  // profile_text's "slowest nodes" lines
+
   CompiledModel() = default;
   explicit CompiledModel(std::shared_ptr<const Program> program) : p_(std::move(program)) {}
 
@@ -395,7 +397,8 @@ class CompiledModel {
 
   // Where a profiled context's time went: per op and implementation (descending), then the share of
   // time in library primitives, in reference kernels / copies, and outside every step (binding,
-  // dispatch, thread setup: the framework's own overhead).
+  // dispatch, thread setup: the framework's own overhead), the slow paths, and the slowest nodes (a node's
+  // steps summed: a Winograd conv's transforms and products, a fused chain under its first node's name).
   std::string profile_text(const ExecContext& ctx) const {
     check_compiled();
     if (ctx.program_ != p_) throw Error("profile_text: the ExecContext was made by another compiled model");
@@ -405,12 +408,28 @@ class CompiledModel {
     std::map<std::pair<std::string, std::string>, std::pair<double, std::size_t>> by_kind;
     double in_steps = 0, in_fallback = 0, in_onednn_ref = 0;
     std::vector<std::pair<double, std::string>> slow;  // the slow-path steps, by time
+    struct NodeTime {
+      double seconds = 0;
+      std::size_t steps = 0;
+      std::string op, implementations;
+    };
+    std::map<std::string, NodeTime> by_node;
+    auto add_node_time = [&](const std::string& name, const std::string& op, const std::string& implementation,
+                             double t) {
+      NodeTime& e = by_node[name];
+      if (e.op.empty()) e.op = op;
+      e.seconds += t;
+      ++e.steps;
+      if (("+" + e.implementations + "+").find("+" + implementation + "+") == std::string::npos)
+        e.implementations += (e.implementations.empty() ? "" : "+") + implementation;
+    };
     for (std::size_t i = 0; i < p_->steps.size(); ++i) {
       const Step& s = *p_->steps[i];
       double t = ctx.step_seconds_[i] / runs;
       auto& e = by_kind[{s.op(), s.implementation()}];
       e.first += t;
       ++e.second;
+      add_node_time(s.name(), s.op(), s.implementation(), t);
       in_steps += t;
       const bool slow_path = StepInfo::is_slow_path(s.op(), s.implementation());
       if (s.implementation() == "reference" || s.implementation() == "memcpy") in_fallback += t;
@@ -423,6 +442,7 @@ class CompiledModel {
       auto& k = by_kind[{op, implementation}];
       k.first += t;
       ++k.second;
+      add_node_time(name, op, implementation, t);
       in_steps += t;
       if (implementation == "reference" || implementation == "memcpy") in_fallback += t;
       else if (e.slow_path) in_onednn_ref += t;
@@ -462,6 +482,19 @@ class CompiledModel {
         os << (i ? ";" : "") << " " << slow[i].second << line;
       }
       os << (slow.size() > 5 ? "; ..." : "") << "\n";
+    }
+    std::vector<std::pair<double, std::string>> nodes;
+    for (auto& [name, e] : by_node) {
+      if (e.seconds <= 0) continue;
+      char line[120];
+      std::snprintf(line, sizeof line, "    %9.3f ms %5.1f%%  ", e.seconds * 1e3, pct(e.seconds));
+      nodes.emplace_back(e.seconds, line + e.op + " '" + name + "' " + e.implementations +
+                                        (e.steps > 1 ? " (" + std::to_string(e.steps) + " steps)" : "") + "\n");
+    }
+    std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    if (!nodes.empty()) {
+      os << "  slowest nodes:\n";
+      for (std::size_t i = 0; i < std::min<std::size_t>(nodes.size(), kProfileNodes); ++i) os << nodes[i].second;
     }
     return os.str();
   }
