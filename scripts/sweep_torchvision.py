@@ -35,6 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # images in, list of dicts out: no batch axis), "video" (N, C, T, H, W), "flow" (two images).
 MODELS = {
     "alexnet": ((1, 3, 224, 224), "classify"),
+    "resnet18": ((1, 3, 224, 224), "classify"),
+    "resnet34": ((1, 3, 224, 224), "classify"),
     "vgg11_bn": ((1, 3, 224, 224), "classify"),
     "squeezenet1_1": ((1, 3, 224, 224), "classify"),
     "shufflenet_v2_x1_0": ((1, 3, 224, 224), "classify"),

@@ -71,6 +71,8 @@ expect 1 "not a .npy" -- "$ondine" run "$relu" --input x="$relu"
 expect 0 'batch +median ms.*samples/s' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threads 1 --json "$work/bench.json"
 expect 0 '"samples_per_s"' -- /usr/bin/python3 -m json.tool "$work/bench.json"
 expect 0 'batch 1 profile: .* per run' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threads 1 --profile
+expect 0 'slowest nodes:' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threads 1 --profile
+expect 0 'profile: .* per run \(mean of 2 runs\)' -- "$ondine" run "$conv" --runs 2 --threads 1 --profile
 expect 1 "--batch 8: the model has no symbolic dim, its batch is fixed at 1" -- "$ondine" bench "$conv" --batch 1,8
 expect 1 "no symbolic dim of that name" -- "$ondine" bench "$relu" --dim batch
 
