@@ -899,12 +899,134 @@ TEST_CASE("lower: a concat of blocked pieces that are not whole channel blocks i
   }
 }
 
+// Concat in place (shape_ops.hpp): at batch 1 each piece is a contiguous chunk of the result, so the producers
+// write into it. Pieces of 16 channels: whole blocks on AVX2 (8) and AVX-512 (16).
+namespace {
+std::size_t concat_copies(const CompiledModel& m) { return count_op(m, "Concat") - count_impl(m, "Concat", "in place"); }
+const Dims pad1{1, 1, 1, 1};
+}  // namespace
+
+TEST_CASE("lower: a batch-1 concat is written in place by the pieces' producers (1e-4)", "[lower][concat]") {
+  for (auto layout : {lower::ConvLayout::Auto, lower::ConvLayout::ChannelBlocked}) {
+    lower::CompileOptions opts;
+    opts.conv_layout = layout;
+    INFO("conv layout " << lower::conv_layout_name(layout));
+    SECTION("SqueezeNet's Fire module: squeeze, two expands, concat") {
+      Builder b;
+      Value* s = b.op("Relu", {b.conv(b.input("x", {1, 16, 12, 12}), 8, 16, 1)});
+      Value* e1 = b.op("Relu", {b.conv(s, 16, 8, 1)});
+      Value* e3 = b.op("Relu", {b.conv(s, 16, 8, 3, {{"pads", pad1}})});
+      Value* cat = b.op("Concat", {e1, e3}, {{"axis", std::int64_t{1}}});
+      b.g.add_output(b.conv(cat, 8, 32, 1));
+      CompiledModel m = check_graph(b.g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK(count_impl(m, "Concat", "in place") == 1);
+      CHECK(concat_copies(m) == 0);
+    }
+    SECTION("DenseNet's block: every concat a prefix of the last, one buffer") {
+      Builder b;
+      std::vector<Value*> features{b.conv(b.input("x", {1, 8, 10, 10}), 16, 8, 3, {{"pads", pad1}})};
+      for (int layer = 0; layer < 3; ++layer) {
+        Value* cat = b.op("Concat", features, {{"axis", std::int64_t{1}}});
+        const auto c = static_cast<std::int64_t>(features.size()) * 16;
+        features.push_back(b.conv(b.op("Relu", {b.batchnorm(cat, c)}), 16, c, 3, {{"pads", pad1}}));
+      }
+      Value* all = b.op("Concat", features, {{"axis", std::int64_t{1}}});
+      b.g.add_output(b.conv(all, 8, 64, 1));
+      CompiledModel m = check_graph(b.g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK(count_impl(m, "Concat", "in place") == 4);
+      CHECK(concat_copies(m) == 0);
+    }
+    SECTION("a concat of a concat: the inner buffer moves into the outer") {
+      Builder b;
+      Value* x = b.input("x", {1, 8, 9, 9});
+      Value* inner = b.op("Concat", {b.conv(x, 16, 8, 1), b.conv(x, 16, 8, 3, {{"pads", pad1}})}, {{"axis", std::int64_t{1}}});
+      Value* mid = b.op("Relu", {b.conv(inner, 16, 32, 1)});
+      Value* outer = b.op("Concat", {inner, b.conv(mid, 16, 16, 1)}, {{"axis", std::int64_t{1}}});
+      b.g.add_output(b.conv(outer, 8, 48, 1));
+      CompiledModel m = check_graph(b.g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK(count_impl(m, "Concat", "in place") == 2);
+      CHECK(concat_copies(m) == 0);
+    }
+    SECTION("a piece that is also a residual: the sum after the concat copies it, the concat stays whole") {
+      Builder b;
+      Value* x = b.input("x", {1, 16, 8, 8});
+      Value* p = b.conv(x, 16, 16, 3, {{"pads", pad1}});
+      Value* cat = b.op("Concat", {p, b.conv(x, 16, 16, 1)}, {{"axis", std::int64_t{1}}});
+      Value* r = b.op("Relu", {b.op("Add", {b.conv(x, 16, 16, 1), p})});  // conv + residual p, after the concat
+      Value* y = b.op("Add", {b.conv(cat, 16, 32, 1), r});                 // reads cat after the residual sum
+      b.g.add_output(b.conv(y, 8, 16, 1));
+      CompiledModel m = check_graph(b.g, 1e-4, opts);
+      INFO(m.to_text());
+      CHECK(count_impl(m, "Concat", "in place") == 1);
+    }
+  }
+}
+
+TEST_CASE("lower: concats that cannot be in place copy, and stay right (1e-4)", "[lower][concat][must-not-fire]") {
+  lower::CompileOptions blocked;
+  blocked.conv_layout = lower::ConvLayout::ChannelBlocked;
+  SECTION("batch 2: the pieces are not contiguous chunks") {
+    Builder b;
+    Value* x = b.input("x", {2, 8, 9, 9});
+    Value* cat = b.op("Concat", {b.conv(x, 16, 8, 1), b.conv(x, 16, 8, 3, {{"pads", pad1}})}, {{"axis", std::int64_t{1}}});
+    b.g.add_output(b.conv(cat, 8, 32, 1));
+    CompiledModel m = check_graph(b.g, 1e-4, blocked);
+    CHECK(count_impl(m, "Concat", "in place") == 0);
+  }
+  SECTION("pieces of 12 channels in a blocked layout: not whole blocks, so they are copied") {
+    Builder b;
+    Value* x = b.input("x", {1, 8, 9, 9});
+    Value* cat = b.op("Concat", {b.conv(x, 12, 8, 1), b.conv(x, 12, 8, 3, {{"pads", pad1}})}, {{"axis", std::int64_t{1}}});
+    b.g.add_output(b.conv(cat, 8, 24, 1));
+    CompiledModel m = check_graph(b.g, 1e-4, blocked);
+    INFO(m.to_text());
+    CHECK(concat_copies(m) == 2);  // each padded piece copied into its chunk (a row-major result)
+  }
+  SECTION("one value twice") {
+    Builder b;
+    Value* p = b.conv(b.input("x", {1, 8, 9, 9}), 16, 8, 1);
+    b.g.add_output(b.conv(b.op("Concat", {p, p}, {{"axis", std::int64_t{1}}}), 8, 32, 1));
+    CompiledModel m = check_graph(b.g, 1e-4, blocked);
+    CHECK(count_impl(m, "Concat", "in place") == 0);
+  }
+  SECTION("a graph input is copied into its chunk; a piece that is also a graph output moves (the output is a copy)") {
+    Builder b;
+    Value* x = b.input("x", {1, 16, 9, 9});
+    Value* p = b.conv(x, 16, 16, 1);
+    Value* q = b.conv(x, 16, 16, 3, {{"pads", pad1}});
+    b.g.add_output(b.conv(b.op("Concat", {q, x, p}, {{"axis", std::int64_t{1}}}), 8, 48, 1));
+    b.g.add_output(p);
+    CompiledModel m = check_graph(b.g, 1e-4, blocked);
+    INFO(m.to_text());
+    CHECK(count_impl(m, "Concat", "in place") == 1);
+    CHECK(concat_copies(m) == 1);
+  }
+  SECTION("concats sharing pieces that are not runs of one: each its own buffer") {
+    Builder b;
+    Value* x = b.input("x", {1, 8, 9, 9});
+    Value* p = b.conv(x, 16, 8, 1);
+    Value* q = b.conv(x, 16, 8, 3, {{"pads", pad1}});
+    Value* r = b.conv(x, 16, 8, 1, {}, false);
+    b.g.add_output(b.conv(b.op("Concat", {p, q}, {{"axis", std::int64_t{1}}}), 8, 32, 1));
+    b.g.add_output(b.conv(b.op("Concat", {r, p}, {{"axis", std::int64_t{1}}}), 8, 32, 1));
+    CompiledModel m = check_graph(b.g, 1e-4, blocked);
+    INFO(m.to_text());
+    CHECK(count_impl(m, "Concat", "in place") == 2);
+    CHECK(concat_copies(m) == 1);  // p moves into one of them and is copied into the other
+  }
+}
+
 TEST_CASE("lower: a reference op between oneDNN ops gets row-major data and reorders back (1e-4)", "[lower]") {
   Builder b;
   Value* x = b.input("x", {1, 8, 10, 10});
   Value* c = b.conv(x, 16, 8, 3, {{"pads", Dims{1, 1, 1, 1}}});
   Value* e = b.op("Erf", {c});                 // no oneDNN eltwise for erf
-  Value* p = b.op("Pad", {e, b.g.add_constant("pads", Tensor::from_vector<std::int64_t>({8}, {0, 0, 1, 1, 0, 0, 1, 1}))});
+  // A Pad by 0.5 (a zero Pad would become the conv's own padding: fold-pad)
+  Value* p = b.op("Pad", {e, b.g.add_constant("pads", Tensor::from_vector<std::int64_t>({8}, {0, 0, 1, 1, 0, 0, 1, 1})),
+                          b.scalar(0.5f)});
   Value* d = b.conv(p, 8, 16, 3);
   b.g.add_output(b.op("Relu", {d}));
   CompiledModel m = check_graph(b.g, 1e-4);

@@ -13,6 +13,7 @@
 #include "ondine/passes/deconv_as_conv.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
+#include "ondine/passes/fold_pad.hpp"
 #include "ondine/passes/pass_manager.hpp"
 #include "ondine/passes/remove_identity.hpp"
 #include "ondine/passes/scatter_rows.hpp"
@@ -762,6 +763,93 @@ TEST_CASE("deconv-as-conv must not fire on overlapping, padded, grouped or runti
   g.add_output(add_deconv(g, x, constant(g, "w", {4, 2, 2, 2, 2}, 1), nullptr, "up", {{"strides", Dims{2, 2, 2}}})->output(0));
   infer_shapes(g);
   CHECK_FALSE(run_pass<DeconvAsConv>(g));
+}
+
+// fold-pad: a zero Pad of the spatial dims into the Conv or AveragePool that alone reads it.
+struct PadCase {
+  const char* what;
+  std::string reader = "AveragePool";          // or "Conv", "MaxPool"
+  Dims pads{0, 0, 1, 1, 0, 0, 1, 1};           // the Pad's, over [N, C, H, W]
+  std::map<std::string, Attribute> attrs;      // the reader's
+  int opset = 16;                              // < 11: pads and value as attributes
+  float value = 0.0f;
+  std::string mode = "constant";
+  bool read_twice = false;                     // the Pad's output also a graph output
+};
+
+Graph pad_graph(const PadCase& c) {
+  Graph g;
+  g.opsets[""] = c.opset;
+  Value* x = g.add_input("x", DType::Float32, Shape{1, 4, 7, 6});
+  std::map<std::string, Attribute> pad_attrs{{"mode", c.mode}};
+  std::vector<Value*> pad_in{x};
+  if (c.opset < 11) {
+    pad_attrs["pads"] = c.pads;
+    pad_attrs["value"] = c.value;
+  } else {
+    pad_in.push_back(g.add_constant("pads", Tensor::from_vector<std::int64_t>({8}, c.pads)));
+    pad_in.push_back(g.add_constant("value", Tensor::from_vector<float>({}, {c.value})));
+  }
+  Value* padded = g.add_node("Pad", pad_in, {"padded"}, pad_attrs, "pad")->output(0);
+  std::map<std::string, Attribute> attrs = c.attrs;
+  std::vector<Value*> in{padded};
+  if (c.reader == "Conv") {
+    in.push_back(constant(g, "w", {5, 4, 3, 3}, 1));
+    in.push_back(constant(g, "b", {5}, 2));
+  } else {
+    attrs.emplace("kernel_shape", Dims{3, 3});
+  }
+  g.add_output(g.add_node(c.reader, in, {"y"}, attrs, "reader")->output(0));
+  if (c.read_twice) g.add_output(padded);
+  infer_shapes(g);
+  return g;
+}
+
+TEST_CASE("fold-pad folds a zero Pad into the Conv or AveragePool after it", "[passes][fold-pad]") {
+  const std::vector<PadCase> cases = {
+      {"AveragePool 3x3 s1 after Pad 1 (Inception v3's branch pool)", "AveragePool", {0, 0, 1, 1, 0, 0, 1, 1}, {}},
+      {"AveragePool with its own counted pads, strides 2, asymmetric Pad", "AveragePool", {0, 0, 2, 0, 0, 0, 1, 3},
+       {{"pads", Dims{1, 1, 1, 1}}, {"count_include_pad", std::int64_t{1}}, {"strides", Dims{2, 2}}}},
+      {"Conv with its own pads, opset 9 (attributes)", "Conv", {0, 0, 1, 2, 0, 0, 2, 1}, {{"pads", Dims{1, 1, 1, 1}}}, 9},
+      {"Conv, stride 2, no pads of its own", "Conv", {0, 0, 0, 1, 0, 0, 1, 0}, {{"strides", Dims{2, 2}}}},
+  };
+  for (const PadCase& c : cases) {
+    INFO(c.what);
+    Graph g = pad_graph(c);
+    Graph before = g.clone();
+    CHECK(run_pass<FoldPad>(g));
+    CHECK(g.count_ops("Pad") == 0);
+    CHECK(g.num_nodes() == 1);
+    const Node* reader = g.nodes().front();
+    CHECK(reader->input(0)->name() == "x");
+    if (c.reader == "AveragePool") CHECK(reader->attr_int("count_include_pad") == 1);
+    infer_shapes(g);
+    CHECK(g.find_value("y")->shape() == before.find_value("y")->shape());
+    check_same_outputs(before, g, 1e-6);
+  }
+}
+
+TEST_CASE("fold-pad must not fire where the padding would change", "[passes][fold-pad][must-not-fire]") {
+  const std::vector<PadCase> cases = {
+      {"a nonzero value", "AveragePool", {0, 0, 1, 1, 0, 0, 1, 1}, {}, 16, 0.5f},
+      {"a nonzero value, opset 9", "Conv", {0, 0, 1, 1, 0, 0, 1, 1}, {}, 9, -1.0f},
+      {"reflect mode", "Conv", {0, 0, 1, 1, 0, 0, 1, 1}, {}, 16, 0.0f, "reflect"},
+      {"edge mode", "AveragePool", {0, 0, 1, 1, 0, 0, 1, 1}, {}, 16, 0.0f, "edge"},
+      {"the channels padded", "AveragePool", {0, 1, 1, 1, 0, 0, 1, 1}, {}},
+      {"a negative pad (a crop)", "AveragePool", {0, 0, -1, 1, 0, 0, 1, 1}, {}},
+      {"MaxPool (zeros are not -inf)", "MaxPool", {0, 0, 1, 1, 0, 0, 1, 1}, {}},
+      {"an AveragePool that leaves its own padding out", "AveragePool", {0, 0, 1, 1, 0, 0, 1, 1},
+       {{"pads", Dims{1, 1, 1, 1}}, {"count_include_pad", std::int64_t{0}}}},
+      {"ceil_mode", "AveragePool", {0, 0, 1, 1, 0, 0, 1, 1}, {{"ceil_mode", std::int64_t{1}}, {"strides", Dims{2, 2}}}},
+      {"auto_pad SAME_UPPER", "Conv", {0, 0, 1, 1, 0, 0, 1, 1}, {{"auto_pad", std::string("SAME_UPPER")}}},
+      {"the padded tensor read again", "Conv", {0, 0, 1, 1, 0, 0, 1, 1}, {}, 16, 0.0f, "constant", true},
+  };
+  for (const PadCase& c : cases) {
+    INFO(c.what);
+    Graph g = pad_graph(c);
+    CHECK_FALSE(run_pass<FoldPad>(g));
+    CHECK(g.count_ops("Pad") == 1);
+  }
 }
 
 // scatter-rows: ScatterElements(data, Expand(column [K, 1, 1], shape), updates, axis 0) as ScatterND of rows

@@ -19,6 +19,7 @@
 #include "ondine/passes/deconv_as_conv.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
+#include "ondine/passes/fold_pad.hpp"
 #include "ondine/passes/fuse_attention.hpp"
 #include "ondine/passes/fuse_dynamic_qmatmul.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
@@ -49,7 +50,7 @@ namespace ondine {
 // pointwise-as-conv runs after fuse-gelu and fuse-layernorm (its detours are LayerNorm, MatMul, Gelu) and
 // before fuse, which then gives the 1x1 Convs it makes their activations and residual sums.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -60,6 +61,7 @@ inline PassRegistry& pass_registry() {
         .add<FoldConstants>()
         .add<RemoveIdentity>()
         .add<FoldBatchNorm>()
+        .add<FoldPad>()
         .add<DeconvAsConv>()
         .add<ScatterRows>()
         .add<FuseGelu>()

@@ -59,6 +59,7 @@ struct Slot {
   std::string layout;               // "abcd" (row-major), "acdb" (channels last), "aBcd16b", ...
   SlotKind kind = SlotKind::Arena;
   std::size_t index = 0;
+  std::size_t offset = 0;           // Alias: where its bytes start in the root's (a Concat's piece)
 };
 
 // What a step is, for logs and `ondine inspect --compiled`.
@@ -236,7 +237,7 @@ class ExecContext {
       case SlotKind::Input: return inputs_[s.index];
       case SlotKind::Output: return outputs_[s.index];
       case SlotKind::Constant: return const_cast<void*>(program_->constants[s.index].raw());
-      case SlotKind::Alias: return ptr(static_cast<SlotId>(s.index));
+      case SlotKind::Alias: return static_cast<char*>(ptr(static_cast<SlotId>(s.index))) + s.offset;
     }
     return nullptr;
   }

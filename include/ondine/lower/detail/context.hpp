@@ -548,6 +548,7 @@ class ReferenceStep : public runtime::Step {
 class ViewStep : public runtime::Step {
  public:
   ViewStep(runtime::StepInfo info, SlotId from, SlotId to) : Step(std::move(info), {from}, {to}) {}
+  ViewStep(runtime::StepInfo info, std::vector<SlotId> from, SlotId to) : Step(std::move(info), std::move(from), {to}) {}
   void execute(runtime::ExecContext&) const override {}
 };
 
@@ -635,6 +636,8 @@ inline std::optional<memory::desc> reshape_md(const memory::desc& md, const Dims
   return out;
 }
 
+struct ConcatHost;  // shape_ops.hpp
+
 class Lowering {
  public:
   Lowering(const Graph& graph, const CompileOptions& options, std::shared_ptr<Library> library,
@@ -665,6 +668,8 @@ class Lowering {
   std::size_t constant_bytes = 0;
   std::set<const Node*> fused;  // nodes folded into an earlier primitive (post-ops); not lowered again
   const Node* current = nullptr;  // the node being lowered (names the step in PackedWeights::repacks())
+  // Concats that share one buffer (shape_ops.hpp), by member node.
+  std::map<const Node*, std::shared_ptr<ConcatHost>> concat_hosts;
 
   const dnnl::engine& engine() const { return library->engine; }
 
@@ -695,6 +700,12 @@ class Lowering {
   SlotId root(SlotId id) const {
     const runtime::Slot& s = program.slots[id];
     return s.kind == SlotKind::Alias ? static_cast<SlotId>(s.index) : id;
+  }
+  // A slot for `v` sharing `src`'s bytes from their start: an Alias of src's root at src's offset.
+  runtime::Slot alias_slot(const Value* v, SlotId src) const {
+    runtime::Slot s = slot_for(v, SlotKind::Alias, root(src));
+    if (program.slots[src].kind == SlotKind::Alias) s.offset = program.slots[src].offset;
+    return s;
   }
   bool is_output_slot_of(const Value* v, SlotId slot) const {
     auto it = output_slot_.find(v);
@@ -772,7 +783,7 @@ class Lowering {
   // Transpose, Slice, Reshape) and any other reader gets copied once (state()).
   void define_strided_view(const Node& n, const Value* y, SlotId src, const memory::desc& md, const std::string& detail) {
     if (output_slot_.count(y)) throw Error("internal: graph output '" + y->name() + "' defined as a strided view");
-    SlotId view = add_slot(slot_for(y, SlotKind::Alias, root(src)));
+    SlotId view = add_slot(alias_slot(y, src));
     add_step(std::make_unique<ViewStep>(runtime::StepInfo{n.name(), n.op_type(), "view", detail}, src, view));
     ValueState st;
     st.slot = view;
@@ -953,7 +964,7 @@ class Lowering {
       define_plain(out, dst);
       return;
     }
-    runtime::Slot s = slot_for(out, SlotKind::Alias, root(src));
+    runtime::Slot s = alias_slot(out, src);
     SlotId dst = add_slot(std::move(s));
     add_step(std::make_unique<ViewStep>(runtime::StepInfo{n.name(), op, "view", "zero-copy alias of '" + in->name() + "'"},
                                         src, dst));

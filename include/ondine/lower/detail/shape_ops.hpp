@@ -78,6 +78,264 @@ inline bool lower_concat_as_reorders(Lowering& L, const Node& n, std::int64_t ax
   return false;
 }
 
+// --- Concat in place -----------------------------------------------------------------------------
+// Where each piece of a concat is a contiguous chunk of its result (the dims before the axis are 1, as
+// in a batch-1 image concatenated on channels, and in a blocked layout whole channel blocks), the pieces'
+// producers write straight into the result: a piece's slot becomes an Alias of the result at the piece's
+// offset and nothing is copied (SqueezeNet's Fire modules, Inception's branches). Concats that share
+// pieces share one buffer, the largest one's, when every other one is a run of its pieces: DenseNet
+// concatenates all earlier features before each layer, each a prefix of the block's last concat, so the
+// block's features are written once and every concat is a view. A piece that cannot move (a graph input
+// or output, a constant, a value in another layout, a slot already placed elsewhere) is copied into its
+// chunk by one reorder.
+
+struct ConcatHost {
+  const Node* host = nullptr;                      // the group's largest concat: its result is the buffer
+  std::vector<const Node*> members;                // the concats that are views of it (the host included)
+  std::map<const Value*, std::int64_t> start;      // each piece's first index on the axis of the host
+  std::set<const Value*> placed;                   // pieces whose bytes are in the buffer already
+  bool created = false, failed = false;
+  memory::format_tag tag = memory::format_tag::undef;
+  memory::desc md;                                 // the host's result
+  SlotId slot = 0;
+};
+
+// The concat's axis (normalised) and its non-empty pieces; axis -1 when it is not a static concat.
+inline std::pair<std::int64_t, std::vector<const Value*>> concat_pieces(const Node& n) {
+  const Value* y = n.output(0);
+  if (!y || !y->shape().is_static() || !n.has_attr("axis")) return {-1, {}};
+  const auto rank = static_cast<std::int64_t>(y->shape().rank());
+  std::int64_t axis = n.attr_int("axis");
+  if (rank == 0 || axis < -rank || axis >= rank) return {-1, {}};
+  if (axis < 0) axis += rank;
+  std::vector<const Value*> pieces;
+  for (const Value* v : n.inputs()) {
+    if (!v || !v->shape().is_static() || v->shape().rank() != y->shape().rank()) return {-1, {}};
+    if (v->shape().sizes()[static_cast<std::size_t>(axis)] != 0) pieces.push_back(v);
+  }
+  return {axis, pieces};
+}
+
+// The dense layout tags an in-place concat keeps: row-major and channel blocks of 8 and 16.
+inline std::optional<memory::format_tag> dense_tag_of(const memory::desc& md) {
+  using tag = memory::format_tag;
+  for (tag t : {tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde, tag::aBc8b, tag::aBcd8b, tag::aBcde8b, tag::aBc16b,
+                tag::aBcd16b, tag::aBcde16b}) {
+    try {
+      if (memory::desc(md.dims(), md.data_type(), t) == md) return t;
+    } catch (const dnnl::error&) {
+    }
+  }
+  return std::nullopt;
+}
+
+// The byte offset of the chunk [offsets, offsets + dims) of `whole` when that chunk is itself the dense
+// `tag` layout of `dims` (contiguous, unpadded); empty otherwise.
+inline std::optional<std::size_t> chunk_offset(const memory::desc& whole, memory::format_tag tag, const Dims& dims,
+                                               const Dims& offsets) {
+  memory::desc dense, sub;
+  try {
+    dense = memory::desc(dims, whole.data_type(), tag);
+    sub = whole.submemory_desc(dims, offsets);
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+  const dnnl_memory_desc_t &d = dense.data, &s = sub.data;
+  const dnnl_blocking_desc_t &db = d.format_desc.blocking, &sb = s.format_desc.blocking;
+  if (db.inner_nblks != sb.inner_nblks) return std::nullopt;
+  for (int i = 0; i < db.inner_nblks; ++i)
+    if (db.inner_blks[i] != sb.inner_blks[i] || db.inner_idxs[i] != sb.inner_idxs[i]) return std::nullopt;
+  for (int i = 0; i < d.ndims; ++i)
+    if (d.padded_dims[i] != d.dims[i] || (d.dims[i] > 1 && db.strides[i] != sb.strides[i])) return std::nullopt;
+  return static_cast<std::size_t>(s.offset0) * dnnl_data_type_size(s.data_type);
+}
+
+// The group of concats `n` belongs to (found once, shared by its members): the concats on the same axis
+// reachable through shared pieces, hosted by the one with the most pieces when every other one is a run
+// of its pieces and no piece repeats; else `n` alone. Null when `n` repeats a piece.
+inline std::shared_ptr<ConcatHost> concat_host(Lowering& L, const Node& n, std::int64_t axis) {
+  if (auto it = L.concat_hosts.find(&n); it != L.concat_hosts.end()) return it->second;
+  std::vector<const Node*> group{&n};
+  std::set<const Node*> seen{&n};
+  for (std::size_t i = 0; i < group.size() && group.size() <= 256; ++i)
+    for (const Value* p : concat_pieces(*group[i]).second)
+      for (const Use& u : p->uses())
+        if (u.node->op_type() == "Concat" && u.node->domain().empty() && !seen.count(u.node) &&
+            concat_pieces(*u.node).first == axis && u.node->output(0)->shape().rank() == n.output(0)->shape().rank()) {
+          seen.insert(u.node);
+          group.push_back(u.node);
+        }
+  auto runs_of = [&](const Node* host) -> std::shared_ptr<ConcatHost> {
+    const std::vector<const Value*> pieces = concat_pieces(*host).second;
+    auto h = std::make_shared<ConcatHost>();
+    h->host = host;
+    std::map<const Value*, std::size_t> index;
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      if (!index.emplace(pieces[i], i).second) return nullptr;
+      h->start[pieces[i]] = at;
+      at += pieces[i]->shape().sizes()[static_cast<std::size_t>(axis)];
+    }
+    for (const Node* m : group) {
+      const std::vector<const Value*> own = concat_pieces(*m).second;
+      if (own.empty() || !index.count(own[0]) || m->output(0)->is_graph_output()) return nullptr;
+      const std::size_t first = index[own[0]];
+      for (std::size_t i = 0; i < own.size(); ++i)
+        if (first + i >= pieces.size() || pieces[first + i] != own[i]) return nullptr;
+    }
+    h->members = group;
+    return h;
+  };
+  const Node* largest = *std::max_element(group.begin(), group.end(), [](const Node* a, const Node* b) {
+    return concat_pieces(*a).second.size() < concat_pieces(*b).second.size();
+  });
+  std::shared_ptr<ConcatHost> host = group.size() > 256 ? nullptr : runs_of(largest);
+  if (!host) {
+    group = {&n};
+    host = runs_of(&n);
+  }
+  if (host)
+    for (const Node* m : host->members) L.concat_hosts[m] = host;
+  return host;
+}
+
+// Moves slot `s` (an arena slot) to `offset` bytes into `into`'s bytes, with every alias of it.
+inline void move_slot_into(Lowering& L, SlotId s, SlotId into, std::size_t offset) {
+  const SlotId root = L.root(into);
+  if (L.program.slots[into].kind == SlotKind::Alias) offset += L.program.slots[into].offset;
+  for (runtime::Slot& a : L.program.slots)
+    if (a.kind == SlotKind::Alias && static_cast<SlotId>(a.index) == s) {
+      a.index = root;
+      a.offset += offset;
+    }
+  runtime::Slot& t = L.program.slots[s];
+  t.kind = SlotKind::Alias;
+  t.index = root;
+  t.offset = offset;
+}
+
+// Creates the group's buffer in the layout oneDNN chose for `chosen` (the first member lowered), after
+// checking that every piece and every member is a contiguous chunk of it.
+inline bool create_concat_host(Lowering& L, ConcatHost& h, std::int64_t axis, const memory::desc& chosen) {
+  const std::optional<memory::format_tag> tag = dense_tag_of(chosen);
+  if (!tag) return false;
+  const Value* y = h.host->output(0);
+  const Dims yd = y->shape().sizes();
+  try {
+    h.md = memory::desc(yd, chosen.data_type(), *tag);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  h.tag = *tag;
+  auto fits = [&](const Dims& dims, std::int64_t start) {
+    Dims offsets(dims.size(), 0);
+    offsets[static_cast<std::size_t>(axis)] = start;
+    return chunk_offset(h.md, h.tag, dims, offsets).has_value();
+  };
+  for (const auto& [piece, start] : h.start)
+    if (!fits(piece->shape().sizes(), start)) return false;
+  for (const Node* m : h.members)
+    if (!fits(m->output(0)->shape().sizes(), h.start.at(concat_pieces(*m).second.front()))) return false;
+  runtime::Slot s = Lowering::slot_for(y, SlotKind::Arena, 0);
+  s.bytes = h.md.get_size();
+  s.layout = layout_name(h.md);
+  h.slot = L.add_slot(std::move(s));
+  h.created = true;
+  return true;
+}
+
+inline bool lower_concat_in_place(Lowering& L, const Node& n, std::int64_t axis, const std::vector<const Value*>& inputs,
+                                  const std::vector<memory::desc>& srcs, const memory::desc& chosen) {
+  const Value* y = n.output(0);
+  if (y->is_graph_output()) return false;
+  const std::shared_ptr<ConcatHost> hp = concat_host(L, n, axis);
+  if (!hp || hp->failed) return false;
+  ConcatHost& h = *hp;
+  if (!h.created && !create_concat_host(L, h, axis, chosen)) {
+    h.failed = true;
+    return false;
+  }
+  const std::size_t ax = static_cast<std::size_t>(axis);
+  auto offsets_of = [&](const Value* v) {
+    Dims offsets(v->shape().rank(), 0);
+    offsets[ax] = h.start.at(v);
+    return offsets;
+  };
+  // Pieces that cannot move are copied by a reorder into their chunk: made first, so that a reorder
+  // oneDNN declines leaves everything as it was.
+  std::vector<dnnl::reorder::primitive_desc> copies(inputs.size());
+  std::vector<memory::desc> chunks(inputs.size());
+  std::vector<bool> moves(inputs.size(), false);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Value* p = inputs[i];
+    if (h.placed.count(p)) continue;
+    const Dims pd = p->shape().sizes();
+    const memory::desc dense(pd, h.md.data_type(), h.tag);
+    if (!p->is_constant() && !p->is_graph_output() && same_layout(srcs[i], dense)) {
+      const SlotId s = L.slot_in(p, srcs[i]);
+      moves[i] = L.program.slots[s].kind == SlotKind::Arena && L.program.slots[s].bytes == dense.get_size();
+    }
+    if (moves[i]) continue;
+    chunks[i] = h.md.submemory_desc(pd, offsets_of(p));
+    try {
+      copies[i] = dnnl::reorder::primitive_desc(L.engine(), srcs[i], L.engine(), chunks[i], Lowering::base_attr());
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }
+  std::vector<SlotId> reads;
+  std::string detail;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Value* p = inputs[i];
+    detail += (i ? ", " : "") + layout_name(srcs[i]) + dims_str(p->shape().sizes());
+    if (h.placed.count(p)) {
+      reads.push_back(L.slot_in(p, srcs[i]));
+      detail += " (in place)";
+      continue;
+    }
+    const std::size_t at = *chunk_offset(h.md, h.tag, p->shape().sizes(), offsets_of(p));
+    if (moves[i]) {
+      const SlotId s = L.slot_in(p, srcs[i]);
+      move_slot_into(L, s, h.slot, at);
+      reads.push_back(s);
+      detail += " (in place)";
+    } else {
+      std::vector<SlotArg> args;
+      std::vector<std::pair<int, memory>> consts;
+      if (p->is_constant()) consts.emplace_back(DNNL_ARG_SRC, L.constant_memory(p->constant(), srcs[i]));
+      else args.push_back({DNNL_ARG_SRC, L.slot_in(p, srcs[i]), srcs[i]});
+      args.push_back({DNNL_ARG_DST, h.slot, chunks[i]});
+      L.add_primitive({n.name(), "Concat", copies[i].impl_info_str(),
+                       "copy of " + layout_name(srcs[i]) + dims_str(p->shape().sizes()) + " into its chunk of " +
+                           layout_name(h.md) + dims_str(h.host->output(0)->shape().sizes()) + " from " +
+                           std::to_string(h.start.at(p)) + " on axis " + std::to_string(axis)},
+                      &n, dnnl::reorder(copies[i]), copies[i].scratchpad_desc(), std::move(args), std::move(consts));
+      detail += " (copied)";
+    }
+    h.placed.insert(p);
+  }
+  SlotId dst = h.slot;
+  memory::desc dst_md = h.md;
+  if (h.host != &n) {
+    const Dims yd = y->shape().sizes();
+    const std::size_t at = *chunk_offset(h.md, h.tag, yd, offsets_of(inputs.front()));
+    runtime::Slot s = L.alias_slot(y, h.slot);
+    s.offset += at;
+    dst_md = memory::desc(yd, h.md.data_type(), h.tag);
+    s.bytes = dst_md.get_size();
+    s.layout = layout_name(dst_md);
+    dst = L.add_slot(std::move(s));
+  }
+  L.define(y, dst, dst_md);
+  const std::string where = h.host == &n ? "" : ", a view of '" + h.host->name() + "'";
+  L.add_step(std::make_unique<ViewStep>(
+      runtime::StepInfo{n.name(), "Concat", "in place",
+                        "axis " + std::to_string(axis) + ": " + detail + " -> " + layout_name(dst_md) +
+                            dims_str(y->shape().sizes()) + where},
+      std::move(reads), dst));
+  return true;
+}
+
 inline bool lower_concat(Lowering& L, const Node& n) {
   const Value* y = n.output(0);
   // float32, or int8 pieces of one type and one scale (fuse-qdq's Concat on int8): runtime values only
@@ -107,6 +365,7 @@ inline bool lower_concat(Lowering& L, const Node& n) {
   } catch (const dnnl::error&) {
     return false;
   }
+  if (lower_concat_in_place(L, n, axis, inputs, srcs, pd.dst_desc())) return true;
   if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0 && lower_concat_as_reorders(L, n, axis, inputs, srcs, pd.dst_desc()))
     return true;
   std::vector<SlotArg> args;
