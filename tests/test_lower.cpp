@@ -279,6 +279,41 @@ TEST_CASE("lower: compile runs options.passes on its own copy first and logs the
   }
 }
 
+TEST_CASE("lower: ReduceMean / ReduceMax over the spatial axes run as global pooling (1e-5)", "[lower][reduce]") {
+  struct Case {
+    const char* op;
+    Dims x, axes;
+    std::int64_t keepdims;
+    int opset;
+    bool pooled;  // runs as oneDNN pooling; else the reference kernel
+  };
+  const std::vector<Case> cases = {
+      {"ReduceMean", {1, 16, 7, 7}, {2, 3}, 0, 13, true},      // ShuffleNet's head: x.mean([2, 3])
+      {"ReduceMean", {2, 16, 7, 7}, {-1, -2}, 1, 13, true},
+      {"ReduceMax", {2, 16, 5, 6}, {2, 3}, 0, 18, true},       // axes as an input
+      {"ReduceMean", {2, 16, 4, 5, 3}, {2, 3, 4}, 0, 18, true},
+      {"ReduceMean", {2, 16, 9}, {2}, 1, 13, true},
+      {"ReduceMean", {2, 16, 7, 7}, {1}, 0, 13, false},        // must not fire: the channels
+      {"ReduceMean", {2, 16, 7, 7}, {3}, 1, 13, false},        // one spatial axis of two
+      {"ReduceMax", {2, 16, 7, 7}, {1, 2, 3}, 0, 18, false},   // everything but the batch
+  };
+  for (const Case& c : cases) {
+    INFO(c.op << " x" << dims_str(c.x) << " axes" << dims_str(c.axes) << " keepdims " << c.keepdims << " opset " << c.opset);
+    Builder b;
+    b.g.opsets[""] = c.opset;
+    Value* x = b.input("x", c.x);
+    x = b.op("Relu", {c.x.size() == 4 ? b.conv(x, c.x[1], c.x[1], 1) : x});
+    std::vector<Value*> in{x};
+    std::map<std::string, Attribute> attrs{{"keepdims", c.keepdims}};
+    if (c.opset >= 18) in.push_back(b.ints(c.axes));
+    else attrs["axes"] = c.axes;
+    b.g.add_output(b.op(c.op, in, attrs));
+    CompiledModel m = check_graph(b.g, 1e-5);
+    INFO(m.to_text());
+    CHECK(count_impl(m, c.op, "reference") == (c.pooled ? 0u : 1u));
+  }
+}
+
 TEST_CASE("lower: ceil-mode and padded pools, global average pool + flatten + gemm head (1e-4)", "[lower]") {
   Builder b;
   Value* x = b.input("x", {1, 8, 11, 11});

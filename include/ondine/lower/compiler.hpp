@@ -109,6 +109,9 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                         "not float32, not 1-3 spatial axes, or count_include_pad with a ceil_mode window past the pads"};
     for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"})
       t[op] = {lower_pool, "oneDNN pooling", "not float32, or not 1-3 spatial axes"};
+    for (const char* op : {"ReduceMean", "ReduceMax"})
+      t[op] = {lower_reduce_as_pool, "oneDNN global pooling (a reduction over every spatial axis)",
+               "not float32, or axes other than all the spatial ones of [N, C, spatial...] (1-3 of them)"};
     t["BatchNormalization"] = {lower_batchnorm, "oneDNN batch normalization (inference)",
                                "not float32, training_mode, or mean/var outputs read"};
     t["LayerNormalization"] = {lower_layernorm, "oneDNN layer normalization",

@@ -107,4 +107,71 @@ inline bool lower_pool(Lowering& L, const Node& n) {
   return true;
 }
 
+// ReduceMean / ReduceMax over every spatial axis of [N, C, spatial...] (torch's x.mean([2, 3]): ShuffleNet's
+// and many classifiers' heads) as the global pooling it is, on the producer's layout: the jit kernel on a
+// blocked source, where the reference kernel read row-major data after a reorder. keepdims 0: the pooled
+// [N, C, 1, ...] in a layout whose bytes are row-major [N, C] (row-major or channels-last), which y then is.
+inline bool lower_reduce_as_pool(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!is_f32(x) || !is_f32(y) || !x->shape().is_static() || !y->shape().is_static()) return false;
+  const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  const auto rank = static_cast<std::int64_t>(xd.size());
+  if (rank < 3 || rank > 5) return false;
+  Dims axes;
+  if (n.has_attr("axes")) {
+    axes = n.attr_ints("axes");
+  } else if (const Value* a = n.input(1); a && a->is_constant() && a->constant().dtype() == DType::Int64) {
+    axes.assign(a->constant().data<std::int64_t>(), a->constant().data<std::int64_t>() + a->constant().numel());
+  } else {
+    return false;  // no axes: a reduction over everything (or nothing, noop_with_empty_axes)
+  }
+  for (std::int64_t& a : axes) a = a < 0 ? a + rank : a;
+  std::sort(axes.begin(), axes.end());
+  Dims spatial_axes;
+  for (std::int64_t a = 2; a < rank; ++a) spatial_axes.push_back(a);
+  if (axes != spatial_axes) return false;
+  const bool keep = n.attr_int("keepdims", 1) != 0;
+  Dims pooled(xd.begin(), xd.begin() + 2);
+  pooled.resize(xd.size(), 1);
+  if (yd != (keep ? pooled : Dims(xd.begin(), xd.begin() + 2))) return false;
+  const Dims kernel(xd.begin() + 2, xd.end()), ones(kernel.size(), 1), zeros(kernel.size(), 0);
+  const auto alg = n.op_type() == "ReduceMax" ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding;
+
+  const memory::desc src_md = L.md_of(x);
+  std::vector<memory::desc> dst_choices{keep ? activation_md(y, pooled) : plain_md(pooled)};
+  if (memory::format_tag tag = channel_layout_tag(src_md); tag != memory::format_tag::undef)
+    dst_choices.emplace_back(pooled, memory::data_type::f32, tag);
+  // keepdims 0: [N, C, 1, ...] whose bytes are row-major [N, C] (no blocks; C the innermost of N and C).
+  auto flat = [&](const memory::desc& md) {
+    const dnnl_memory_desc_t& d = md.data;
+    if (d.format_kind != dnnl_blocked || d.offset0 != 0 || d.format_desc.blocking.inner_nblks != 0) return false;
+    const dnnl_dims_t& st = d.format_desc.blocking.strides;
+    return (xd[1] == 1 || st[1] == 1) && (xd[0] == 1 || st[0] == xd[1]);
+  };
+  dnnl::pooling_v2_forward::primitive_desc pd;
+  for (const memory::desc& dst_md : dst_choices) {
+    dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_md, dst_md, ones, kernel, zeros,
+                                        zeros, zeros);
+    dnnl::pooling_v2_forward::primitive_desc candidate(desc, Lowering::base_attr(), L.engine(), true);
+    if (!candidate || (!keep && !flat(candidate.dst_desc()))) continue;
+    if (!pd || is_reference_impl(pd)) pd = candidate;
+  }
+  if (!pd) return false;
+  SlotId src = L.slot_in(x, pd.src_desc());
+  SlotId dst;
+  if (keep) {
+    dst = L.new_value_slot(y, pd.dst_desc());
+    L.define(y, dst, pd.dst_desc());
+  } else {
+    dst = L.new_plain_slot(y);
+    L.define_plain(y, dst);
+  }
+  std::string detail = std::string(alg_name(alg)) + " over the spatial axes " + layout_name(pd.src_desc()) + dims_str(xd) +
+                       " -> " + layout_name(pd.dst_desc()) + dims_str(pooled) + (keep ? "" : " = " + dims_str(yd));
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::pooling_v2_forward(pd),
+                  pd.scratchpad_desc(), {{DNNL_ARG_SRC, src, pd.src_desc()}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, {});
+  return true;
+}
+
 }  // namespace ondine::lower::detail
