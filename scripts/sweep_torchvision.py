@@ -109,8 +109,9 @@ def export(torch, tv, name, shape, kind, opset, path):
     kwargs = {"weights": None}
     if name in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=True)
+    if kind in ("detect", "segment"):
+        kwargs.update(weights_backbone=None)  # else torchvision downloads the ImageNet backbone
     if kind == "detect":
-        kwargs.update(weights_backbone=None)
         # Random weights score every box low: with the default thresholds (0.05, 0.2 for FCOS and
         # RetinaNet) nothing survives and the outputs are empty. No score threshold keeps the best
         # detections_per_img boxes after NMS, so the boxes, scores and labels are really compared.

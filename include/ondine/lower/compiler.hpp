@@ -141,7 +141,9 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"})
       t[op] = {lower_binary, "oneDNN binary (or a post-op of the producer)",
                "not float32, two inputs that both broadcast, a scalar output, or Sub/Div whose first input broadcasts"};
-    t["Concat"] = {lower_concat, "oneDNN concat (in place where the producers can write into it)",
+    t["Concat"] = {lower_concat,
+                   "in place where each piece is a contiguous chunk of the result (batch 1 on channels: the producers "
+                   "write into it, concats sharing pieces one buffer), else oneDNN concat",
                    "not float32 or int8 of one type, or no axis"};
     for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
       t[op] = {lower_view, "a view: no copy for row-major data, else one reorder", "dims not static"};
