@@ -825,6 +825,26 @@ TEST_CASE("lower: Slice, Transpose and Reshape are strided views, copied once wh
   CHECK(count_op(m, "Reorder") == 0);
 }
 
+TEST_CASE("lower: Gather of one constant index is a strided view (qkv[0], qkv[1], qkv[2]) (1e-6)", "[lower][views]") {
+  Builder b;
+  Value* x = b.input("x", {2, 5, 6, 4});
+  Value* r = b.op("Relu", {x});
+  auto index = [&](std::int64_t i) { return b.g.add_constant(b.g.unique_name("i"), Tensor::scalar<std::int64_t>(i)); };
+  // Swin's qkv.permute(2, 0, 3, 1, 4) then qkv[0..2]: the heads' Q, K and V as views of one buffer.
+  Value* qkv = b.op("Transpose", {b.op("Reshape", {r, b.ints({2, 5, 3, 2, 4})})}, {{"perm", Dims{2, 0, 3, 1, 4}}});
+  for (std::int64_t i = 0; i < 3; ++i) b.g.add_output(b.op("Sigmoid", {b.op("Gather", {qkv, index(i)}, {{"axis", std::int64_t{0}}})}));
+  b.g.add_output(b.op("Neg", {b.op("Gather", {r, index(-1)}, {{"axis", std::int64_t{2}}})}));  // a negative index, axis 2
+  // Must not fire: an index tensor, and an index computed at run time (both still right: reference kernel).
+  Tensor two = Tensor::from_vector<std::int64_t>({2}, {0, 3});
+  b.g.add_output(b.op("Gather", {r, b.g.add_constant("pair", two)}, {{"axis", std::int64_t{1}}}));
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  CompiledModel m = check_graph(b.g, 1e-6, opts);
+  INFO(m.to_text());
+  CHECK(count_impl(m, "Gather", "view") == 4);
+  CHECK(count_impl(m, "Gather", "reference") == 1);
+}
+
 TEST_CASE("lower: a Transpose reads a channels-last conv output in place; other readers get one copy (1e-5)",
           "[lower][views]") {
   // ConvNeXt's block: depthwise conv -> permute to NHWC -> a row-major reader (MatMul). Where oneDNN writes the
@@ -1138,6 +1158,11 @@ TEST_CASE("lower: broadcasting binary ops never run on oneDNN's ref kernels (1e-
   outs.push_back(b.op("Div", {b.op("Sub", {image, b.weight({3, 1, 1})}), b.positive({3, 1, 1}, 0.5f, 1.5f)}));
   outs.push_back(b.op("Mul", {image, b.input("scale", {3, 1, 1})}));
   outs.push_back(b.op("Add", {image, b.weight({16, 1})}));       // [3,16,16] + [16,1]: a middle dim
+  // Swin's shifted-window mask over the heads, [1, nW, 1, N, N] on [1, nW, heads, N, N]: a broadcast between
+  // full dims no jit kernel takes; the constant is expanded once instead.
+  Value* scores = b.op("Relu", {b.input("scores", {1, 4, 3, 9, 9})});
+  Value* masked = b.op("Add", {scores, b.weight({1, 4, 1, 9, 9})});
+  outs.push_back(masked);
   for (Value* o : outs) b.g.add_output(o);
   CompiledModel m = check_graph(b.g, 1e-4);
   for (const auto& s : m.steps()) {
@@ -1145,7 +1170,10 @@ TEST_CASE("lower: broadcasting binary ops never run on oneDNN's ref kernels (1e-
     CHECK(s.implementation.rfind("ref", 0) != 0);
   }
   CHECK(count_op(m, "Mul") == 3);
-  CHECK(count_op(m, "Relu") == 0);  // still fused into the gate's Mul
+  CHECK(count_op(m, "Relu") == 1);  // still fused into the gate's Mul (the scores' own Relu stays)
+  bool expanded = false;
+  for (const auto& s : m.steps()) expanded = expanded || s.detail.find("the constant expanded from [1,4,1,9,9]") != std::string::npos;
+  CHECK(expanded);
 }
 
 TEST_CASE("lower: activation chains that repeat an eltwise algorithm stay exact (oneDNN 2.6 injector bug) (1e-4)",

@@ -501,6 +501,34 @@ inline std::pair<Dims, Dims> merge_broadcast_dims(const Dims& yd, const Dims& bd
   return {y, b};
 }
 
+// A float32 constant broadcast (ONNX rules, its dims left-padded with 1s) to `yd`, row-major.
+inline Tensor broadcast_to(const Tensor& t, const Dims& yd) {
+  const Dims td = left_pad(t.dims(), yd.size());
+  Dims stride(yd.size(), 0);  // t's stride per output dim, 0 where t broadcasts
+  for (std::int64_t i = static_cast<std::int64_t>(yd.size()) - 1, step = 1; i >= 0; --i) {
+    const auto u = static_cast<std::size_t>(i);
+    stride[u] = td[u] == 1 ? 0 : step;
+    step *= td[u];
+  }
+  Tensor out(DType::Float32, yd);
+  const float* src = t.data<float>();
+  float* dst = out.data<float>();
+  Dims index(yd.size(), 0);
+  std::int64_t at = 0;  // t's offset for `index`
+  for (std::int64_t k = 0, n = out.numel(); k < n; ++k) {
+    dst[k] = src[at];
+    for (std::size_t d = yd.size(); d-- > 0;) {  // the next index, row-major
+      if (++index[d] < yd[d]) {
+        at += stride[d];
+        break;
+      }
+      at -= stride[d] * (yd[d] - 1);
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
 // Add, Sub, Mul, Div, Max, Min as one binary primitive, with the activations after it as post-ops.
 // oneDNN 2.6 picks its reference kernel (~50x slower) for some operand layouts, so the layouts are
 // tried in order until a jit kernel takes them: (1) the first operand's layout, with a broadcast
@@ -537,7 +565,8 @@ inline bool lower_binary(Lowering& L, const Node& n) {
 
   struct Choice {
     memory::desc src0, src1;
-    bool merged = false;  // (4): dims merged, no post-ops
+    bool merged = false;    // (4): dims merged, no post-ops
+    bool expanded = false;  // (5): the constant operand broadcast to the output's dims
   };
   std::vector<Choice> choices;
   memory::format_tag a_tag = channel_layout_tag(a_md);
@@ -552,6 +581,14 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   if (!full) {
     auto [my, mb] = merge_broadcast_dims(yd, bd);
     if (my.size() != yd.size() || my != yd) choices.push_back({plain_md(my), plain_md(mb), true});
+  }
+  // (5) A constant operand broadcast along a dim between full ones (Swin's attention mask [1, nW, 1, N, N] over
+  // the heads: [64, 3, 2401] after merging), which no jit kernel takes: expanded once, here, to the output's
+  // dims (up to 64 MB), then read as a full operand in src0's layout.
+  std::optional<Tensor> expanded;
+  if (!full && b->is_constant() && md_numel(plain_md(yd)) <= (std::int64_t{16} << 20)) {
+    choices.push_back({a_md, a_md, false, true});
+    if (!is_row_major(a_md)) choices.push_back({plain_md(yd), plain_md(yd), false, true});
   }
 
   dnnl::binary::primitive_desc pd;
@@ -569,6 +606,10 @@ inline bool lower_binary(Lowering& L, const Node& n) {
         },
         with_chain, c_fused);
     if (!c_pd) continue;
+    if (c.expanded) {  // only where the expansion is what gets a jit kernel
+      if (is_reference_impl(c_pd)) continue;
+      if (!expanded) expanded = broadcast_to(b->constant(), yd);
+    }
     pd = c_pd;
     fused = c_fused;
     chosen = &c;
@@ -585,7 +626,7 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   std::vector<std::pair<int, memory>> consts;
   const memory::desc src1_md = pd.src_desc(1);
   if (b->is_constant()) {
-    consts.emplace_back(DNNL_ARG_SRC_1, L.constant_memory(b->constant(), src1_md));
+    consts.emplace_back(DNNL_ARG_SRC_1, L.constant_memory(chosen->expanded ? *expanded : b->constant(), src1_md));
   } else if (full && !chosen->merged) {
     args.push_back({DNNL_ARG_SRC_1, L.slot_in(b, src1_md), src1_md});
   } else if (is_row_major(src1_md)) {
@@ -605,7 +646,8 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   L.add_primitive({n.name(), op, pd.impl_info_str(),
                    std::string(alg_name(alg)) + chain.detail() + " " + layout_name(pd.src_desc(0)) +
                        dims_str(chosen->merged ? Dims(pd.src_desc(0).dims()) : yd) + " , " + layout_name(src1_md) +
-                       dims_str(chosen->merged ? Dims(src1_md.dims()) : bd)},
+                       dims_str(chosen->merged ? Dims(src1_md.dims()) : bd) +
+                       (chosen->expanded ? " (the constant expanded from " + dims_str(bd) + ")" : "")},
                   &n, dnnl::binary(pd), pd.scratchpad_desc(), std::move(args), std::move(consts));
   return true;
 }

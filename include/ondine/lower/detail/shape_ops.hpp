@@ -566,6 +566,42 @@ inline bool lower_slice(Lowering& L, const Node& n) {
   return true;
 }
 
+// Gather of one constant index (a scalar: the axis disappears) as a strided view of x, as Slice is: PyTorch's
+// qkv[0], qkv[1], qkv[2] after an attention's fused projection (torchvision's Swin: 36 reference copies).
+inline bool lower_gather_index(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* index = n.input(1);
+  const Value* y = n.output(0);
+  memory::data_type dt;
+  if (!x || !index || !y || x->is_constant() || !index->is_constant() || !x->shape().is_static() ||
+      !y->shape().is_static() || !dnnl_dtype(x->dtype(), dt) || *y->shape().numel() == 0)
+    return false;
+  const Tensor& it = index->constant();
+  if (it.rank() != 0 || (it.dtype() != DType::Int64 && it.dtype() != DType::Int32)) return false;
+  const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
+  const auto rank = static_cast<std::int64_t>(xd.size());
+  std::int64_t axis = n.attr_int("axis", 0);
+  if (rank < 2 || rank > 6 || axis < -rank || axis >= rank) return false;
+  if (axis < 0) axis += rank;
+  const auto a = static_cast<std::size_t>(axis);
+  std::int64_t i = it.dtype() == DType::Int64 ? it.data<std::int64_t>()[0] : it.data<std::int32_t>()[0];
+  if (i < 0) i += xd[a];
+  if (i < 0 || i >= xd[a]) return false;  // the reference kernel names the bad index
+  Dims want = xd;
+  want.erase(want.begin() + axis);
+  if (yd != want) return false;
+  auto [src, x_md] = view_source(L, x, dt);
+  Dims strides = md_strides(x_md);
+  const memory::dim offset = x_md.data.offset0 + i * strides[a];
+  strides.erase(strides.begin() + axis);
+  memory::desc src_md(yd, x_md.data_type(), strides);
+  src_md.data.offset0 = offset;
+  define_view_or_copy(L, n, y, src, src_md,
+                      "index " + std::to_string(i) + " on axis " + std::to_string(axis) + " of " + dims_str(xd) + " '" +
+                          x->name() + "' -> " + strided_str(src_md));
+  return true;
+}
+
 // Reshape, Flatten, Squeeze, Unsqueeze: the same bytes under new dims. A strided source stays a
 // strided view when its strides allow the new dims (reshape_md), else it is copied row-major first.
 inline bool lower_view(Lowering& L, const Node& n) {
