@@ -88,6 +88,11 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    the downsampling conv and the head); torch writes each LayerNorm as ReduceMean / Sub /
                    Pow / Sqrt / Div. LayerNorm and layer-scale parameters spread. Cases 64x64 (batch 1),
                    48x80 (batch 2).
+  token_pool       opset 16  "image" f32 [batch,3,height,width] -> "tokens" [batch,tokens,32]: MViT-style pooled
+                   attention (patch embedding + class token; K and V split from the class token by
+                   torch.tensor_split, which PyTorch exports as SequenceEmpty + Loop { Slice, SequenceInsert } +
+                   SequenceAt, pooled by a strided depthwise conv, LayerNorm), softmax attention, projection +
+                   residual. Cases 32x32 (batch 1), 24x40 (batch 2).
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -1124,6 +1129,48 @@ def torch_convnext_blocks(rng, bench=False):
                      "torchvision ConvNeXt, stages of 20 and 40 channels (2 + 1 blocks), 10 classes")
 
 
+def torch_token_pool(rng):
+    import torch
+    from torch import nn
+
+    class TokenPool(nn.Module):
+        """MViT-style pooled attention: a class token beside a grid of patch tokens, K and V pooled on the
+        grid. As torchvision's MViT writes it, torch.tensor_split(t, indices=(1,), dim=1) separates the class
+        token; PyTorch exports that split into a Python list as SequenceEmpty + Loop { Slice; SequenceInsert }
+        + SequenceAt (opset 13 and later), so the pooled shapes pass through a Loop and a sequence."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Conv2d(3, 32, 4, stride=4)
+            self.cls = nn.Parameter(0.5 * torch.randn(1, 1, 32))
+            self.qkv = nn.Linear(32, 96)
+            self.pool = nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=32, bias=False)
+            self.norm = nn.LayerNorm(32)
+            self.proj = nn.Linear(32, 32)
+
+        def forward(self, image):
+            t = self.embed(image)
+            b, c, h, w = t.shape
+            x = torch.cat((self.cls.expand(b, -1, -1), t.flatten(2).transpose(1, 2)), dim=1)
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+
+            def pool(u):
+                cls, grid = torch.tensor_split(u, indices=(1,), dim=1)
+                grid = self.pool(grid.transpose(1, 2).reshape(b, c, h, w)).flatten(2).transpose(1, 2)
+                return self.norm(torch.cat((cls, grid), dim=1))
+
+            k, v = pool(k), pool(v)
+            a = torch.softmax(q @ k.transpose(1, 2) / c ** 0.5, dim=-1)
+            return x + self.proj(a @ v)
+
+    cases = [{"image": rng.random((1, 3, 32, 32), dtype=np.float32)},
+             {"image": rng.random((2, 3, 24, 40), dtype=np.float32)}]
+    return TorchSpec(TokenPool(), 16, ["image"], ["tokens"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "tokens": {0: "batch", 1: "tokens"}}, cases,
+                     "MViT-style pooled attention: patch embedding + class token, K and V pooled on the grid after "
+                     "torch.tensor_split (SequenceEmpty + Loop + SequenceInsert + SequenceAt), LayerNorm, softmax "
+                     "attention, projection + residual")
+
 def torch_vision_net(arch, rng, bench=False):
     """torchvision's own builders, weights=None, seeded: the light CNNs and segmenters of bench/peers.py
     (efficientnet_b0, mobilenet_v2, convnext_tiny, resnet18: ImageNet classifiers at 224x224; lraspp_mobilenet_v3_large,
@@ -1185,6 +1232,7 @@ TORCH_MODELS = {
     "fpn_box_head": torch_fpn_box_head,
     "norm_head": torch_norm_head,
     "convnext_blocks": torch_convnext_blocks,
+    "token_pool": torch_token_pool,
 }
 
 

@@ -170,9 +170,13 @@ TEST_CASE("control flow: If branches and Loop bodies are compiled once, with the
   }
 
   Graph loop = loop_graph(5, false);
-  CompiledModel lm = lower::compile(loop, options);
+  lower::CompileOptions kept = options;
+  kept.passes = "none";  // the default passes unroll a loop of 5 known iterations (unroll-loops)
+  CompiledModel lm = lower::compile(loop, kept);
+  CHECK(steps_of(lm, "Loop") == 1);
   for (auto& s : lm.steps())
     if (s.op == "Loop") CHECK(s.implementation == "compiled subgraphs");
+  CHECK(steps_of(lower::compile(loop, options), "Loop") == 0);
   auto lctx = lm.make_context();
   Tensor h0 = test::uniform_tensor({2, 3}, 16);
   auto want = ReferenceExecutor(loop).run({{"x", xt}, {"h0", h0}});

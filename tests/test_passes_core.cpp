@@ -1,4 +1,5 @@
-// The core passes: dce, remove-identity, fold-constants, fold-bn, deconv-as-conv, scatter-rows. For each: the structure after the
+// The core passes: dce, remove-identity, fold-constants, fold-bn, deconv-as-conv, scatter-rows, scatter-slices,
+// unroll-loops. For each: the structure after the
 // pass (op counts), the numbers (the reference executor gives the same outputs before and after on
 // seeded random inputs, within a stated tolerance), and the cases where the rewrite must not fire.
 #include <catch2/catch.hpp>
@@ -15,8 +16,11 @@
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/fold_pad.hpp"
 #include "ondine/passes/pass_manager.hpp"
+#include "ondine/passes/pipeline.hpp"
 #include "ondine/passes/remove_identity.hpp"
 #include "ondine/passes/scatter_rows.hpp"
+#include "ondine/passes/scatter_slices.hpp"
+#include "ondine/passes/unroll_loops.hpp"
 #include "ondine/ir/stats.hpp"
 #include "ondine/reference/executor.hpp"
 
@@ -942,4 +946,316 @@ TEST_CASE("scatter-rows must not fire on another axis, a reduction, indices vary
   }
 }
 
+// unroll-loops: a Loop with a known trip count becomes its iterations; a sequence built at known positions
+// becomes its elements (torchvision's MViT; the exported pattern is tested in test_shape_values.cpp).
+struct LoopCase {
+  std::int64_t trips = 3;
+  bool trips_input = false;     // M a graph input (known only at run time)
+  bool with_cond = false;       // a cond input (constant true) and the body's cond Identity(cond in)
+  bool data_cond = false;       // the body's cond computed from data (ReduceSum(h) < 100)
+  bool nested_if = false;       // the body's update inside an If on a captured constant
+};
+
+// h <- 0.5 * h + x for M iterations, scanning h; with the body's cond as the case says.
+Graph unroll_loop_graph(const LoopCase& c) {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 3});
+  Value* h0 = g.add_input("h0", DType::Float32, Shape{2, 3});
+  Value* m = c.trips_input ? g.add_input("m", DType::Int64, Shape{})
+                           : g.add_constant("m", Tensor::scalar<std::int64_t>(c.trips));
+  Value* cond0 = c.with_cond || c.data_cond ? g.add_constant("go", Tensor::scalar<bool>(true)) : nullptr;
+  Value* flag = g.add_constant("flag", Tensor::scalar<bool>(true));
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  body->add_input("iter", DType::Int64, Shape{});
+  Value* cond = body->add_input("cond", DType::Bool, Shape{});
+  Value* h = body->add_input("h", DType::Float32, Shape{2, 3});
+  Value* bx = body->add_capture("x", DType::Float32, Shape{2, 3});
+  Value* next = body->add_op("Add", {body->add_op("Mul", {h, body->add_constant("half", Tensor::scalar<float>(0.5f))}), bx});
+  if (c.nested_if) {
+    auto then_g = std::make_shared<Graph>();
+    then_g->name = "then";
+    then_g->add_output(then_g->add_op("Relu", {then_g->add_capture(next->name(), DType::Float32, Shape{2, 3})}));
+    auto else_g = std::make_shared<Graph>();
+    else_g->name = "else";
+    else_g->add_output(else_g->add_op("Neg", {else_g->add_capture(next->name(), DType::Float32, Shape{2, 3})}));
+    Node* branch = body->add_node("If", {body->add_capture("flag", DType::Bool, Shape{})}, {"branched"},
+                                  {{"then_branch", GraphAttr(then_g)}, {"else_branch", GraphAttr(else_g)}}, "branch");
+    branch->add_implicit_input(next, next->name());
+    next = branch->output(0);
+  }
+  Value* cond_out = c.data_cond ? body->add_op("Less", {body->add_op("ReduceSum", {next}, {{"keepdims", std::int64_t{0}}}),
+                                                        body->add_constant("limit", Tensor::scalar<float>(100.0f))})
+                                : body->add_op("Identity", {cond});
+  body->add_output(cond_out);
+  body->add_output(next);
+  body->add_output(body->add_op("Identity", {next}));
+  Node* n = g.add_node("Loop", {m, cond0, h0}, {"h_final", "h_all"}, {{"body", GraphAttr(body)}}, "loop");
+  n->add_implicit_input(x, "x");
+  if (c.nested_if) n->add_implicit_input(flag, "flag");
+  g.add_output(n->output(0));
+  g.add_output(n->output(1));
+  infer_shapes(g);
+  return g;
+}
+
+// MViT's class-token split as PyTorch exports torch.tensor_split(t, indices=(1,), dim=1) into a list:
+// SequenceEmpty -> Loop(M = 1) { Slice(t, starts[i], starts[i + 1]); SequenceInsert } -> SequenceInsert(the
+// rest) -> SequenceAt(0), SequenceAt(1); and the sequence's length and concatenations read too.
+Graph token_split_graph(bool position_input = false) {
+  Graph g;
+  Value* t = g.add_input("t", DType::Float32, Shape{2, 5, 4});
+  Value* at = position_input ? g.add_input("at", DType::Int64, Shape{}) : g.add_constant("at", Tensor::scalar<std::int64_t>(-1));
+  Value* empty = g.add_op("SequenceEmpty", {}, {{"dtype", std::int64_t{1}}}, "seq0");
+  auto body = std::make_shared<Graph>();
+  body->name = "split_body";
+  Value* i = body->add_input("i", DType::Int64, Shape{});
+  body->add_input("cond", DType::Bool, Shape{});
+  Value* seq = body->add_input("seq", DType::Float32, Shape::unknown());
+  Value* bounds = body->add_constant("bounds", Tensor::from_vector<std::int64_t>({2}, {0, 1}));
+  Value* axis = body->add_constant("axis", Tensor::from_vector<std::int64_t>({1}, {1}));
+  Value* one = body->add_constant("one", Tensor::scalar<std::int64_t>(1));
+  Value* lo = body->add_op("Unsqueeze", {body->add_op("Gather", {bounds, i}), body->add_constant("ax0", Tensor::from_vector<std::int64_t>({1}, {0}))});
+  Value* hi = body->add_op("Unsqueeze", {body->add_op("Gather", {bounds, body->add_op("Add", {i, one})}),
+                                         body->add_constant("ax0b", Tensor::from_vector<std::int64_t>({1}, {0}))});
+  Value* piece = body->add_op("Slice", {body->add_capture("t", DType::Float32, Shape{2, 5, 4}), lo, hi, axis});
+  body->add_output(body->add_op("Identity", {body->add_capture("go", DType::Bool, Shape{})}));
+  body->add_output(body->add_op("SequenceInsert", {seq, piece}));
+  Value* go = g.add_constant("go", Tensor::scalar<bool>(true));
+  Node* loop = g.add_node("Loop", {g.add_constant("m", Tensor::scalar<std::int64_t>(1)), go, empty}, {"seq1"},
+                          {{"body", GraphAttr(body)}}, "split_loop");
+  loop->add_implicit_input(t, "t");
+  loop->add_implicit_input(go, "go");
+  Value* rest = g.add_op("Slice", {t, g.add_constant("s1", Tensor::from_vector<std::int64_t>({1}, {1})),
+                                   g.add_constant("e1", Tensor::from_vector<std::int64_t>({1}, {5})),
+                                   g.add_constant("a1", Tensor::from_vector<std::int64_t>({1}, {1}))});
+  Value* all = g.add_op("SequenceInsert", {loop->output(0), rest}, {}, "seq2");
+  Value* cls = g.add_op("SequenceAt", {all, g.add_constant("p0", Tensor::scalar<std::int64_t>(0))}, {}, "cls");
+  Value* grid = g.add_op("SequenceAt", {all, at}, {}, "grid");
+  Value* len = g.add_op("SequenceLength", {all}, {}, "len");
+  Value* joined = g.add_op("ConcatFromSequence", {all}, {{"axis", std::int64_t{1}}}, "joined");
+  Value* stacked = g.add_op("ConcatFromSequence", {g.add_op("SequenceConstruct", {cls, cls})},
+                            {{"axis", std::int64_t{0}}, {"new_axis", std::int64_t{1}}}, "stacked");
+  Value* erased = g.add_op("SequenceAt", {g.add_op("SequenceErase", {all, g.add_constant("p00", Tensor::scalar<std::int64_t>(0))}),
+                                          g.add_constant("p000", Tensor::scalar<std::int64_t>(0))}, {}, "erased");
+  for (Value* out : {cls, grid, len, joined, stacked, erased}) g.add_output(out);
+  infer_shapes(g);
+  return g;
+}
+
+std::size_t sequence_ops(const Graph& g) {
+  std::size_t k = 0;
+  for (Node* n : g.nodes()) k += n->op_type().rfind("Sequence", 0) == 0 || n->op_type() == "ConcatFromSequence";
+  return k;
+}
+
+TEST_CASE("unroll-loops unrolls a Loop with a known trip count", "[passes][unroll-loops]") {
+  const std::vector<std::pair<const char*, LoopCase>> cases = {
+      {"M constant, no cond", {3}},
+      {"one iteration", {1}},
+      {"cond constant true, the body passing its cond through", {4, false, true}},
+      {"an If in the body, copied per iteration", {2, false, false, false, true}},
+      {"a data-dependent cond, one iteration (the last cond is not read)", {1, false, false, true}},
+  };
+  for (const auto& [what, c] : cases) {
+    INFO(what);
+    Graph g = unroll_loop_graph(c);
+    Graph before = g.clone();
+    CHECK(run_pass<UnrollLoops>(g));
+    CHECK(g.count_ops("Loop") == 0);
+    CHECK(g.count_ops("If") == (c.nested_if ? static_cast<std::size_t>(c.trips) : 0));
+    CHECK(g.find_value("h_final")->is_graph_output());
+    CHECK(g.find_value("h_all")->is_graph_output());
+    infer_shapes(g);
+    CHECK(g.find_value("h_all")->shape() == Shape({c.trips, 2, 3}));
+    check_same_outputs(before, g, 0.0);
+  }
+  // In the pipeline, then folded: a fixed-trip loop over constants leaves nothing to run.
+  Graph g = unroll_loop_graph({5});
+  Graph before = g.clone();
+  make_pass_manager("fold-constants*,unroll-loops,fold-constants*,dce").run(g);
+  CHECK(g.count_ops("Loop") == 0);
+  check_same_outputs(before, g, 0.0);
+}
+
+TEST_CASE("unroll-loops resolves sequences built at known positions", "[passes][unroll-loops]") {
+  Graph g = token_split_graph();
+  Graph before = g.clone();
+  PassContext ctx;
+  CHECK(run_pass<UnrollLoops>(g, &ctx));
+  CHECK(g.count_ops("Loop") == 0);
+  CHECK(sequence_ops(g) == 0);
+  CHECK(ctx.rewrites() == 1 + 6);  // the loop, then 4 SequenceAt, SequenceLength and 2 ConcatFromSequence
+  make_pass_manager("fold-constants*,dce").run(g);
+  infer_shapes(g);
+  CHECK(g.find_value("cls")->shape() == Shape({2, 1, 4}));
+  CHECK(g.find_value("grid")->shape() == Shape({2, 4, 4}));
+  CHECK(g.find_value("joined")->shape() == Shape({2, 5, 4}));
+  CHECK(g.find_value("stacked")->shape() == Shape({2, 2, 1, 4}));
+  CHECK(g.find_value("len")->is_constant());
+  check_same_outputs(before, g, 0.0);
+}
+
+TEST_CASE("unroll-loops must not fire where the iterations or elements are not known",
+          "[passes][unroll-loops][must-not-fire]") {
+  const std::vector<std::pair<const char*, LoopCase>> cases = {
+      {"M a graph input", {3, true}},
+      {"a data-dependent cond that may stop the loop early", {3, false, false, true}},
+      {"more iterations than unroll-loops.max-trips", {65}},
+  };
+  for (const auto& [what, c] : cases) {
+    INFO(what);
+    Graph g = unroll_loop_graph(c);
+    CHECK_FALSE(run_pass<UnrollLoops>(g));
+    CHECK(g.count_ops("Loop") == 1);
+  }
+  {
+    INFO("the node budget: 3 iterations of 5 body nodes against unroll-loops.max-nodes 10");
+    Graph g = unroll_loop_graph({3});
+    PassContext ctx;
+    ctx.options["unroll-loops.max-nodes"] = "10";
+    CHECK_FALSE(UnrollLoops{}.run(g, ctx));
+    ctx.options["unroll-loops.max-nodes"] = "x";
+    CHECK_THROWS_WITH(UnrollLoops{}.run(g, ctx), Catch::Contains("unroll-loops.max-nodes='x'"));
+  }
+  {
+    INFO("a SequenceAt at a position known only at run time stays; the rest resolve");
+    Graph g = token_split_graph(true);
+    Graph before = g.clone();
+    CHECK(run_pass<UnrollLoops>(g));
+    CHECK(g.count_ops("SequenceAt") == 1);
+    CHECK(g.count_ops("SequenceInsert") == 2);
+    auto in = random_inputs(before, 3);
+    in.erase("at");
+    for (std::int64_t at : {0, 1, -2}) {
+      in["at"] = Tensor::scalar<std::int64_t>(at);
+      check_same_outputs(before, g, 0.0, 0, in);
+    }
+  }
+}
+
+// scatter-slices: ScatterND writing a box (PyTorch's sliced assignment) as Slices and Concats.
+struct BoxCase {
+  Dims data;
+  std::vector<std::pair<Dims, std::vector<std::int64_t>>> components;  // per index component: generator dims, values
+  bool constant_indices = false;  // the whole index grid a constant (else Concat of Unsqueeze(Expand(generator)))
+  std::string reduction = "none";
+};
+
+std::vector<std::int64_t> iota(std::int64_t from, std::int64_t n, std::int64_t step = 1) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = 0; i < n; ++i) v.push_back(from + i * step);
+  return v;
+}
+
+// ScatterND(data, indices, updates) with the indices of `c`; the box grid is the components' broadcast shape.
+Graph box_graph(const BoxCase& c) {
+  Graph g;
+  g.opsets[""] = 16;
+  const std::size_t K = c.components.size();
+  Dims grid(K, 1);
+  for (const auto& [dims, values] : c.components)
+    for (std::size_t j = 0; j < dims.size(); ++j) grid[K - dims.size() + j] = std::max(grid[K - dims.size() + j], dims[j]);
+  Dims upd = grid;
+  upd.insert(upd.end(), c.data.begin() + static_cast<std::ptrdiff_t>(K), c.data.end());
+  Value* data = g.add_input("data", DType::Float32, Shape::from(c.data));
+  Value* updates = g.add_input("updates", DType::Float32, Shape::from(upd));
+  Dims idx_dims = grid;
+  idx_dims.push_back(static_cast<std::int64_t>(K));
+  Value* indices;
+  if (c.constant_indices) {
+    std::int64_t count = 1;
+    for (std::int64_t s : grid) count *= s;
+    std::vector<std::int64_t> all(static_cast<std::size_t>(count) * K);
+    for (std::int64_t f = 0; f < count; ++f)
+      for (std::size_t k = 0; k < K; ++k) {
+        const auto& [dims, values] = c.components[k];
+        // Broadcast: the generator's element for grid position f (right-aligned).
+        std::int64_t rest = f, gi = 0, gstride = 1;
+        for (std::size_t a = K; a-- > 0;) {
+          const std::int64_t coord = rest % grid[a];
+          rest /= grid[a];
+          const std::size_t off = K - dims.size();
+          if (a >= off && dims[a - off] > 1) {
+            gi += coord * gstride;
+          }
+          if (a >= off) gstride *= dims[a - off];
+        }
+        all[static_cast<std::size_t>(f) * K + k] = values[static_cast<std::size_t>(gi)];
+      }
+    indices = g.add_constant("indices", Tensor::from_vector<std::int64_t>(idx_dims, all));
+  } else {
+    std::vector<Value*> parts;
+    Dims one_grid = grid;
+    one_grid.push_back(1);
+    for (std::size_t k = 0; k < K; ++k) {
+      const auto& [dims, values] = c.components[k];
+      Value* gen = g.add_constant("gen" + std::to_string(k), Tensor::from_vector<std::int64_t>(dims, values));
+      Value* shape = g.add_constant("grid" + std::to_string(k), Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(K)}, grid));
+      Value* e = g.add_op("Expand", {gen, shape});
+      parts.push_back(g.add_op("Unsqueeze", {e, g.add_constant("last" + std::to_string(k), Tensor::from_vector<std::int64_t>({1}, {-1}))}));
+    }
+    indices = g.add_op("Concat", parts, {{"axis", std::int64_t{-1}}}, "indices");
+  }
+  std::map<std::string, Attribute> attrs;
+  if (c.reduction != "none") attrs["reduction"] = c.reduction;
+  g.add_output(g.add_node("ScatterND", {data, indices, updates}, {"y"}, attrs, "scatter")->output(0));
+  infer_shapes(g);
+  return g;
+}
+
+TEST_CASE("scatter-slices writes a ScatterND of a box as Slices and Concats", "[passes][scatter-slices]") {
+  const std::vector<std::pair<const char*, BoxCase>> cases = {
+      {"MViT's attn[:, :, 1:, 1:] as PyTorch exports it (Range per axis, expanded)",
+       {{1, 2, 5, 6}, {{{1, 1, 1, 1}, {0}}, {{2, 1, 1}, iota(0, 2)}, {{4, 1}, iota(1, 4)}, {{5}, iota(1, 5)}}}},
+      {"x[:, :, 1:] = y over trailing full axes, the indices a folded constant",
+       {{2, 3, 4, 5}, {{{2, 1, 1}, iota(0, 2)}, {{3, 1}, iota(0, 3)}, {{3}, iota(1, 3)}}, true}},
+      {"an inner box on both sides: x[1:3, 2:4] = y", {{4, 6, 3}, {{{2, 1}, iota(1, 2)}, {{2}, iota(2, 2)}}}},
+      {"negative starts: x[-2:, :] = y", {{5, 3}, {{{2, 1}, iota(-2, 2)}, {{3}, iota(0, 3)}}, true}},
+      {"the whole tensor: the updates themselves", {{3, 4}, {{{3, 1}, iota(0, 3)}, {{4}, iota(0, 4)}}}},
+  };
+  for (const auto& [what, c] : cases) {
+    INFO(what);
+    Graph g = box_graph(c);
+    Graph before = g.clone();
+    CHECK(run_pass<ScatterSlices>(g));
+    CHECK(g.count_ops("ScatterND") == 0);
+    run_pass<DeadCodeElimination>(g);
+    CHECK(g.count_ops("Expand") == 0);
+    infer_shapes(g);
+    CHECK(g.find_value("y")->shape() == Shape::from(c.data));
+    check_same_outputs(before, g, 0.0);
+  }
+}
+
+TEST_CASE("scatter-slices must not fire where the indices are not one box", "[passes][scatter-slices][must-not-fire]") {
+  const std::vector<std::pair<const char*, BoxCase>> cases = {
+      {"a reduction (+= written by ScatterND's reduction add)",
+       {{4, 6}, {{{2, 1}, iota(1, 2)}, {{2}, iota(2, 2)}}, false, "add"}},
+      {"a transposed box: component 0 runs along axis 1", {{4, 4}, {{{2}, iota(0, 2)}, {{2, 1}, iota(0, 2)}}}},
+      {"step 2: x[0:4:2] = y", {{5, 3}, {{{2, 1}, iota(0, 2, 2)}, {{3}, iota(0, 3)}}, true}},
+      {"one row written twice", {{4, 3}, {{{2, 1}, {2, 2}}, {{3}, iota(0, 3)}}, true}},
+      {"past the end", {{4, 3}, {{{2, 1}, iota(3, 2)}, {{3}, iota(0, 3)}}}},
+      {"straddling 0: rows -1, 0", {{4, 3}, {{{2, 1}, iota(-1, 2)}, {{3}, iota(0, 3)}}, true}},
+      {"rows out of order", {{4, 3}, {{{2, 1}, {2, 1}}, {{3}, iota(0, 3)}}, true}},
+  };
+  for (const auto& [what, c] : cases) {
+    INFO(what);
+    Graph g = box_graph(c);
+    CHECK_FALSE(run_pass<ScatterSlices>(g));
+    CHECK(g.count_ops("ScatterND") == 1);
+  }
+  {
+    INFO("indices a graph input");
+    Graph g;
+    Value* data = g.add_input("data", DType::Float32, Shape{4, 3});
+    Value* idx = g.add_input("idx", DType::Int64, Shape{2, 1});
+    Value* upd = g.add_input("upd", DType::Float32, Shape{2, 3});
+    g.add_output(g.add_op("ScatterND", {data, idx, upd}));
+    infer_shapes(g);
+    CHECK_FALSE(run_pass<ScatterSlices>(g));
+  }
+}
+
 }  // namespace test_passes_core
+

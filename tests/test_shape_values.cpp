@@ -518,6 +518,36 @@ TEST_CASE("convnext blocks: torchvision's ConvNeXt runs its MLPs as 1x1 convs an
   CHECK(rel_error(m.run(c.inputs).at("logits"), c.outputs.at("logits")) < 1e-4);
 }
 
+TEST_CASE("token pool: the Loop PyTorch writes for tensor_split is unrolled; one plan, equal to PyTorch",
+          "[lower][unroll-loops][corpus]") {
+  // MViT's class-token split: SequenceEmpty + Loop { Slice; SequenceInsert } + SequenceAt. Without unroll-loops
+  // the pooled K and V had no static shape and the model ran staged on the reference executor.
+  Graph g = ondine::onnx::load_model((corpus_dir("token_pool") / "model.onnx").string());
+  CHECK(g.count_ops("Loop") == 2);
+  lower::ShapeCache cache(g.clone());
+  for (int k = 0; k < 2; ++k) {
+    INFO("case " << k);
+    Case c = load_case("token_pool", k);
+    CHECK(rel_error(cache.run(c.inputs).at("tokens"), c.outputs.at("tokens")) < 1e-4);
+  }
+  for (const char* passes : {"default", "none"}) {  // the shapes need the unrolling whatever the passes
+    INFO("passes " << passes);
+    Graph bound = g.clone();
+    Case c = load_case("token_pool", 1);
+    bind_dims(bound, {{"batch", 2}, {"height", 24}, {"width", 40}});
+    lower::CompileOptions options;
+    options.passes = passes;
+    CompiledModel m = lower::compile(std::move(bound), options);
+    CHECK_FALSE(m.continuation());
+    for (const auto& s : m.steps()) {
+      INFO(s.op << " " << s.name << ": " << s.implementation);
+      CHECK(s.op != "Loop");
+      CHECK(s.op.find("Sequence") == std::string::npos);
+    }
+    CHECK(rel_error(m.run(c.inputs).at("tokens"), c.outputs.at("tokens")) < 1e-4);
+  }
+}
+
 TEST_CASE("a batch of zero compiles and runs: empty outputs, no crash", "[lower][symbolic][corpus]") {
   Graph g = ondine::onnx::load_model((corpus_dir("text_detector") / "model.onnx").string());
   Case c = load_case("text_detector", 0);

@@ -309,14 +309,14 @@ inline void check_node_shapes(const Graph& g) {
 // Mod/Sub on the image size, a Reshape target through Cast/Div/Floor) are static once those values are
 // computed: fold them now, whatever options.passes says, since the runtime needs static shapes. The
 // shape values of inference (ir/infer/values.hpp) resolve most chains without this; float chains and
-// ops without value rules need the folding.
+// ops without value rules need the folding, and a Loop with a known trip count its unrolling.
 inline bool no_pipeline(const std::string& pipeline) { return pipeline.empty() || pipeline == "none"; }
 
 inline void resolve_static_shapes(Graph& g, const CompileOptions& options) {
   if (all_shapes_static(g) || !pipeline_hook().run) return;  // without passes: compiled in stages instead
-  pipeline_hook().run(g, "fold-constants*,dce", false, false, nullptr);
+  pipeline_hook().run(g, "fold-constants*,unroll-loops,fold-constants*,dce", false, false, nullptr);
   infer_shapes(g);
-  if (options.log) options.log("shapes: folded the values that shapes depend on (fold-constants*, dce)");
+  if (options.log) options.log("shapes: folded the values that shapes depend on (fold-constants*, unroll-loops, fold-constants*, dce)");
 }
 
 inline void check_ops(const Graph& g) {

@@ -222,38 +222,10 @@ inline std::size_t max_bytes_option(const PassContext& ctx) {
   }
 }
 
-// Splices `branch` into `g` in place of the If node `n` (whose condition chose it): constants and nodes
-// copied under fresh names, captures mapped to n's implicit inputs; n's readers then read the branch's
-// outputs, and n is left without readers.
+// Splices `branch` into `g` in place of the If node `n` (whose condition chose it); n's readers then read
+// the branch's outputs, and n is left without readers.
 inline void inline_branch(Graph& g, Node& n, const Graph& branch) {
-  std::unordered_map<const Value*, Value*> map;
-  for (Value* c : branch.captures()) {
-    const auto& names = n.captured_names();
-    auto it = std::find(names.begin(), names.end(), c->name());
-    if (it == names.end()) throw n.error("its branch reads '" + c->name() + "', which the node does not pass in");
-    map[c] = n.input(n.num_formal_inputs() + static_cast<std::size_t>(it - names.begin()));
-  }
-  for (Value* v : branch.values())
-    if (v->is_constant()) map[v] = g.add_constant(g.unique_name(v->name()), v->constant());
-  for (Node* b : branch.topo_order()) {
-    std::vector<Value*> inputs;
-    for (std::size_t i = 0; i < b->num_formal_inputs(); ++i) inputs.push_back(b->input(i) ? map.at(b->input(i)) : nullptr);
-    std::vector<std::string> outputs;
-    for (Value* out : b->outputs()) outputs.push_back(g.unique_name(out->name()));
-    std::map<std::string, Attribute> attrs = b->attrs();
-    for (auto& [k, a] : attrs)
-      if (auto* sub = std::get_if<GraphAttr>(&a); sub && *sub) *sub = std::make_shared<Graph>((*sub)->clone());
-    Node* c = g.add_node(b->op_type(), inputs, outputs, std::move(attrs), g.unique_name(b->name().empty() ? n.name() : b->name()),
-                         b->domain());
-    c->set_opset(b->opset());
-    for (std::size_t k = 0; k < b->captured_names().size(); ++k)
-      c->add_implicit_input(map.at(b->input(b->num_formal_inputs() + k)), b->captured_names()[k]);
-    for (std::size_t i = 0; i < b->num_outputs(); ++i) {
-      c->output(i)->set_dtype(b->output(i)->dtype());
-      c->output(i)->set_shape(b->output(i)->shape());
-      map[b->output(i)] = c->output(i);
-    }
-  }
+  std::unordered_map<const Value*, Value*> map = rewrite::splice_subgraph(g, n, branch, {});
   for (std::size_t i = 0; i < n.num_outputs(); ++i) {
     Value* y = n.output(i);
     if (!read(y)) continue;

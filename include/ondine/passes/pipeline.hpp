@@ -33,6 +33,8 @@
 #include "ondine/passes/qoperator_to_qdq.hpp"
 #include "ondine/passes/remove_identity.hpp"
 #include "ondine/passes/scatter_rows.hpp"
+#include "ondine/passes/scatter_slices.hpp"
+#include "ondine/passes/unroll_loops.hpp"
 
 namespace ondine {
 
@@ -48,9 +50,11 @@ namespace ondine {
 // after fold-constants (a causal mask built from the sequence length is a constant by then) and before
 // fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul;
 // pointwise-as-conv runs after fuse-gelu and fuse-layernorm (its detours are LayerNorm, MatMul, Gelu) and
-// before fuse, which then gives the 1x1 Convs it makes their activations and residual sums.
+// before fuse, which then gives the 1x1 Convs it makes their activations and residual sums; unroll-loops
+// runs between two fold-constants: a trip count computed from shapes is folded first, and the unrolled
+// iterations' reads of the iteration number, and the sequence elements they build, fold after.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -60,10 +64,12 @@ inline PassRegistry& pass_registry() {
     r.add<DeadCodeElimination>()
         .add<FoldConstants>()
         .add<RemoveIdentity>()
+        .add<UnrollLoops>()
         .add<FoldBatchNorm>()
         .add<FoldPad>()
         .add<DeconvAsConv>()
         .add<ScatterRows>()
+        .add<ScatterSlices>()
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
         .add<FuseGroupNorm>()

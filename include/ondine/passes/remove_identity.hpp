@@ -6,7 +6,8 @@
 //                                               executor runs it), from opset 12 when training_mode is
 //                                               absent or a constant false; the mask output is unused
 //   Cast(x, to = dtype(x))               -> x
-//   Reshape/Flatten/Squeeze/Unsqueeze(x) -> x   when x has a static shape and y's shape is the same
+//   Reshape/Flatten/Squeeze/Unsqueeze/Expand(x) -> x   when x has a static shape and y's shape is the same
+//                                               (an Expand to x's own shape: PyTorch's `+=` into a slice)
 // Preconditions: x and y have the same dtype and shape as inferred; y is not a graph output that x
 // could not stand in for. A graph output keeps its name (rewrite::replace_value renames x to it), so
 // when x is itself a graph input or another graph output the node stays: x cannot take a second
@@ -44,7 +45,7 @@ inline Value* passed_through(const Node& n) {
     return x;
   }
   if (op == "Cast") return same_type && x->shape() == y->shape() ? x : nullptr;  // Cast to its own dtype
-  if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze")
+  if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze" || op == "Expand")
     // A reshape to the shape it already has: the same elements in the same order.
     return same_type && x->shape().is_static() && x->shape() == y->shape() ? x : nullptr;
   return nullptr;

@@ -2,7 +2,11 @@
 // keeping the model's interface (graph input and output names) unchanged, and erasing nodes left unused.
 #pragma once
 
+#include <algorithm>
+#include <map>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -82,6 +86,51 @@ inline std::size_t erase_if_dead(Graph& g, const std::vector<Node*>& nodes) {
   }
   if (removed) g.remove_dead_values();
   return removed;
+}
+
+// Copies the nodes of `sub`, a subgraph of node `n` (an If branch, a Loop body), into `g`, where `n` is:
+// `map` holds the g values that stand for sub's formal inputs; sub's captures read n's implicit inputs,
+// its constants are copied (the tensors shared), and every node is added under a fresh name with fresh
+// output names (`tag` appended, "" for none), dtype and shape as sub inferred them. A copied node's own
+// subgraphs are deep copies: they still name their captures by the names sub used, which the copy's
+// captured_names keep. Returns `map` extended by every value of sub (sub value -> g value).
+inline std::unordered_map<const Value*, Value*> splice_subgraph(Graph& g, const Node& n, const Graph& sub,
+                                                                std::unordered_map<const Value*, Value*> map,
+                                                                const std::string& tag = "") {
+  const auto& names = n.captured_names();
+  for (Value* c : sub.captures()) {
+    auto it = std::find(names.begin(), names.end(), c->name());
+    if (it == names.end()) throw n.error("its subgraph reads '" + c->name() + "', which the node does not pass in");
+    map[c] = n.input(n.num_formal_inputs() + static_cast<std::size_t>(it - names.begin()));
+  }
+  for (Value* v : sub.values())
+    if (v->is_constant()) map[v] = g.add_constant(g.unique_name(v->name() + tag), v->constant());
+  auto lookup = [&](const Value* v) -> Value* {
+    auto it = map.find(v);
+    if (it == map.end()) throw n.error("its subgraph reads '" + v->name() + "', which nothing defines");
+    return it->second;
+  };
+  for (Node* b : sub.topo_order()) {
+    std::vector<Value*> inputs;
+    for (std::size_t i = 0; i < b->num_formal_inputs(); ++i) inputs.push_back(b->input(i) ? lookup(b->input(i)) : nullptr);
+    std::vector<std::string> outputs;
+    for (Value* out : b->outputs()) outputs.push_back(g.unique_name(out->name() + tag));
+    std::map<std::string, Attribute> attrs = b->attrs();
+    for (auto& [k, a] : attrs)
+      if (auto* graph = std::get_if<GraphAttr>(&a); graph && *graph) *graph = std::make_shared<Graph>((*graph)->clone());
+    const std::string base = b->name().empty() ? n.name() : b->name();
+    Node* c = g.add_node(b->op_type(), inputs, outputs, std::move(attrs), g.unique_name(base + tag), b->domain());
+    c->set_opset(b->opset());
+    for (std::size_t k = 0; k < b->captured_names().size(); ++k)
+      c->add_implicit_input(lookup(b->input(b->num_formal_inputs() + k)), b->captured_names()[k]);
+    for (std::size_t i = 0; i < b->num_outputs(); ++i) {
+      c->output(i)->set_dtype(b->output(i)->dtype());
+      c->output(i)->set_shape(b->output(i)->shape());
+      c->output(i)->set_kind(b->output(i)->kind());
+      map[b->output(i)] = c->output(i);
+    }
+  }
+  return map;
 }
 
 }  // namespace ondine::rewrite

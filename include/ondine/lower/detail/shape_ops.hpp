@@ -359,9 +359,16 @@ inline bool lower_concat(Lowering& L, const Node& n) {
     srcs.push_back(v->is_constant() ? plain_md(v->shape().sizes()) : L.md_of(v));
   }
   if (inputs.empty()) return false;
+  // Row-major pieces make a row-major result: left to choose, oneDNN 2.6 picks another order for some
+  // shapes (acbd for [1, 2, 6273, 1569] on axis 2: MViT's attention scores), which only its `ref` kernels
+  // then read (the Softmax after it: 1 s).
+  bool all_row_major = true;
+  for (const memory::desc& md : srcs) all_row_major = all_row_major && is_row_major(md);
   dnnl::concat::primitive_desc pd;
   try {
-    pd = dnnl::concat::primitive_desc(static_cast<int>(axis), srcs, L.engine(), Lowering::base_attr());
+    pd = all_row_major ? dnnl::concat::primitive_desc(plain_md(yd, srcs[0].data_type()), static_cast<int>(axis), srcs,
+                                                      L.engine(), Lowering::base_attr())
+                       : dnnl::concat::primitive_desc(static_cast<int>(axis), srcs, L.engine(), Lowering::base_attr());
   } catch (const dnnl::error&) {
     return false;
   }
