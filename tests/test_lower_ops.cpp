@@ -145,6 +145,25 @@ TEST_CASE("lower ops: ConvTranspose runs as a oneDNN deconvolution (1e-5)", "[lo
   }
 }
 
+TEST_CASE("lower ops: a 3-D depthwise Conv takes oneDNN's channels-last jit kernel where it has one (1e-5)",
+          "[lower][conv]") {
+  // oneDNN 2.6 has its 3-D depthwise kernel in ndhwc only; the layout it picks itself runs the im2col GEMM
+  // (MViT-V2's 3x3x3 pooling convs). Without AVX-512 there is no such kernel: the GEMM stays.
+  for (const Dims& strides : {Dims{1, 1, 1}, Dims{1, 2, 2}}) {
+    DYNAMIC_SECTION("strides " << strides[1]) {
+      Builder b;
+      Value* w = b.g.add_constant("w", random_tensor({16, 1, 3, 3, 3}, 3));
+      b.g.add_output(b.op("Conv", {b.input("x", {2, 16, 4, 8, 8}), w},
+                          {{"group", std::int64_t{16}}, {"pads", Dims{1, 1, 1, 1, 1, 1}}, {"strides", strides}}));
+      CompiledModel m = check_graph(b.g, 1e-5, with_passes("none"));
+      auto i = impls(m, "Conv");
+      REQUIRE(i.size() == 1);
+      CHECK(i[0].rfind("ref", 0) != 0);
+      if (lower::effective_isa().avx512) CHECK(i[0].find("gemm") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("lower ops: ConvTranspose with runtime weights reorders them per run (1e-5)", "[lower][deconv]") {
   for (std::int64_t group : {std::int64_t{1}, std::int64_t{2}}) {
     DYNAMIC_SECTION("group " << group) {
@@ -482,6 +501,9 @@ TEST_CASE("lower ops: Einsum in batched-matmul forms is one strided oneDNN matmu
       {"bi,bi->b", {4, 7}, {4, 7}},                      // batched dot products: no M, no N
       {"i,j->ij", {3}, {5}},
       {"...ij,...jk->...ik", {2, 1, 3, 4}, {1, 3, 4, 2}},  // ellipsis, batch dims broadcast both ways
+      {"abc,cd->abd", {2, 3, 4}, {4, 5}},                 // two M labels: a batch B broadcasts
+      {"ik,kab->iab", {3, 4}, {4, 2, 5}},                 // two N labels: a batch A broadcasts
+      {"bythwc,hkc->bythwk", {1, 2, 3, 4, 5, 6}, {4, 3, 6}},  // MViT-V2's relative positions
   };
   for (const auto& c : cases) {
     DYNAMIC_SECTION(c.equation) {
@@ -503,7 +525,6 @@ TEST_CASE("lower ops: Einsum forms that are no matmul run the reference kernel, 
       {"ij->i", {{3, 4}}},                      // one operand
       {"ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 2}}},  // three operands
       {"ijk,jl->il", {{2, 3, 4}, {3, 5}}},      // k summed within A alone
-      {"abc,cd->abd", {{2, 3, 4}, {4, 5}}},     // two M labels
   };
   for (const auto& c : cases) {
     DYNAMIC_SECTION(c.equation) {
@@ -513,6 +534,25 @@ TEST_CASE("lower ops: Einsum forms that are no matmul run the reference kernel, 
       b.g.add_output(b.op("Einsum", in, {{"equation", std::string(c.equation)}}));
       CompiledModel m = check_graph(b.g, 1e-6, with_passes("none"));
       require_reference(m, "Einsum");
+    }
+  }
+}
+
+TEST_CASE("lower ops: Split is one strided view per output (exact)", "[lower][views]") {
+  // MViT-V2 splits its QKV [1, 2, 3, tokens, 96] on axis 2; parts read by oneDNN steps, graph outputs copied.
+  struct SplitCase {
+    std::int64_t axis;
+    Dims parts;
+  };
+  for (const SplitCase& c : {SplitCase{2, {1, 2, 3}}, SplitCase{-1, {3, 1}}, SplitCase{0, {1, 1}}}) {
+    DYNAMIC_SECTION("axis " << c.axis) {
+      Builder b;
+      Value* r = b.op("Relu", {b.input("x", {2, 3, 6, 4})});
+      Node* split = b.node("Split", {r, b.ints(c.parts)}, {{"axis", c.axis}}, c.parts.size());
+      b.g.add_output(split->output(0));  // a graph output: copied out of the view
+      for (std::size_t i = 1; i < c.parts.size(); ++i) b.g.add_output(b.op("Sigmoid", {split->output(i)}));
+      CompiledModel m = check_graph(b.g, 0.0, with_passes("none"));
+      CHECK(m.implementation_histogram().count("reference") == 0);
     }
   }
 }

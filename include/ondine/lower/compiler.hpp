@@ -163,7 +163,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                true};
     t["Pad"] = {lower_pad, "Ondine's copy: the fill, then each row's kept part in one block (any dtype)",
                 "mode reflect, edge or wrap, or pads, axes or the value computed at run time"};
-    t["Split"] = {lower_split, "an alias when it has one output (the whole input)", "more than one output"};
+    t["Split"] = {lower_split, "strided views of the input, one per output (an alias when there is one output)",
+                  "a constant input, an empty part, more than 6 dims"};
     t["Identity"] = {lower_identity, "an alias (no copy)", "dims not static"};
     t["Dropout"] = {lower_identity, "an alias (no copy)", "training_mode, a ratio that is not a constant 0, or the mask read"};
     t["ondine.Reorder"] = {lower_reorder, "oneDNN reorder", "a dtype oneDNN lacks"};

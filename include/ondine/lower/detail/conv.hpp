@@ -364,6 +364,25 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
     src_md = activation_md(x, xd, dt::f32);
     pd = choose();
   }
+  // Where the layout oneDNN picks runs its im2col GEMM, channels-last when that has a jit kernel: oneDNN 2.6
+  // has its 3-D depthwise kernel in ndhwc only (MViT-V2's 3x3x3 pooling convs, [2, 96, 8, 56, 56]: gemm 75
+  // ms, ndhwc jit 36 ms on one Zen 4 core; nCdhw16c only `ref`).
+  // Measured for 3-D convolutions only; stems and dilated convs have their own paths below.
+  if (pd && !blocked && !bf16 && rank == 5 && channels >= 8 && dilates == Dims(3, 0) && !x->is_constant() &&
+      is_gemm_or_reference(pd) && (x->layout() == Layout::Blocked || x->layout() == Layout::Unset) &&
+      L.options.conv_layout != ConvLayout::Any) {
+    using tag = memory::format_tag;
+    const memory::desc before = src_md;
+    const bool fused_before = fused;
+    src_md = memory::desc(xd, dt::f32, tag::ndhwc);
+    auto channels_last = choose();
+    if (channels_last && !is_gemm_or_reference(channels_last)) {
+      pd = channels_last;
+    } else {
+      src_md = before;
+      fused = fused_before;
+    }
+  }
   // A stem (fewer than 8 input channels) whose direct kernel oneDNN 2.6 refuses for its padding (the AVX2
   // kernel's left border takes fewer columns than a Conv1d(1, 128, 9, padding=4) of an audio front end
   // needs) runs on the im2col GEMM, which writes row-major for the next conv to reorder (gated_pt on AVX2:

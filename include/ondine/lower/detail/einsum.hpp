@@ -52,7 +52,17 @@ inline bool lower_einsum(Lowering& L, const Node& n) {
     }
   for (int lab : lb)
     if (!has(l.output, lab) && !has(la, lab)) return false;  // summed within B alone
-  if (m.size() > 1 || nn.size() > 1 || k.size() > 1 || batch.size() + 2 > DNNL_MAX_NDIMS) return false;
+  // Several labels of A alone (or of B alone): the last is the matrix's M (N), the others batch dims the
+  // other operand broadcasts ("bythwc,hkc->bythwk", MViT's relative positions: batch b, y, t, h; M w).
+  while (m.size() > 1) {
+    batch.push_back(m.front());
+    m.erase(m.begin());
+  }
+  while (nn.size() > 1) {
+    batch.push_back(nn.front());
+    nn.erase(nn.begin());
+  }
+  if (k.size() > 1 || batch.size() + 2 > DNNL_MAX_NDIMS) return false;
 
   // Dims and strides of one operand (or the output) in the matmul's order; an absent M/N/K is a dim of 1.
   const Dims as = row_major_strides(ad), bs = row_major_strides(bd), ys = row_major_strides(yd);
@@ -60,8 +70,9 @@ inline bool lower_einsum(Lowering& L, const Node& n) {
                   const std::vector<int>& cols) {
     Dims d, s;
     for (int lab : batch) {
-      d.push_back(dims[at(labels, lab)]);
-      s.push_back(strides[at(labels, lab)]);
+      const bool present = has(labels, lab);  // absent: a dim of 1, broadcast
+      d.push_back(present ? dims[at(labels, lab)] : 1);
+      s.push_back(present ? strides[at(labels, lab)] : 1);
     }
     for (const std::vector<int>* axis : {&rows, &cols}) {
       d.push_back(axis->empty() ? 1 : dims[at(labels, axis->front())]);

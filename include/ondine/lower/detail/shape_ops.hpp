@@ -738,12 +738,49 @@ inline bool lower_pad(Lowering& L, const Node& n) {
 }
 
 // Split into one output (the whole input: torch exports unbind of a [n, 1] index list so): an alias.
+// Split: each output a strided view of x from its first element on the axis, as Slice is (a one-output
+// Split is an alias of the whole input). MViT-V2 splits its [1, 2, 3, 25089, 96] QKV into three this way:
+// 16 reference copies.
 inline bool lower_split(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
-  const Value* y = n.output(0);
-  if (n.num_outputs() != 1 || !x || !y || !x->shape().is_static() || x->shape() != y->shape() || x->dtype() != y->dtype())
-    return false;
-  L.define_alias(n, x, y);
+  const Value* y0 = n.output(0);
+  memory::data_type dt;
+  if (!x || !y0 || x->is_constant() || !x->shape().is_static() || !dnnl_dtype(x->dtype(), dt)) return false;
+  if (n.num_outputs() == 1) {
+    if (x->shape() != y0->shape() || x->dtype() != y0->dtype()) return false;
+    L.define_alias(n, x, y0);
+    return true;
+  }
+  const Dims xd = x->shape().sizes();
+  const auto rank = static_cast<std::int64_t>(xd.size());
+  if (rank == 0 || rank > 6) return false;
+  std::int64_t axis = n.attr_int("axis", 0);
+  if (axis < -rank || axis >= rank) return false;
+  if (axis < 0) axis += rank;
+  const auto a = static_cast<std::size_t>(axis);
+  std::vector<std::int64_t> starts;
+  std::int64_t at = 0;
+  for (const Value* y : n.outputs()) {
+    if (!y || y->dtype() != x->dtype() || !y->shape().is_static() || y->shape().rank() != xd.size()) return false;
+    const Dims yd = y->shape().sizes();
+    for (std::size_t d = 0; d < xd.size(); ++d)
+      if (d != a && yd[d] != xd[d]) return false;
+    if (yd[a] == 0) return false;
+    starts.push_back(at);
+    at += yd[a];
+  }
+  if (at != xd[a]) return false;
+  auto [src, x_md] = view_source(L, x, dt);
+  const Dims strides = md_strides(x_md);
+  for (std::size_t i = 0; i < n.num_outputs(); ++i) {
+    const Value* y = n.output(i);
+    memory::desc y_md(y->shape().sizes(), x_md.data_type(), strides);
+    y_md.data.offset0 = x_md.data.offset0 + starts[i] * strides[a];
+    define_view_or_copy(L, n, y, src, y_md,
+                        "part " + std::to_string(i + 1) + "/" + std::to_string(n.num_outputs()) + " of '" + x->name() +
+                            "' " + dims_str(xd) + " from " + std::to_string(starts[i]) + " on axis " +
+                            std::to_string(axis) + " -> " + strided_str(y_md));
+  }
   return true;
 }
 
