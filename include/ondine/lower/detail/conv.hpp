@@ -338,7 +338,7 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
         return true;
   bool fused = false;
   Dims pad_begin = r.pad_begin, pad_end = r.pad_end;
-  std::optional<memory::desc> stem_dst;  // a stem's channel-blocked output (below)
+  std::optional<memory::desc> stem_dst;  // a stem's channel-blocked output, a 3-D conv's channels-last (below)
   auto choose = [&] {
     return choose_fusion<dnnl::convolution_forward::primitive_desc>(
       [&](bool with_chain) {
@@ -366,20 +366,22 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   }
   // Where the layout oneDNN picks runs its im2col GEMM, channels-last when that has a jit kernel: oneDNN 2.6
   // has its 3-D depthwise kernel in ndhwc only (MViT-V2's 3x3x3 pooling convs, [2, 96, 8, 56, 56]: gemm 75
-  // ms, ndhwc jit 36 ms on one Zen 4 core; nCdhw16c only `ref`).
+  // ms, ndhwc jit 36 ms on one Zen 4 core; nCdhw16c only `ref`). A row-major source is reordered into it
+  // (MViT's is a strided view, copied either way).
   // Measured for 3-D convolutions only; stems and dilated convs have their own paths below.
   if (pd && !blocked && !bf16 && rank == 5 && channels >= 8 && dilates == Dims(3, 0) && !x->is_constant() &&
-      is_gemm_or_reference(pd) && (x->layout() == Layout::Blocked || x->layout() == Layout::Unset) &&
-      L.options.conv_layout != ConvLayout::Any) {
+      is_gemm_or_reference(pd) && L.options.conv_layout != ConvLayout::Any) {
     using tag = memory::format_tag;
     const memory::desc before = src_md;
     const bool fused_before = fused;
     src_md = memory::desc(xd, dt::f32, tag::ndhwc);
+    stem_dst = memory::desc(yd, dt::f32, tag::ndhwc);
     auto channels_last = choose();
     if (channels_last && !is_gemm_or_reference(channels_last)) {
       pd = channels_last;
     } else {
       src_md = before;
+      stem_dst.reset();
       fused = fused_before;
     }
   }

@@ -534,7 +534,8 @@ inline Tensor broadcast_to(const Tensor& t, const Dims& yd) {
 // tried in order until a jit kernel takes them: (1) the first operand's layout, with a broadcast
 // operand laid out the same way (a [1,C,1,1] gate in aBcd8b for an aBcd8b activation); (2) the
 // broadcast operand row-major; (3) both row-major, reordering the first once; (4) row-major with the
-// broadcast dims merged (merge_broadcast_dims), without post-ops. The last one tried is kept when none
+// broadcast dims merged (merge_broadcast_dims), without post-ops; (5) a constant operand expanded; (6) with
+// both operands broadcasting, the first expanded by a reorder first. The last one tried is kept when none
 // gets a jit kernel.
 inline bool lower_binary(Lowering& L, const Node& n) {
   using A = dnnl::algorithm;
@@ -548,19 +549,43 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   const Value* y = n.output(0);
   if (!is_f32(a) || !is_f32(b) || !is_f32(y)) return false;
   Dims yd = y->shape().sizes();
-  if (yd.empty()) return false;  // scalars: not worth a primitive
+  if (yd.empty() || !y->shape().is_static()) return false;  // scalars: not worth a primitive
+  // (6) Both operands broadcast (MViT-V2's relative positions, [..., 14, 1] + [..., 1, 14]; oneDNN's src0
+  // cannot): the first is expanded into the output's dims by one reorder reading it with stride 0 where it
+  // broadcasts, then read as a full row-major operand.
+  bool expand_a = false;
   if (a->shape().sizes() != yd || a->is_constant()) {
-    if (!commutative || b->shape().sizes() != yd || b->is_constant()) return false;
-    std::swap(a, b);
+    if (commutative && b->shape().sizes() == yd && !b->is_constant()) {
+      std::swap(a, b);
+    } else {
+      // The operand that broadcasts only after its full dims ([..., 14, 1]) is the better src1: jit kernels
+      // take that broadcast, not one between full dims ([..., 1, 14]); the other is expanded.
+      auto trailing = [&](const Value* v) {
+        const Dims d = left_pad(v->shape().sizes(), yd.size());
+        bool broadcast_seen = false;
+        for (std::size_t i = 0; i < yd.size(); ++i) {
+          if (yd[i] == 1) continue;
+          if (d[i] == 1) broadcast_seen = true;
+          else if (broadcast_seen) return false;
+        }
+        return true;
+      };
+      if (commutative && !b->is_constant() && trailing(a) && !trailing(b)) std::swap(a, b);
+      const Dims ad = left_pad(a->shape().sizes(), yd.size());
+      if (a->is_constant() || a->shape().rank() > yd.size() || ad == yd) return false;
+      for (std::size_t i = 0; i < yd.size(); ++i)
+        if (ad[i] != yd[i] && ad[i] != 1) return false;
+      expand_a = true;
+    }
   }
   Dims bd = left_pad(b->shape().sizes(), yd.size());
   const bool full = bd == yd;
   // A channels-last view not copied yet (ConvNeXt's permute back to NCHW of a matmul's NHWC result) is read in
   // place, in the layout its strides make, rather than first copied row-major.
-  std::optional<std::pair<SlotId, memory::desc>> a_view = L.strided_source(a);
+  std::optional<std::pair<SlotId, memory::desc>> a_view = expand_a ? std::nullopt : L.strided_source(a);
   if (a_view && (is_row_major(a_view->second) || channel_layout_tag(a_view->second) == memory::format_tag::undef))
     a_view.reset();
-  const memory::desc a_md = a_view ? a_view->second : L.md_of(a);
+  const memory::desc a_md = expand_a ? plain_md(yd) : a_view ? a_view->second : L.md_of(a);
   PostOpChain chain = plan_post_ops(L, n, false);
 
   struct Choice {
@@ -619,7 +644,23 @@ inline bool lower_binary(Lowering& L, const Node& n) {
   if (!fused) chain = PostOpChain{y};
 
   // src0: its own slot when the layouts agree (a merged row-major view reads the same bytes).
-  SlotId s0 = chosen->merged                                 ? L.row_major_slot(a)
+  std::optional<SlotId> a_expanded;
+  if (expand_a) {
+    if (!chosen->merged && !is_row_major(pd.src_desc(0))) return false;  // (6) offers row-major choices only
+    const Dims ad = left_pad(a->shape().sizes(), yd.size());
+    Dims strides(yd.size(), 0);  // row-major over ad, 0 where a broadcasts
+    for (std::size_t i = yd.size(), step = 1; i-- > 0;) {
+      strides[i] = ad[i] == yd[i] ? static_cast<std::int64_t>(step) : 0;
+      step *= static_cast<std::size_t>(ad[i]);
+    }
+    const memory::desc wide = plain_md(yd);
+    a_expanded = L.add_slot(runtime::Slot{a->name() + ".expanded", DType::Float32, yd, wide.get_size(),
+                                          layout_name(wide), SlotKind::Arena, 0});
+    L.add_reorder(a->name() + " expanded to " + dims_str(yd), L.row_major_slot(a),
+                  memory::desc(yd, memory::data_type::f32, strides), *a_expanded, wide);
+  }
+  SlotId s0 = a_expanded                                     ? *a_expanded
+              : chosen->merged                               ? L.row_major_slot(a)
               : a_view && pd.src_desc(0) == a_view->second ? a_view->first
                                                            : L.slot_in(a, pd.src_desc(0));
   std::vector<SlotArg> args{{DNNL_ARG_SRC_0, s0, pd.src_desc(0)}};

@@ -95,6 +95,26 @@ inline bool lower_pool(Lowering& L, const Node& n) {
     if (pd && !is_reference_impl(pd)) break;
   }
   if (!pd) return false;
+  // A 3-D pool of a row-major source runs oneDNN's plain `simple_nchw` loop; its jit kernel takes ndhwc (MViT-V2's
+  // skip pools, [1, 192, 8, 56, 56]): the source reordered into it is one memory pass.
+  if (xd.size() == 5 && is_row_major(src_md) && std::string(pd.impl_info_str()).rfind("simple", 0) == 0) {
+    const memory::desc src_cl(xd, memory::data_type::f32, memory::format_tag::ndhwc);
+    const memory::desc dst_cl(yd, memory::data_type::f32, memory::format_tag::ndhwc);
+    dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src_cl, dst_cl, strides, kernel,
+                                        dilates, pad_l, pad_r);
+    bool cl_fused = false;
+    auto cl = choose_fusion<dnnl::pooling_v2_forward::primitive_desc>(
+        [&](bool with_chain) {
+          dnnl::primitive_attr attr = Lowering::base_attr();
+          if (with_chain) attr.set_post_ops(chain.ops());
+          return dnnl::pooling_v2_forward::primitive_desc(desc, attr, L.engine(), true);
+        },
+        !chain.nodes.empty(), cl_fused);
+    if (cl && std::string(cl.impl_info_str()).find("jit") != std::string::npos) {
+      pd = cl;
+      fused = cl_fused;
+    }
+  }
   if (!fused) chain = PostOpChain{y};
   SlotId src = L.slot_in(x, pd.src_desc());
   SlotId dst = L.new_value_slot(chain.result, pd.dst_desc());

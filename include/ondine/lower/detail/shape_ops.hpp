@@ -744,13 +744,14 @@ inline bool lower_pad(Lowering& L, const Node& n) {
 inline bool lower_split(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y0 = n.output(0);
-  memory::data_type dt;
-  if (!x || !y0 || x->is_constant() || !x->shape().is_static() || !dnnl_dtype(x->dtype(), dt)) return false;
-  if (n.num_outputs() == 1) {
+  if (!x || !y0 || !x->shape().is_static()) return false;
+  if (n.num_outputs() == 1) {  // any dtype (torchvision's int64 positions)
     if (x->shape() != y0->shape() || x->dtype() != y0->dtype()) return false;
     L.define_alias(n, x, y0);
     return true;
   }
+  memory::data_type dt;
+  if (x->is_constant() || !dnnl_dtype(x->dtype(), dt)) return false;
   const Dims xd = x->shape().sizes();
   const auto rank = static_cast<std::int64_t>(xd.size());
   if (rank == 0 || rank > 6) return false;
