@@ -86,6 +86,8 @@ inline std::optional<std::int64_t> unrollable_trips(const Node& n, std::int64_t 
   const std::size_t carried = n.num_formal_inputs() - 2;
   if (body.inputs().size() != 2 + carried || body.outputs().size() < 1 + carried) return std::nullopt;
   if (n.num_outputs() > body.outputs().size() - 1) return std::nullopt;
+  for (std::size_t k = 0; k < carried; ++k)
+    if (!n.input(2 + k)) return std::nullopt;  // a missing initial value: the run-time error stays
   std::optional<std::int64_t> trips = known_scalar(n.input(0));
   if (!trips || *trips < 1 || *trips > max_trips) return std::nullopt;
   if (*trips * static_cast<std::int64_t>(body.num_nodes()) > max_nodes) return std::nullopt;
@@ -112,10 +114,7 @@ inline void unroll(Graph& g, Node& n, std::int64_t trips) {
     std::unordered_map<const Value*, Value*> map;
     map[body.inputs()[0]] = g.add_constant(g.unique_name(n.name() + tag + "/i"), int64_scalar(i));
     map[body.inputs()[1]] = cond_true;
-    for (std::size_t k = 0; k < carried; ++k) {
-      if (!state[k]) throw n.error("its carried value " + std::to_string(k) + " is missing");
-      map[body.inputs()[2 + k]] = state[k];
-    }
+    for (std::size_t k = 0; k < carried; ++k) map[body.inputs()[2 + k]] = state[k];
     map = rewrite::splice_subgraph(g, n, body, std::move(map), tag);
     for (std::size_t k = 0; k < carried; ++k) state[k] = map.at(body.outputs()[1 + k]);
     for (std::size_t k = 0; k < scans; ++k) stacked[k].push_back(map.at(body.outputs()[1 + carried + k]));
