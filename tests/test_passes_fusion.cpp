@@ -1009,8 +1009,7 @@ TEST_CASE("compiled: products by constant weights as 1x1 convolutions over the r
   };
   auto convs = [](const CompiledModel& m) {
     std::size_t k = 0;
-    for (auto& s : m.steps())  // jit_1x1:avx2, brgconv_1x1:avx512_core, brgconv:avx512_core (one row), ...
-      k += s.implementation.find("1x1") != std::string::npos || s.implementation.find("conv") != std::string::npos;
+    for (auto& s : m.steps()) k += s.implementation.rfind("jit_1x1", 0) == 0;
     return k;
   };
   {
@@ -1026,7 +1025,10 @@ TEST_CASE("compiled: products by constant weights as 1x1 convolutions over the r
     b.g.add_output(b.op("Relu", {b.op("Add", {one, b.weight({8})})}));
     b.g.add_output(b.op("Gemm", {b.input("a", {9, 16}), b.weight({8, 16})}, {{"transB", std::int64_t{1}}}));
     CompiledModel m = compile(b.g, lower::MatMulKernel::Conv1x1);
-    CHECK(convs(m) == 4);
+    // The path takes oneDNN's jit_1x1 kernel only (what was measured); with AVX-512 oneDNN gives most of these
+    // shapes to its brgconv instead, and they stay matmuls.
+    if (lower::effective_isa().avx512) CHECK(convs(m) >= 1);
+    else CHECK(convs(m) == 4);
     CHECK(count_steps(m, "Add") == 0);  // bias and Relu folded into the one-row product
     CHECK_FALSE(any_reference_step(m));
     Graph same = b.g.clone();
