@@ -1110,6 +1110,17 @@ TEST_CASE("unroll-loops must not fire where the iterations or elements are not k
     CHECK(g.count_ops("Loop") == 1);
   }
   {
+    INFO("a body reading an outer value the Loop does not pass in: left alone, nothing copied");
+    Graph g = unroll_loop_graph({2});
+    Node* loop = g.nodes().back();
+    REQUIRE(loop->op_type() == "Loop");
+    loop->attr_graph("body").add_capture("missing", DType::Float32, Shape{2, 3});
+    const std::size_t nodes = g.num_nodes();
+    PassContext ctx;
+    CHECK_FALSE(UnrollLoops{}.run(g, ctx));
+    CHECK(g.num_nodes() == nodes);
+  }
+  {
     INFO("the node budget: 3 iterations of 5 body nodes against unroll-loops.max-nodes 10");
     Graph g = unroll_loop_graph({3});
     PassContext ctx;

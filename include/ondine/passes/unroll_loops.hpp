@@ -27,6 +27,7 @@
 // outputs keep their names (rewrite::replace_value).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -88,6 +89,9 @@ inline std::optional<std::int64_t> unrollable_trips(const Node& n, std::int64_t 
   if (n.num_outputs() > body.outputs().size() - 1) return std::nullopt;
   for (std::size_t k = 0; k < carried; ++k)
     if (!n.input(2 + k)) return std::nullopt;  // a missing initial value: the run-time error stays
+  const auto& names = n.captured_names();
+  for (const Value* c : body.captures())  // one the node does not pass in: the loop's own error stays, nothing copied
+    if (std::find(names.begin(), names.end(), c->name()) == names.end()) return std::nullopt;
   std::optional<std::int64_t> trips = known_scalar(n.input(0));
   if (!trips || *trips < 1 || *trips > max_trips) return std::nullopt;
   if (*trips * static_cast<std::int64_t>(body.num_nodes()) > max_nodes) return std::nullopt;
