@@ -555,7 +555,7 @@ TEST_CASE("lower: a stem whose padding oneDNN's direct kernel refuses reads a ze
 TEST_CASE("lower: a 3x3 stride-1 conv runs as Winograd F(4x4,3x3): transforms by Ondine, 36 products by oneDNN (1e-4)",
           "[lower][winograd]") {
   // Forced (ConvAlgorithm::Winograd) so that any CPU with AVX2 runs it; Auto takes it where it was measured
-  // faster (an AVX2 CPU without AVX-512). Output sizes that are no multiple of 4, uneven pads, the activation
+  // faster (winograd::pays). Output sizes that are no multiple of 4, uneven pads, the activation
   // folded into the output transform, several chunks of tiles.
   lower::CompileOptions forced;
   forced.conv_algorithm = lower::ConvAlgorithm::Winograd;
@@ -632,10 +632,16 @@ TEST_CASE("lower: a 3x3 stride-1 conv runs as Winograd F(4x4,3x3): transforms by
   CHECK(winograd_steps(check_graph(big, 1e-4, direct)) == 0);
   Graph small = one({1, 16, 8, 8}, 16, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
   CHECK(winograd_steps(check_graph(small, 1e-4)) == 0);  // Auto: 4 tiles of 16 channels
-  Graph pays = one({1, 64, 32, 32}, 64, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
   const lower::IsaInfo isa = lower::effective_isa();
-  const bool measured_here = isa.isa == lower::CpuIsa::Avx2 || isa.isa == lower::CpuIsa::Avx2Vnni;
+  const bool measured_here = isa.isa == lower::CpuIsa::Avx2 || isa.isa == lower::CpuIsa::Avx2Vnni || isa.avx512;
+  Graph pays = one({1, 64, 32, 32}, 64, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
   CHECK(winograd_steps(check_graph(pays, 1e-4)) == (measured_here ? 2u : 0u));
+  // With AVX-512 the direct kernels are twice as wide: 32 channels (a U-Net's first level) and 4 tiles of 512
+  // channels (ResNet's last stage at batch 1) stay direct; with AVX2 only, 32 channels pay.
+  Graph thin = one({1, 32, 32, 32}, 32, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
+  CHECK(winograd_steps(check_graph(thin, 1e-4)) == (isa.avx512 || !measured_here ? 0u : 2u));
+  Graph few_tiles = one({1, 512, 7, 7}, 512, {3, 3}, {{"pads", Dims{1, 1, 1, 1}}});
+  CHECK(winograd_steps(check_graph(few_tiles, 1e-4)) == 0);
 }
 
 TEST_CASE("lower: Winograd adds a residual as it writes the outputs (ResNet's basic block), in place or on a copy (1e-4)",

@@ -245,12 +245,17 @@ class TransformStep : public runtime::Step {
 // Transformed tiles per chunk: V and M of one chunk within about this many bytes each.
 constexpr std::int64_t kChunkBytes = std::int64_t{8} << 20;
 
-// Whether F(4x4, 3x3) beats the direct kernel, as measured (see the top of this file): on an AVX2 CPU
-// without AVX-512 (not measured yet against AVX-512's kernels), enough tiles for the matrix products to run
-// at speed, and enough channels for them to outweigh the transforms: 32 in, 16 out (an FPN's 96 -> 24
-// smoothing convs at 160x160, 2 threads: 6.0-6.6 -> 4.5-5.2 ms; the DBNet-like text detector at batch 1
-// 32.7-34.3 -> 27.1-30.3 ms).
+// Whether F(4x4, 3x3) beats the direct kernel, as measured (see the top of this file): enough tiles for the
+// matrix products to run at speed, and enough channels for them to outweigh the transforms.
+// On an AVX2 CPU without AVX-512: 32 in, 16 out (an FPN's 96 -> 24 smoothing convs at 160x160, 2 threads:
+// 6.0-6.6 -> 4.5-5.2 ms; the DBNet-like text detector at batch 1 32.7-34.3 -> 27.1-30.3 ms).
+// With AVX-512 (2 cores of a Zen 4, against jit:avx512_core's direct kernel, ms per conv): 64 channels in and
+// out. 64 at 56x56 0.66 -> 0.50, 128 at 28x28 0.64 -> 0.40, 256 at 14x14 (16 tiles) 0.67 -> 0.52, a U-Net's
+// 128 -> 64 at 128x128 7.1 -> 5.0 and 64 -> 128 at 64x64 1.5 -> 1.2; with fewer channels the transforms
+// cost more than the products save (32 at 256x256 3.4 -> 4.8, 32 -> 64 at 128x128 1.8 -> 2.1, 64 -> 32 at
+// 256x256 6.3 -> 8.4), and on 4 tiles (512 at 7x7, batch 1) 0.9 -> 2.1; at batch 8 (32 tiles) 6.9 -> 4.8.
 inline bool pays(const Geometry& g, const IsaInfo& isa) {
+  if (isa.avx512) return g.tiles() >= 16 && g.channels >= 64 && g.out_channels >= 64;
   return (isa.isa == CpuIsa::Avx2 || isa.isa == CpuIsa::Avx2Vnni) && g.tiles() >= 16 && g.channels >= 32 &&
          g.out_channels >= 16;
 }
