@@ -59,7 +59,8 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "textdet_pt": ("image", "text", 640), "efficientnet_pt": ("image", "image", 0),
           "mobilenetv2_pt": ("image", "image", 0), "convnext_pt": ("image", "image", 0),
           "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512),
-          "roihead_pt": ("image", "roi", 800), "resnet18_pt": ("image", "image", 0)}
+          "roihead_pt": ("image", "roi", 800), "resnet18_pt": ("image", "image", 0),
+          "unet_pt": ("image", "mask", 256)}
 
 
 def model_path(models_dir, model):
@@ -87,7 +88,7 @@ def write_input(model, batch, directory):
     frame [batch, 512] and LSTM state h, c [2, batch, 64]); returns ["name=file", ...]."""
     name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
-    if kind in ("text", "segment"):  # [batch, 3, size, size] images in [0, 1] (a page, a street scene)
+    if kind in ("text", "segment", "mask"):  # [batch, 3, size, size] images in [0, 1] (a page, a street scene)
         arrays = {name: rng.random((batch, 3, seq, seq), dtype=np.float32)}
     elif kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
         arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}
@@ -145,7 +146,7 @@ class Ondine:
             return float(done.stdout.split("median=")[1].split()[0])
         if model.split("-")[0].endswith("_pt") and INPUTS[model.split("-")[0]][1] == "tokens":
             extra += ["--dim", "batch", "--dim", f"seq={INPUTS[model.split('-')[0]][2]}"]
-        if INPUTS[model.split("-")[0]][1] == "text":
+        if INPUTS[model.split("-")[0]][1] in ("text", "mask"):  # exported with symbolic height and width
             size = INPUTS[model.split("-")[0]][2]
             extra += ["--dim", "batch", "--dim", f"height={size}", "--dim", f"width={size}"]
         subprocess.run([self.exe, "bench", path, "--batch", str(batch), "--threads", str(a.threads), "--warmup",

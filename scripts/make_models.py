@@ -93,6 +93,10 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    torch.tensor_split, which PyTorch exports as SequenceEmpty + Loop { Slice, SequenceInsert } +
                    SequenceAt, pooled by a strided depthwise conv, LayerNorm), softmax attention, projection +
                    residual. Cases 32x32 (batch 1), 24x40 (batch 2).
+  unet             opset 13  "image" f32 [batch,3,height,width] -> "mask" [batch,2,height,width]: a U-Net from torch.nn
+                   (3 levels of 8 to 32 channels and a 64-channel bottleneck: Conv 3x3 + BatchNorm + ReLU pairs,
+                   MaxPool 2x2, ConvTranspose 2x2 stride 2, the skip Concat, a 1x1 head). Cases 32x32 (batch 1),
+                   48x64 (batch 2); bench copy unet_pt: 4 levels of 32 to 256 channels, 512 at the bottom, 256x256.
 Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
 time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
 constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
@@ -961,6 +965,50 @@ def torch_text_detector(rng, bench=False):
     return spec
 
 
+def torch_unet(rng, bench=False):
+    import torch
+    from torch import nn
+
+    # The original U-Net's shape (Ronneberger et al.), as segmentation tutorials write it from torch.nn: per level
+    # two Conv 3x3 (no bias) + BatchNorm + ReLU, MaxPool 2x2 down, ConvTranspose 2x2 stride 2 up, the skip
+    # concatenated before the up path's double conv, a 1x1 head to 2 classes. Benchmark: 4 levels of 32 to 256
+    # channels + a 512-channel bottleneck, 256x256 images; corpus: 3 levels of 8 to 32 channels.
+    widths = (32, 64, 128, 256, 512) if bench else (8, 16, 32, 64)
+
+    def double_conv(cin, cout):
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                             nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.ModuleList([double_conv(3, widths[0])] +
+                                      [double_conv(a, b) for a, b in zip(widths[:-1], widths[1:])])
+            self.pool = nn.MaxPool2d(2)
+            self.up = nn.ModuleList(nn.ConvTranspose2d(b, a, 2, stride=2) for a, b in zip(widths[:-1], widths[1:]))
+            self.merge = nn.ModuleList(double_conv(2 * a, a) for a in widths[:-1])
+            self.head = nn.Conv2d(widths[0], 2, 1)
+
+        def forward(self, image):
+            skips, x = [], image
+            for i, block in enumerate(self.down):
+                x = block(x if i == 0 else self.pool(x))
+                skips.append(x)
+            x = skips.pop()
+            for up, merge in zip(reversed(self.up), reversed(self.merge)):
+                x = merge(torch.cat([skips.pop(), up(x)], dim=1))
+            return self.head(x)
+
+    module = UNet()
+    spread_init(module, (nn.Conv2d, nn.ConvTranspose2d))
+    shapes = [(1, 3, 256, 256), (1, 3, 192, 256)] if bench else [(1, 3, 32, 32), (2, 3, 48, 64)]
+    cases = [{"image": rng.random(shape, dtype=np.float32)} for shape in shapes]
+    return TorchSpec(module, 13, ["image"], ["mask"],
+                     {"image": {0: "batch", 2: "height", 3: "width"}, "mask": {0: "batch", 2: "height", 3: "width"}},
+                     cases, f"U-Net from torch.nn ({len(widths) - 1} levels, {widths[0]} to {widths[-1]} channels): "
+                            "Conv-BN-ReLU pairs, MaxPool, ConvTranspose 2x2, skip Concat, 1x1 head")
+
+
 def torch_roi_box_head(rng, bench=False):
     import torch
     import torchvision
@@ -1233,6 +1281,7 @@ TORCH_MODELS = {
     "norm_head": torch_norm_head,
     "convnext_blocks": torch_convnext_blocks,
     "token_pool": torch_token_pool,
+    "unet": torch_unet,
 }
 
 
@@ -1240,7 +1289,8 @@ TORCH_MODELS = {
 # corpus model itself.
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
-               "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head"}
+               "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head",
+               "unet_pt": "unet"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 
