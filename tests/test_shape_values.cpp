@@ -58,7 +58,7 @@ std::string elems_str(const Value* v) {
 const char* const kCorpus[] = {"bert_encoder",   "gpt_decoder",     "vit_small",   "audio_encoder",
                                "seq2seq",        "paddle_reshape",  "pad_shape_arith", "lstm_tagger",
                                "gru_tagger",     "lstm_stream",     "scripted_loop",   "gated_encoder",
-                               "text_detector",  "roi_box_head"};
+                               "text_detector",  "roi_box_head",    "unet"};
 
 fs::path corpus_dir(const std::string& model) { return fs::path(ONDINE_TEST_DATA_DIR) / "torch" / model; }
 
@@ -191,7 +191,7 @@ TEST_CASE("shape values: must not claim what the data decides", "[ir][symbolic]"
   CHECK(eq4->known_data()->to_int64s() == std::vector<std::int64_t>{0});
 }
 
-TEST_CASE("symbolic conv and pool output dims are expressions of the input dims", "[ir][symbolic]") {
+TEST_CASE("symbolic conv, transposed conv and pool output dims are expressions of the input dims", "[ir][symbolic]") {
   Graph g;
   Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("N"), 3, Dim::named("H"), Dim::named("W")});
   Value* w = g.add_constant("w", Tensor(DType::Float32, {8, 3, 3, 3}));
@@ -205,6 +205,28 @@ TEST_CASE("symbolic conv and pool output dims are expressions of the input dims"
   CHECK(y->shape().str() == "[N,8,(H - 1)/2 + 1,(W - 1)/2 + 1]");
   CHECK(p->shape().str() == "[N,8,((H - 1)/2 - 1)/2 + 1,((W - 1)/2 - 1)/2 + 1]");
   for (std::int64_t h : {13, 16, 31}) CHECK(dim_eval(p->shape()[2], {{"H", h}}) == ((h - 1) / 2 + 1 - 2) / 2 + 1);
+  // A U-Net's up path: ConvTranspose 2x2 stride 2 doubles it; 3x3 stride 2 with pads 1 and output_padding 1 too;
+  // SAME_UPPER gives stride x input.
+  Value* wt = g.add_constant("wt", Tensor(DType::Float32, {8, 4, 2, 2}));
+  Value* up = g.add_op("ConvTranspose", {p, wt}, {{"strides", std::vector<std::int64_t>{2, 2}}}, "up");
+  Value* wt3 = g.add_constant("wt3", Tensor(DType::Float32, {8, 4, 3, 3}));
+  Value* up3 = g.add_op("ConvTranspose", {p, wt3},
+                        {{"strides", std::vector<std::int64_t>{2, 2}}, {"pads", std::vector<std::int64_t>{1, 1, 1, 1}},
+                         {"output_padding", std::vector<std::int64_t>{1, 1}}}, "up3");
+  Value* same = g.add_op("ConvTranspose", {p, wt3},
+                         {{"strides", std::vector<std::int64_t>{3, 3}}, {"auto_pad", std::string("SAME_UPPER")}}, "same");
+  g.add_output(up);
+  g.add_output(up3);
+  g.add_output(same);
+  infer_shapes(g);
+  for (std::int64_t h : {13, 16, 31}) {
+    const std::int64_t pooled = ((h - 1) / 2 + 1 - 2) / 2 + 1;
+    CHECK(dim_eval(up->shape()[2], {{"H", h}}) == 2 * pooled);
+    CHECK(dim_eval(up3->shape()[3], {{"W", h}}) == 2 * pooled);
+    CHECK(dim_eval(same->shape()[2], {{"H", h}}) == 3 * pooled);
+  }
+  CHECK(up->shape()[1].value == 4);
+  CHECK_FALSE(up->shape()[2].is_static());
 }
 
 TEST_CASE("exported corpus: every value's shape is inferred symbolically", "[ir][symbolic][corpus]") {
@@ -215,6 +237,9 @@ TEST_CASE("exported corpus: every value's shape is inferred symbolically", "[ir]
     // Its FPN adds each level to the coarser one upsampled: (H-1)/8+1-like sizes and twice the next ones,
     // equal only for sizes divisible by 32, so the sums' spatial dims are known once the sizes are.
     if (std::string(model) == "text_detector") continue;
+    // Likewise its up path (2 x the pooled size) and the skip it is concatenated with (the size before the
+    // pool): equal for even sizes only. Its ConvTranspose outputs are expressions (the first test above).
+    if (std::string(model) == "unet") continue;
     Graph g = ondine::onnx::load_model((corpus_dir(model) / "model.onnx").string());
     std::vector<std::string> unknown;
     for (Node* n : g.topo_order())

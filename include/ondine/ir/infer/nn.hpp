@@ -355,7 +355,14 @@ inline void infer_conv_transpose(Node& n) {
         if (o <= 0) throw n.error("the output would be empty along spatial axis " + std::to_string(i));
         out.push_back(o);
       } else {
-        out.push_back(Dim());
+        // transpose_output_size as an expression: a U-Net's up path, 2 x its input, concatenated with the skip.
+        const Window& win = t.window;
+        const Dim stride(win.strides[i]);
+        if (win.auto_pad == "SAME_UPPER" || win.auto_pad == "SAME_LOWER")
+          out.push_back(dim_mul(in, stride));
+        else
+          out.push_back(dim_add(dim_mul(dim_sub(in, Dim(1)), stride),
+                                Dim(t.output_padding[i] + win.effective_kernel(i) - win.pads[i] - win.pads[i + spatial])));
       }
     }
   } else {

@@ -64,8 +64,8 @@ inline const char* precision_name(Precision p) {
 enum class ConvLayout { Auto, Any, ChannelBlocked };
 
 // How a 3x3, stride-1 float32 convolution is computed (lower/detail/winograd.hpp). Auto (default): Winograd
-// F(4x4, 3x3) where it was measured faster than oneDNN's direct kernels (AVX2 CPUs without AVX-512, enough
-// tiles and channels: 1.8-3x per conv there), direct elsewhere; Direct: oneDNN's direct kernels always;
+// F(4x4, 3x3) where it was measured faster than oneDNN's direct kernels (enough tiles and channels: 1.8-3x
+// per conv on AVX2, 1.2-1.7x with AVX-512; winograd::pays), direct elsewhere; Direct: oneDNN's direct kernels always;
 // Winograd: wherever it applies on a CPU with AVX2 (to try it on another CPU; the tests). Winograd's
 // results differ from the direct conv's by about 1e-5 of the output's scale.
 enum class ConvAlgorithm { Auto, Direct, Winograd };

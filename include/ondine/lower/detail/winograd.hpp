@@ -15,7 +15,8 @@
 // alike); the matrix products here do 4x fewer multiplications, and the transforms, which only add, run at
 // memory speed. Measured on 2 cores of an AVX2 EPYC (Zen 3), direct jit:avx2 against this: 256 channels at
 // 100x100 75.7 -> 29.1 ms, 50x50 21.3 -> 7.6, 14x14 1.25 -> 0.72; 128 channels at 28x28 1.81 -> 0.57; 64 at
-// 56x56 1.25 -> 0.63; it loses on a handful of tiles (512 channels at 7x7, batch 1: 1.86 -> 2.66 ms).
+// 56x56 1.25 -> 0.63; it loses on a handful of tiles (512 channels at 7x7, batch 1: 1.86 -> 2.66 ms). With
+// AVX-512 (Zen 4), where the direct kernels are twice as wide, it pays from 64 channels (winograd::pays).
 //
 // Activations are channel-blocked (nChw8c, or nChw16c read as two 8-channel halves); the tiles are split
 // into chunks whose transformed tiles (V and M) stay within a few MB, each chunk a transform step, the matmul
@@ -142,6 +143,23 @@ __attribute__((target("avx2,fma"))) inline void input_tile(const float* channels
   }
 }
 
+// Two 8-channel groups whose rows of V are adjacent (channels c..c+15 of a tile: one 64-byte line per tile
+// position) through a stack buffer, so that each of the 36 lines a tile writes is written whole, at once.
+// Written group by group, the 36 lines, a position stride apart (a multiple of 1 or 4 KB: 196 tiles of 64
+// channels, 16 of 256), fell into a few sets of the 8-way L1 and were evicted between their halves.
+template <bool Inside>
+__attribute__((target("avx2,fma"))) inline void input_tile_pair(const float* first, const float* second,
+                                                                std::int64_t h0, std::int64_t w0, const Geometry& g,
+                                                                float* v, std::int64_t p_stride) {
+  alignas(64) float lines[36 * 16];
+  input_tile<Inside>(first, h0, w0, g, lines, 16);
+  input_tile<Inside>(second, h0, w0, g, lines + 8, 16);
+  for (int p = 0; p < 36; ++p) {
+    _mm256_storeu_ps(v + p * p_stride, _mm256_load_ps(lines + p * 16));
+    _mm256_storeu_ps(v + p * p_stride + 8, _mm256_load_ps(lines + p * 16 + 8));
+  }
+}
+
 // V rows [0, rows) for tiles [first, first + rows) of x (channel-blocked); rows past the last tile are zeros.
 __attribute__((target("avx2,fma"))) inline void input_transform(const float* x, const Geometry& g, std::int64_t first,
                                                                 std::int64_t rows, float* v) {
@@ -160,7 +178,12 @@ __attribute__((target("avx2,fma"))) inline void input_transform(const float* x, 
     const bool inside = h0 >= 0 && w0 >= 0 && h0 + 6 <= g.height && w0 + 6 <= g.width;
     const float* image_x = x + image * C * g.height * g.width;
     float* out = v + r * C;
-    for (std::int64_t c = 0; c < groups; ++c) {
+    std::int64_t c = 0;
+    for (; c + 1 < groups; c += 2) {
+      if (inside) input_tile_pair<true>(image_x + offsets[c], image_x + offsets[c + 1], h0, w0, g, out + c * 8, p_stride);
+      else input_tile_pair<false>(image_x + offsets[c], image_x + offsets[c + 1], h0, w0, g, out + c * 8, p_stride);
+    }
+    if (c < groups) {
       if (inside) input_tile<true>(image_x + offsets[c], h0, w0, g, out + c * 8, p_stride);
       else input_tile<false>(image_x + offsets[c], h0, w0, g, out + c * 8, p_stride);
     }
@@ -187,9 +210,17 @@ __attribute__((target("avx2,fma"))) inline void output_transform(const float* m,
     const int wide = static_cast<int>(std::min<std::int64_t>(4, g.out_width - w0));
     float* origin = y + image * K * g.out_height * g.out_width + (h0 * g.out_width + w0) * B;
     const float* in_row = m + r * K;
+    alignas(64) float lines[36 * 16];  // two groups' 36 lines of M, read whole (input_tile_pair says why)
     for (std::int64_t c = 0; c < groups; ++c) {
+      const bool paired = c % 2 == 1 || c + 1 < groups;
+      if (c % 2 == 0 && paired)
+        for (int p = 0; p < 36; ++p) {
+          _mm256_store_ps(lines + p * 16, _mm256_loadu_ps(in_row + p * p_stride + c * 8));
+          _mm256_store_ps(lines + p * 16 + 8, _mm256_loadu_ps(in_row + p * p_stride + c * 8 + 8));
+        }
       __m256 in[36], half[24], o[16];
-      for (int p = 0; p < 36; ++p) in[p] = _mm256_loadu_ps(in_row + p * p_stride + c * 8);
+      for (int p = 0; p < 36; ++p)
+        in[p] = paired ? _mm256_load_ps(lines + p * 16 + c % 2 * 8) : _mm256_loadu_ps(in_row + p * p_stride + c * 8);
       for (int j = 0; j < 6; ++j) output_rows(in + j, half + j, 6, 6);  // A^T M: 4 rows of 6
       for (int i = 0; i < 4; ++i) output_rows(half + i * 6, o + i * 4, 1, 1);  // (A^T M) A
       const __m256 b = bias ? _mm256_loadu_ps(bias + c * 8) : zero;
