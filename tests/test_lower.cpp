@@ -1202,6 +1202,69 @@ TEST_CASE("lower: broadcasting binary ops never run on oneDNN's ref kernels (1e-
   CHECK(expansions == 3);
 }
 
+TEST_CASE("lower: binary ops by per-channel constants after a binary op are its post-ops: one pass (1e-4)",
+          "[lower][fusion]") {
+  // DenseNet's pre-activation: a BatchNormalization on a Concat (nothing to fold it into) that fold-bn rewrites
+  // as x * s + t, then ReLU and a 1x1 conv. The Mul takes the Add and the ReLU: one pass over the features.
+  Builder b;
+  Value* x = b.input("x", {2, 24, 7, 7});
+  Value* features = b.op("Concat", {x, b.conv(x, 8, 24, 3, {{"pads", Dims{1, 1, 1, 1}}})}, {{"axis", std::int64_t{1}}});
+  Value* pre = b.op("Relu", {b.batchnorm(features, 32)});
+  b.g.add_output(b.conv(pre, 16, 32, 1));
+  // Two constants in a row (Sub, then Div: a normalisation) and a constant with one value.
+  Value* c = b.conv(x, 24, 24, 1);
+  Value* scaled = b.op("Mul", {c, b.input("gate", {1, 24, 1, 1})});  // a runtime gate, then constants
+  Value* norm = b.op("Div", {b.op("Sub", {scaled, b.weight({24, 1, 1})}), b.positive({1, 24, 1, 1}, 0.5f, 1.5f)});
+  b.g.add_output(b.op("Add", {b.g.add_constant("one", Tensor::scalar(1.0f)), norm}));  // commutative: k + x
+  CompiledModel m = check_graph(b.g, 1e-4);
+  CHECK(count_op(m, "Add") == 0);
+  CHECK(count_op(m, "Sub") == 0);
+  CHECK(count_op(m, "Div") == 0);
+  CHECK(count_op(m, "Relu") == 0);
+  std::size_t chained = 0;
+  for (const auto& s : m.steps()) {
+    INFO(s.name << " " << s.op << " " << s.implementation << " " << s.detail);
+    CHECK(s.implementation.rfind("ref", 0) != 0);
+    if (s.op != "Mul") continue;
+    if (s.detail.find("binary_mul+binary_add(") != std::string::npos) {
+      CHECK(s.detail.find("+eltwise_relu") != std::string::npos);
+      ++chained;
+    }
+    if (s.detail.find("binary_mul+binary_sub(") != std::string::npos) {
+      CHECK(s.detail.find("+binary_div(") != std::string::npos);
+      CHECK(s.detail.find("+binary_add(") != std::string::npos);
+      ++chained;
+    }
+  }
+  CHECK(chained == 2);
+}
+
+TEST_CASE("lower: a binary op stays its own step where it cannot be a post-op (must not fire) (1e-4)",
+          "[lower][fusion]") {
+  Builder b;
+  Value* x = b.input("x", {1, 16, 6, 6});
+  std::vector<Value*> outs;
+  Value* shared = b.op("Mul", {x, b.weight({1, 16, 1, 1})});  // also a graph output: the Add cannot take it
+  outs.push_back(shared);
+  outs.push_back(b.op("Add", {shared, b.weight({1, 16, 1, 1})}));
+  Value* m2 = b.op("Mul", {x, b.weight({1, 16, 1, 1})});      // then k - x: no such post-op
+  outs.push_back(b.op("Sub", {b.weight({1, 16, 1, 1}), m2}));
+  Value* m3 = b.op("Mul", {x, b.weight({1, 16, 1, 1})});      // then a spatial broadcast, not per-channel
+  outs.push_back(b.op("Add", {m3, b.weight({1, 1, 6, 6})}));
+  Value* m4 = b.op("Mul", {x, b.weight({1, 16, 1, 1})});      // then a runtime operand
+  outs.push_back(b.op("Add", {m4, b.input("t", {1, 16, 1, 1})}));
+  for (Value* o : outs) b.g.add_output(o);
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  CompiledModel m = check_graph(b.g, 1e-4, opts);
+  CHECK(count_op(m, "Add") == 3);
+  CHECK(count_op(m, "Sub") == 1);
+  for (const auto& s : m.steps()) {
+    INFO(s.name << " " << s.op << " " << s.detail);
+    CHECK(s.detail.find("+binary_") == std::string::npos);
+  }
+}
+
 TEST_CASE("lower: activation chains that repeat an eltwise algorithm stay exact (oneDNN 2.6 injector bug) (1e-4)",
           "[lower][fusion]") {
   // conv -> HardSigmoid (linear, clip) -> Neg (linear again, other parameters): as one post-op chain
