@@ -595,10 +595,10 @@ inline Tensor broadcast_to(const Tensor& t, const Dims& yd) {
 // both operands broadcasting, the first expanded by a reorder first. The last one tried is kept when none
 // gets a jit kernel.
 inline bool lower_binary(Lowering& L, const Node& n) {
-  using A = dnnl::algorithm;
   const std::string& op = n.op_type();
-  A alg = op == "Add" ? A::binary_add : op == "Mul" ? A::binary_mul : op == "Sub" ? A::binary_sub
-          : op == "Div" ? A::binary_div : op == "Max" ? A::binary_max : A::binary_min;
+  const std::optional<dnnl::algorithm> found = binary_alg(op);
+  if (!found) return false;
+  const dnnl::algorithm alg = *found;
   bool commutative = op != "Sub" && op != "Div";
   if (n.num_inputs() != 2 || n.num_outputs() != 1) return false;
   const Value* a = n.input(0);
