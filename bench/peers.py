@@ -76,8 +76,9 @@ def run_json(cmd):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def peak_gflops(peak_exe, threads, int8=False):
-    out = subprocess.run([peak_exe, "--threads", str(threads)] + (["--int8"] if int8 else []), capture_output=True,
+def peak_gflops(peak_exe, threads, int8=False, bf16=False):
+    flags = ["--int8"] if int8 else ["--bf16"] if bf16 else []
+    out = subprocess.run([peak_exe, "--threads", str(threads)] + flags, capture_output=True,
                          text=True, check=True).stdout
     unit = " GOP/s" if int8 else " GFLOP/s"
     return float(out.split("best ")[1].split(unit)[0]), out.strip()
@@ -270,7 +271,7 @@ def main():
     p.add_argument("--qdq-dir", default=os.path.join(REPO, "out", "qdq"))
     p.add_argument("--bf16", action="store_true",
                    help="also Ondine with --precision bf16 on each model (\"resnet50-bf16\"; ONNX Runtime runs the "
-                        "same file in fp32: it has no bf16 on CPU); %% of peak is of the fp32 peak")
+                        "same file in fp32: it has no bf16 on CPU); %% of peak is of the bf16 matmul peak (ondine_peak --bf16)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw Ondine / ONNX Runtime per model and batch as a bar chart (needs python3-matplotlib)")
     a = p.parse_args()
@@ -338,6 +339,8 @@ def main():
     peak, peak_line = peak_gflops(peak_exe, a.threads)
     if a.int8:
         peak_int8, peak_int8_line = peak_gflops(peak_exe, a.threads, int8=True)
+    if a.bf16:
+        peak_bf16, peak_bf16_line = peak_gflops(peak_exe, a.threads, bf16=True)
     inputs = {(m, b): write_input(m, b, tmp) for m in models for b in batches}
     ms = {}  # (label, batch, engine) -> per-round medians (None: the engine skips that case)
     for r in range(a.rounds):
@@ -357,6 +360,8 @@ def main():
     print(peak_line)
     if a.int8:
         print(peak_int8_line)
+    if a.bf16:
+        print(peak_bf16_line)
     have_nopass = any(e.name == "ondine-none" for e in engines)
     cols = ["model", "batch", "ondine/s"] + (["no passes/s"] if have_nopass else []) + ["ort/s"] + \
         (["torch/s"] if have_torch else []) + ["ondine/ort", "range"] + (["ondine/torch"] if have_torch else []) + \
@@ -382,7 +387,8 @@ def main():
             row += [cell(rate["torch"])] if have_torch else []
             row += [ratio(vs_ort), "-" if vs_ort is None else f"{vs_ort[1]:.2f}-{vs_ort[2]:.2f}"]
             row += [ratio(paired_ratio(ms, (label, b, "ondine"), (label, b, "torch")))] if have_torch else []
-            row += [f"{gflops:.1f}", f"{100 * gflops / (peak_int8 if int8 else peak):.0f}%"]
+            row_peak = peak_int8 if int8 else peak_bf16 if label.endswith("-bf16") else peak
+            row += [f"{gflops:.1f}", f"{100 * gflops / row_peak:.0f}%"]
             print("| " + " | ".join(row) + " |")
     if a.plot:
         plot_ratios(a.plot, ort_ratios, ondine.isa, a.threads, peak)

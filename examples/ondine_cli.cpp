@@ -507,7 +507,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   std::shared_ptr<CompiledModel> model;
   if (lower::resolved_precision(g_precision) == lower::Precision::Fp32 && g_precision == lower::Precision::Auto) {
     model = std::make_shared<CompiledModel>(lower::compile(g, opts));
-    engine.precision = "precision: auto is fp32 here (oneDNN runs " + lower::effective_isa().name + ", no native bf16)";
+    engine.precision = "precision: auto is fp32 here (" + lower::bf16_not_faster_reason(lower::effective_isa()) + ")";
   } else if (g_max_error && sample && !g_int8) {  // int8: --max-error bounded the quantization
     lower::Bf16BoundOptions bo;
     bo.max_error = *g_max_error;
@@ -1200,7 +1200,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
   }
   if (to_artifact) {
     lower::Precision precision = g_precision;
-    if (precision == lower::Precision::Auto) precision = target.bf16_native ? lower::Precision::Bf16 : lower::Precision::Fp32;
+    if (precision == lower::Precision::Auto) precision = target.bf16_faster ? lower::Precision::Bf16 : lower::Precision::Fp32;
     std::vector<std::string> keep_fp32 = g_keep_fp32;
     if (precision == lower::Precision::Bf16) {
       if (!target.bf16_native)

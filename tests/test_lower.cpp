@@ -196,7 +196,17 @@ TEST_CASE("isa: oneDNN's effective ISA is reported with its precision capabiliti
   CHECK(isa.isa != lower::CpuIsa::Unknown);
   CHECK(!isa.name.empty());
   if (isa.amx) CHECK(isa.bf16_native);
+  if (isa.amx) CHECK(isa.bf16_faster);
   if (isa.bf16_native) CHECK(isa.bf16_supported);
+  if (isa.bf16_faster) CHECK(isa.bf16_native);
+  // An ISA named without a CPU (a compile target) takes its native bf16 as faster; this CPU may not.
+  CHECK(lower::isa_info(lower::CpuIsa::Avx512CoreBf16).bf16_faster);
+  CHECK_FALSE(lower::isa_info(lower::CpuIsa::Avx512CoreVnni).bf16_faster);
+  if (isa.isa == lower::CpuIsa::Avx512CoreBf16 && !isa.bf16_faster) {
+    CHECK(lower::cpu_vendor() == "GenuineIntel");
+    CHECK(lower::bf16_not_faster_reason(isa).find("AMX") != std::string::npos);
+  }
+  if (!isa.bf16_native) CHECK(lower::bf16_not_faster_reason(isa).find("no native bf16") != std::string::npos);
   CHECK(lower::isa_info(lower::CpuIsa::Avx512CoreVnni).int8_vnni);
   CHECK_FALSE(lower::isa_info(lower::CpuIsa::Avx512CoreVnni).bf16_native);
   CHECK(lower::isa_info(lower::CpuIsa::Avx512CoreAmx).name == "avx512_core_amx");

@@ -76,12 +76,13 @@ inline Precision artifact_precision(const artifact::Info& info) {
 
 // The Info of an artifact of `optimised` (the graph after `passes`, run with the pass options of `target`:
 // set_isa_pass_options) compiled for `target`, by default this CPU's ISA. `precision` is the float layers':
-// Bf16 needs a target with native bf16 (an Error names it otherwise), Auto means Bf16 where the target has
-// it and Fp32 elsewhere. The label: "fp32", "bf16", "int8" (int8 layers), "int8+bf16".
+// Bf16 needs a target with native bf16 (an Error names it otherwise), Auto means Bf16 where the target's bf16
+// is native and faster than fp32 (IsaInfo::bf16_faster) and Fp32 elsewhere. The label: "fp32", "bf16",
+// "int8" (int8 layers), "int8+bf16".
 inline artifact::Info artifact_info(const Graph& optimised, const std::string& source, const std::string& passes,
                                     int threads, const IsaInfo& target = effective_isa(),
                                     Precision precision = Precision::Fp32) {
-  if (precision == Precision::Auto) precision = target.bf16_native ? Precision::Bf16 : Precision::Fp32;
+  if (precision == Precision::Auto) precision = target.bf16_faster ? Precision::Bf16 : Precision::Fp32;
   if (precision == Precision::Bf16 && !target.bf16_native)
     throw Error("precision bf16 needs a target with native bf16 (avx512_core_bf16 or avx512_core_amx); " + target.name +
                 " would emulate it, slower than fp32: compile that target in fp32 (or with precision auto)");

@@ -413,10 +413,11 @@ inline void check_precision(const CompileOptions& options) {
               (std::getenv("DNNL_MAX_CPU_ISA") ? " (DNNL_MAX_CPU_ISA caps the ISA)" : ""));
 }
 
-// Precision::Auto as what it means on this CPU: Bf16 with native bf16, else Fp32.
+// Precision::Auto as what it means on this CPU: Bf16 where bf16 is native and faster than fp32
+// (IsaInfo::bf16_faster), else Fp32.
 inline Precision resolved_precision(Precision p) {
   if (p != Precision::Auto) return p;
-  return effective_isa().bf16_native ? Precision::Bf16 : Precision::Fp32;
+  return effective_isa().bf16_faster ? Precision::Bf16 : Precision::Fp32;
 }
 
 inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) {
@@ -503,6 +504,9 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
         for (const Node* n : L.kept_fp32_nodes) bf16 << " '" << n->name() << "'";
       }
       options.log(bf16.str());
+      if (!effective_isa().bf16_faster)
+        options.log("precision: note: bf16 is slower than fp32 on this CPU (" + bf16_not_faster_reason(effective_isa()) +
+                    "); precision auto compiles fp32 here");
     }
     std::istringstream int8(int8_plan(model).text());  // Q/DQ left, fp32 islands, predicted int8 vs fp32
     for (std::string line; std::getline(int8, line);) options.log(line);

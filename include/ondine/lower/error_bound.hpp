@@ -2,7 +2,7 @@
 // the float32 compile on a few samples, and while the error exceeds the bound keep one more node float32,
 // worst first (the loop and the error measure are the int8 fallback's: ir/error_bound.hpp).
 //
-//   lower::CompileOptions options;                       // Bf16 here; Auto: Bf16 where native, else Fp32
+//   lower::CompileOptions options;                       // Bf16 here; Auto: Bf16 where faster, else Fp32
 //   auto r = lower::compile_bf16_within(graph, options, samples, 0.01);
 //   r.model            the compiled model of the last step, ready to run
 //   r.kept             the nodes kept float32 for the bound, in order (CompileOptions::keep_fp32 gets them)

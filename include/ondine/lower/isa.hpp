@@ -2,8 +2,8 @@
 //
 // oneDNN dispatches on the "effective" ISA: the best the CPU has, capped by DNNL_MAX_CPU_ISA or
 // dnnl_set_max_cpu_isa(). The precision choices of the compiler follow from it: int8 is only fast with
-// VNNI, bf16 primitives need at least avx512_core (and are emulated below avx512_core_bf16), AMX tiles
-// need avx512_core_amx. Uses oneDNN's C API only, so it is cheap to include.
+// VNNI, bf16 primitives need at least avx512_core (and are emulated below avx512_core_bf16; native but no
+// faster than fp32 on an Intel core whose AMX is hidden), AMX tiles need avx512_core_amx. Uses oneDNN's C API only, so it is cheap to include.
 #pragma once
 
 #include <cstring>
@@ -39,6 +39,12 @@ struct IsaInfo {
   bool int8_vnni = false;     // u8 x s8 dot products in one instruction (VNNI, AVX-VNNI or AMX)
   bool bf16_supported = false;  // bf16 primitives can be created (avx512_core and better)
   bool bf16_native = false;     // bf16 arithmetic in hardware (avx512_core_bf16 / AMX), not emulated
+  // bf16 arithmetic faster than fp32, what Precision::Auto goes by: AMX, or AVX512_BF16 where its dot product
+  // runs at twice the fp32 rate (AMD Zen 4 and 5). Not on Intel cores of the Sapphire Rapids generation and
+  // later whose AMX is hidden (a VM that does not pass it through): their AVX512_BF16 dot product issues on one
+  // port, and oneDNN's bf16 matmul reaches half its fp32 rate there (ondine_peak --bf16). An ISA named without
+  // a CPU (isa_info, a compile target) assumes its bf16 pays where it is native.
+  bool bf16_faster = false;
   bool amx = false;             // AMX tiles (int8 and bf16)
 };
 
@@ -65,9 +71,14 @@ inline IsaInfo isa_info(CpuIsa isa) {
                    isa == CpuIsa::Avx2Vnni;
   info.bf16_supported = core;
   info.bf16_native = isa == CpuIsa::Avx512CoreBf16 || isa == CpuIsa::Avx512CoreAmx;
+  info.bf16_faster = info.bf16_native;
   info.amx = isa == CpuIsa::Avx512CoreAmx;
   return info;
 }
+
+namespace detail {
+inline bool intel_bf16_without_amx();  // below, after cpu_vendor()
+}  // namespace detail
 
 // The ISA oneDNN dispatches to in this process (after DNNL_MAX_CPU_ISA and set_max_cpu_isa caps).
 inline IsaInfo effective_isa() {
@@ -85,7 +96,16 @@ inline IsaInfo effective_isa() {
     case dnnl_cpu_isa_avx512_core_amx: isa = CpuIsa::Avx512CoreAmx; break;
     default: break;
   }
-  return isa_info(isa);
+  IsaInfo info = isa_info(isa);
+  if (isa == CpuIsa::Avx512CoreBf16 && detail::intel_bf16_without_amx()) info.bf16_faster = false;
+  return info;
+}
+
+// Why Precision::Auto is fp32 on a CPU whose oneDNN ISA is `isa` (bf16_faster false), for a report line.
+inline std::string bf16_not_faster_reason(const IsaInfo& isa) {
+  if (!isa.bf16_native) return "oneDNN runs " + isa.name + ", no native bf16";
+  return "oneDNN runs " + isa.name + " on an Intel core whose bf16 engine is AMX, hidden here: its AVX512_BF16 "
+         "runs at about half the fp32 rate";
 }
 
 // The ISA oneDNN spells `name` ("avx2", "avx512_core_vnni", ...); Unknown for any other text.
@@ -143,5 +163,24 @@ inline std::string cpu_vendor() {
   return "";
 #endif
 }
+
+namespace detail {
+// An Intel core with AVX512_FP16 (Sapphire Rapids and later, whose bf16 engine is AMX) where oneDNN sees
+// avx512_core_bf16 and not AMX: the hypervisor or the OS hides the tiles. Cooper Lake (AVX512_BF16, no
+// AVX512_FP16) is not one of them.
+inline bool intel_bf16_without_amx() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool yes = [] {
+    if (cpu_vendor() != "GenuineIntel") return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    return ((edx >> 23) & 1u) != 0;  // CPUID.(EAX=7,ECX=0):EDX[23] AVX512_FP16
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+}  // namespace detail
 
 }  // namespace ondine::lower
