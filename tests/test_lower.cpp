@@ -858,7 +858,7 @@ TEST_CASE("lower: Gather of one constant index is a strided view (qkv[0], qkv[1]
   Value* qkv = b.op("Transpose", {b.op("Reshape", {r, b.ints({2, 5, 3, 2, 4})})}, {{"perm", Dims{2, 0, 3, 1, 4}}});
   for (std::int64_t i = 0; i < 3; ++i) b.g.add_output(b.op("Sigmoid", {b.op("Gather", {qkv, index(i)}, {{"axis", std::int64_t{0}}})}));
   b.g.add_output(b.op("Neg", {b.op("Gather", {r, index(-1)}, {{"axis", std::int64_t{2}}})}));  // a negative index, axis 2
-  // Must not fire: an index tensor, and an index computed at run time (both still right: reference kernel).
+  // Must not fire: an index tensor is no view (GatherStep copies it: the test below).
   Tensor two = Tensor::from_vector<std::int64_t>({2}, {0, 3});
   b.g.add_output(b.op("Gather", {r, b.g.add_constant("pair", two)}, {{"axis", std::int64_t{1}}}));
   lower::CompileOptions opts;
@@ -866,7 +866,61 @@ TEST_CASE("lower: Gather of one constant index is a strided view (qkv[0], qkv[1]
   CompiledModel m = check_graph(b.g, 1e-6, opts);
   INFO(m.to_text());
   CHECK(count_impl(m, "Gather", "view") == 4);
-  CHECK(count_impl(m, "Gather", "reference") == 1);
+  CHECK(count_impl(m, "Gather", "ondine:copy") == 1);
+  CHECK(count_impl(m, "Gather", "reference") == 0);
+}
+
+TEST_CASE("lower: Gather by an index tensor copies a row per index (embeddings), exactly, any axis and dtype",
+          "[lower][views]") {
+  // BERT's and GPT's token embeddings: Gather(table [V, E] constant, ids [N, T] int64 at run time); an LSTM
+  // tagger's the same; and the forms around them: int32 ids with negative ones, a middle axis of a computed
+  // tensor, an int64 table (position ids), a scalar index computed at run time.
+  Builder b;
+  Value* table = b.weight({50, 8});
+  Value* ids = b.g.add_input("ids", DType::Int64, Shape::from(Dims{2, 7}));
+  Value* ids32 = b.g.add_input("ids32", DType::Int32, Shape::from(Dims{3}));
+  Value* x = b.input("x", {2, 5, 6});
+  Value* emb = b.op("Gather", {table, ids}, {{"axis", std::int64_t{0}}});
+  b.g.add_output(b.op("Relu", {emb}));
+  b.g.add_output(b.op("Gather", {b.op("Abs", {x}), ids32}, {{"axis", std::int64_t{1}}}));  // exact producers
+  Tensor positions = Tensor::from_vector<std::int64_t>({5, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  b.g.add_output(b.op("Gather", {b.g.add_constant("pos", positions), ids32}, {{"axis", std::int64_t{0}}}));
+  Value* scalar_id = b.g.add_input("scalar_id", DType::Int64, Shape::from(Dims{}));
+  b.g.add_output(b.op("Gather", {b.op("Neg", {x}), scalar_id}, {{"axis", std::int64_t{-1}}}));
+  infer_shapes(b.g);
+  std::map<std::string, Tensor> in{
+      {"ids", Tensor::from_vector<std::int64_t>({2, 7}, {0, 49, 3, 3, 17, -1, 25, 8, 8, 0, -50, 12, 44, 1})},
+      {"ids32", Tensor::from_vector<std::int32_t>({3}, {4, -2, 0})},
+      {"x", random_tensor({2, 5, 6}, 9)},
+      {"scalar_id", Tensor::scalar<std::int64_t>(-2)}};
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  CompiledModel m = lower::compile(b.g, opts);
+  INFO(m.to_text());
+  CHECK(count_impl(m, "Gather", "ondine:copy") == 4);
+  CHECK(count_impl(m, "Gather", "reference") == 0);
+  auto got = m.run(in);
+  auto want = ReferenceExecutor(b.g).run(in);
+  for (Value* out : b.g.outputs()) {
+    INFO(out->name());
+    const Tensor& g = got.at(out->name());
+    const Tensor& w = want.at(out->name());
+    REQUIRE(g.dims() == w.dims());
+    REQUIRE(g.dtype() == w.dtype());
+    CHECK(std::memcmp(g.raw(), w.raw(), static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype())) == 0);
+  }
+  // An index out of range is an error naming the node and the index, as the reference kernel's, and the
+  // next run with good ids is right again.
+  std::map<std::string, Tensor> bad = in;
+  bad["ids"] = Tensor::from_vector<std::int64_t>({2, 7}, {0, 1, 2, 3, 50, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+  CHECK_THROWS_WITH(m.run(bad), Catch::Contains("index 50 is out of range for axis 0 of size 50") &&
+                                    Catch::Contains(emb->producer()->name()) && Catch::Contains("Gather"));
+  bad["ids"] = in["ids"];
+  bad["ids32"] = Tensor::from_vector<std::int32_t>({3}, {0, 0, -6});
+  CHECK_THROWS_WITH(m.run(bad), Catch::Contains("index -6 is out of range for axis"));
+  auto again = m.run(in);
+  const std::string first = b.g.outputs()[0]->name();
+  CHECK(std::memcmp(again.at(first).raw(), want.at(first).raw(), 2 * 7 * 8 * sizeof(float)) == 0);
 }
 
 TEST_CASE("lower: a Transpose reads a channels-last conv output in place; other readers get one copy (1e-5)",

@@ -150,8 +150,9 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["Transpose"] = {lower_transpose, "oneDNN reorder; a view when it moves only size-1 dims (any dtype)",
                       "rank above 6, or a dtype oneDNN lacks (unless a view)"};
     t["DepthToSpace"] = {lower_depth_to_space, "oneDNN reorder", "not 4-D, or a dtype oneDNN lacks"};
-    t["Gather"] = {lower_gather_index, "a view (one constant scalar index), as Slice",
-                   "an index tensor or one computed at run time, or a dtype oneDNN does not know"};
+    t["Gather"] = {lower_gather, "a view (one constant scalar index), as Slice; else Ondine's copy of one row per index "
+                   "(an embedding lookup), the indices checked at run time",
+                   "shapes not static, indices neither int64 nor int32, or a string tensor"};
     t["Slice"] = {lower_slice, "a view or oneDNN reorder",
                   "starts/ends/axes/steps computed at run time, a negative step, rank above 6, or an empty output"};
     for (const char* op : {"LSTM", "GRU", "RNN"})

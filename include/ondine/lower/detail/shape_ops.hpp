@@ -609,6 +609,89 @@ inline bool lower_gather_index(Lowering& L, const Node& n) {
   return true;
 }
 
+// Gather by an index tensor (an embedding lookup: token ids into a constant table; any axis, any dtype):
+// for each of the `outer` leading positions, one block of the trailing dims per index, copied. The indices
+// are read at run time and checked as the reference kernel checks them (negative ones count from the end;
+// one out of range is an Error naming the node, the index and the axis).
+class GatherStep : public runtime::Step {
+ public:
+  GatherStep(runtime::StepInfo info, SlotId x, SlotId indices, SlotId y, DType index_dtype, std::int64_t outer,
+             std::int64_t axis, std::int64_t axis_dim, std::int64_t count, std::size_t block_bytes)
+      : Step(std::move(info), {x, indices}, {y}), x_(x), indices_(indices), y_(y), index_dtype_(index_dtype),
+        outer_(outer), axis_(axis), axis_dim_(axis_dim), count_(count), block_(block_bytes) {}
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    const auto* x = static_cast<const unsigned char*>(ctx.ptr(x_));
+    auto* y = static_cast<unsigned char*>(ctx.ptr(y_));
+    const void* raw = ctx.ptr(indices_);
+    auto index_at = [&](std::int64_t k) {
+      return index_dtype_ == DType::Int64 ? static_cast<const std::int64_t*>(raw)[k]
+                                          : static_cast<std::int64_t>(static_cast<const std::int32_t*>(raw)[k]);
+    };
+    for (std::int64_t k = 0; k < count_; ++k) {  // all checked before any is copied
+      const std::int64_t i = index_at(k);
+      if (i < -axis_dim_ || i >= axis_dim_)
+        throw Error("index " + std::to_string(i) + " is out of range for axis " + std::to_string(axis_) + " of size " +
+                    std::to_string(axis_dim_))
+            .at_node(name(), op());
+    }
+    const std::int64_t rows = outer_ * count_;
+#pragma omp parallel for schedule(static) if (rows > 64 && rows * static_cast<std::int64_t>(block_) > (1 << 18))
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t o = r / count_;
+      std::int64_t i = index_at(r % count_);
+      if (i < 0) i += axis_dim_;
+      std::memcpy(y + static_cast<std::size_t>(r) * block_, x + static_cast<std::size_t>(o * axis_dim_ + i) * block_,
+                  block_);
+    }
+  }
+
+ private:
+  SlotId x_, indices_, y_;
+  DType index_dtype_;
+  std::int64_t outer_, axis_, axis_dim_, count_;
+  std::size_t block_;
+};
+
+// Gather: a view for one constant scalar index (lower_gather_index), else GatherStep's copy.
+inline bool lower_gather(Lowering& L, const Node& n) {
+  if (lower_gather_index(L, n)) return true;
+  const Value* x = n.input(0);
+  const Value* index = n.input(1);
+  const Value* y = n.output(0);
+  if (!x || !index || !y || n.num_outputs() != 1 || x->dtype() == DType::String || dtype_size(x->dtype()) == 0)
+    return false;
+  if (index->dtype() != DType::Int64 && index->dtype() != DType::Int32) return false;
+  if (!x->shape().is_static() || !index->shape().is_static() || !y->shape().is_static() || y->dtype() != x->dtype())
+    return false;
+  const Dims xd = x->shape().sizes(), id = index->shape().sizes(), yd = y->shape().sizes();
+  const auto rank = static_cast<std::int64_t>(xd.size());
+  std::int64_t axis = n.attr_int("axis", 0);
+  if (rank == 0 || axis < -rank || axis >= rank) return false;
+  if (axis < 0) axis += rank;
+  const auto a = static_cast<std::size_t>(axis);
+  Dims want(xd.begin(), xd.begin() + axis);
+  want.insert(want.end(), id.begin(), id.end());
+  want.insert(want.end(), xd.begin() + axis + 1, xd.end());
+  if (yd != want || *y->shape().numel() == 0) return false;
+  std::int64_t outer = 1, inner = 1, count = 1;
+  for (std::size_t d = 0; d < a; ++d) outer *= xd[d];
+  for (std::size_t d = a + 1; d < xd.size(); ++d) inner *= xd[d];
+  for (std::int64_t d : id) count *= d;
+  if (xd[a] == 0) return false;  // every index is out of range: the reference kernel says so
+  SlotId xs = L.row_major_slot(x), is = L.row_major_slot(index), ys = L.new_plain_slot(y);
+  L.define_plain(y, ys);
+  const std::size_t block = static_cast<std::size_t>(inner) * dtype_size(x->dtype());
+  L.add_step(std::make_unique<GatherStep>(
+      runtime::StepInfo{n.name(), n.op_type(), "ondine:copy",
+                        std::to_string(count) + " indices on axis " + std::to_string(axis) + " of " +
+                            Graph::value_type_str(x) + ", rows of " + std::to_string(block) + " B -> " +
+                            Graph::value_type_str(y)},
+      xs, is, ys, index->dtype(), outer, axis, xd[a], count, block));
+  return true;
+}
+
 // Reshape, Flatten, Squeeze, Unsqueeze: the same bytes under new dims. A strided source stays a
 // strided view when its strides allow the new dims (reshape_md), else it is copied row-major first.
 inline bool lower_view(Lowering& L, const Node& n) {
