@@ -747,13 +747,21 @@ TEST_CASE("lower: a 1x1 conv and the depthwise 3x3 reading it run as one primiti
     for (auto& s : m.steps()) k += s.detail.find("+depthwise(") != std::string::npos;
     return k;
   };
+  auto fused_small = [](const CompiledModel& m) {  // must not fire: fused steps that are not the 56x56 ones
+    std::size_t k = 0;
+    for (auto& s : m.steps())
+      k += s.detail.find("+depthwise(") != std::string::npos && s.detail.find(",56,56]") == std::string::npos;
+    return k;
+  };
   for_each_conv_layout(make, [&](const CompiledModel& m, bool blocked, std::int64_t batch) {
+    CHECK(fused_small(m) == 0);
     if (!blocked)
       CHECK(fused_depthwise(m) == 0);
-    else if (lower::effective_isa().avx512 && batch >= 2)
+    else if (lower::effective_isa().avx512 && batch >= 2 && lower::cpu_vendor() == "AuthenticAMD")
       CHECK(fused_depthwise(m) == 2);  // the two at 56x56, none of the others
     else
-      CHECK(fused_depthwise(m) <= 2);  // batch 1, AVX2, SSE4.1: oneDNN's jit kernels fuse where they can
+      CHECK(fused_depthwise(m) <= 2);  // batch 1, AVX2, SSE4.1, and an Intel Xeon (Emerald Rapids, 2 MB L2) where
+                                       // oneDNN's cache-size heuristic declines the fused kernel at batch 2
   }, /*threads=*/2);  // oneDNN's choice of a fused kernel depends on the threads it splits the work over
 }
 
@@ -921,6 +929,65 @@ TEST_CASE("lower: Gather by an index tensor copies a row per index (embeddings),
   auto again = m.run(in);
   const std::string first = b.g.outputs()[0]->name();
   CHECK(std::memcmp(again.at(first).raw(), want.at(first).raw(), 2 * 7 * 8 * sizeof(float)) == 0);
+}
+
+TEST_CASE("lower: Expand, Where and comparisons on masks are Ondine's broadcast loops, bit-exact", "[lower][views]") {
+  // nn.TransformerEncoder's key padding mask as PyTorch exports it: Equal(ids, pad) -> Expand -> Where(mask,
+  // -inf, scores); and the broadcasts around it: a [4, 1] by [3] comparison, an Expand of a middle dim,
+  // a Where with a scalar branch and int64 values, Less on floats with a NaN.
+  Builder b;
+  Value* ids = b.g.add_input("ids", DType::Int64, Shape::from(Dims{2, 6}));
+  Value* x = b.input("x", {2, 3, 1, 6});
+  Value* pad = b.g.add_constant("pad", Tensor::scalar<std::int64_t>(0));
+  Value* mask = b.op("Equal", {ids, pad});                                              // bool [2, 6]
+  Value* m4 = b.op("Reshape", {mask, b.ints({2, 1, 1, 6})});
+  Value* expanded = b.op("Expand", {m4, b.ints({2, 3, 1, 6})});                        // bool [2, 3, 1, 6]
+  Value* ninf = b.g.add_constant("ninf", Tensor::scalar<float>(-std::numeric_limits<float>::infinity()));
+  Value* scores = b.op("Abs", {x});
+  b.g.add_output(b.op("Where", {expanded, ninf, scores}));
+  b.g.add_output(b.op("Expand", {b.op("Abs", {b.input("v", {3, 1})}), b.ints({2, 3, 4})}));
+  Value* col = b.g.add_input("col", DType::Float32, Shape::from(Dims{4, 1}));
+  Value* row = b.g.add_input("row", DType::Float32, Shape::from(Dims{3}));
+  Value* less = b.op("Less", {col, row});
+  b.g.add_output(less);
+  b.g.add_output(b.op("GreaterOrEqual", {col, row}));
+  Tensor big = Tensor::from_vector<std::int64_t>({4, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  b.g.add_output(b.op("Where", {less, b.g.add_constant("big", big), b.g.add_constant("m1", Tensor::scalar<std::int64_t>(-1))}));
+  b.g.add_output(b.op("Equal", {mask, b.op("Not", {mask})}));  // bool == bool
+  infer_shapes(b.g);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::map<std::string, Tensor> in{
+      {"ids", Tensor::from_vector<std::int64_t>({2, 6}, {5, 7, 0, 0, 9, 0, 1, 0, 3, 3, 0, 2})},
+      {"x", random_tensor({2, 3, 1, 6}, 11)},
+      {"v", random_tensor({3, 1}, 12)},
+      {"col", Tensor::from_vector<float>({4, 1}, {-1.0f, 0.5f, nan, 2.0f})},
+      {"row", Tensor::from_vector<float>({3}, {0.5f, nan, 1.0f})}};
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  CompiledModel m = lower::compile(b.g, opts);
+  INFO(m.to_text());
+  CHECK(count_impl(m, "Equal", "ondine:broadcast") == 2);
+  CHECK(count_impl(m, "Expand", "ondine:broadcast") == 2);
+  CHECK(count_impl(m, "Where", "ondine:broadcast") == 2);
+  CHECK(count_impl(m, "Less", "ondine:broadcast") == 1);
+  CHECK(count_impl(m, "GreaterOrEqual", "ondine:broadcast") == 1);
+  auto got = m.run(in);
+  auto want = ReferenceExecutor(b.g).run(in);
+  for (Value* out : b.g.outputs()) {
+    INFO(out->name());
+    const Tensor& g = got.at(out->name());
+    const Tensor& w = want.at(out->name());
+    REQUIRE(g.dims() == w.dims());
+    REQUIRE(g.dtype() == w.dtype());
+    CHECK(std::memcmp(g.raw(), w.raw(), static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype())) == 0);
+  }
+  // Must not fire: a float16 comparison (no C++ comparison of its bits) stays on the reference kernel.
+  Builder h;
+  Value* a16 = h.g.add_input("a16", DType::Float16, Shape::from(Dims{4}));
+  h.g.add_output(h.op("Equal", {a16, a16}));
+  infer_shapes(h.g);
+  CompiledModel m16 = lower::compile(h.g, opts);
+  CHECK(count_impl(m16, "Equal", "reference") == 1);
 }
 
 TEST_CASE("lower: a Transpose reads a channels-last conv output in place; other readers get one copy (1e-5)",

@@ -40,6 +40,7 @@
 #include "ondine/ir/pipeline_hook.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/lower/detail/attention.hpp"
+#include "ondine/lower/detail/broadcast_ops.hpp"
 #include "ondine/lower/detail/channel_norm.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/control_flow.hpp"
@@ -153,6 +154,13 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["Gather"] = {lower_gather, "a view (one constant scalar index), as Slice; else Ondine's copy of one row per index "
                    "(an embedding lookup), the indices checked at run time",
                    "shapes not static, indices neither int64 nor int32, or a string tensor"};
+    t["Expand"] = {lower_expand, "Ondine's broadcast copy (any dtype up to 8 bytes)", "shapes not static, or an empty tensor"};
+    t["Where"] = {lower_where, "Ondine's broadcast select (any dtype up to 8 bytes)",
+                  "shapes not static, or an empty tensor"};
+    for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
+      t[op] = {lower_compare, "Ondine's broadcast comparison",
+               "a dtype other than float32/64, int8/32/64, uint8 (and bool for Equal), shapes not static, or "
+               "opset below 7"};
     t["Slice"] = {lower_slice, "a view or oneDNN reorder",
                   "starts/ends/axes/steps computed at run time, a negative step, rank above 6, or an empty output"};
     for (const char* op : {"LSTM", "GRU", "RNN"})
