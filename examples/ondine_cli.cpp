@@ -256,6 +256,15 @@ std::size_t quantized_nodes(const Graph& g) {
   return n;
 }
 
+// The compile log's precision summary ("precision: bf16 in ..."), kept for the report: the last summary, and
+// the note after it ("precision: note: bf16 is slower than fp32 on this CPU ...") on a line of its own.
+inline void keep_precision_line(std::string& kept, const std::string& line) {
+  if (line.rfind("precision: note: ", 0) == 0)
+    kept += (kept.empty() ? "" : "\n") + line;
+  else if (line.rfind("precision: ", 0) == 0)
+    kept = line;
+}
+
 // --precision and --keep-fp32 of run, bench, inspect and compile (lower::CompileOptions::precision, keep_fp32).
 lower::Precision g_precision = lower::Precision::Fp32;
 bool g_precision_given = false;  // --precision on the command line (else an artifact's own applies)
@@ -502,7 +511,7 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
   auto precision_line = std::make_shared<std::string>();  // outlives this call: staged models compile later
   if (g_precision != lower::Precision::Fp32)
     opts.log = [precision_line](const std::string& line) {
-      if (line.rfind("precision: ", 0) == 0) *precision_line = line;
+      keep_precision_line(*precision_line, line);
     };
   std::shared_ptr<CompiledModel> model;
   if (lower::resolved_precision(g_precision) == lower::Precision::Fp32 && g_precision == lower::Precision::Auto) {
@@ -594,7 +603,7 @@ void print_compiled(const Graph& bound, int threads, const std::string& passes) 
   opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
   std::string precision_line;
   opts.log = [&precision_line](const std::string& line) {
-    if (line.rfind("precision: ", 0) == 0) precision_line = line;
+    keep_precision_line(precision_line, line);
   };
   CompiledModel model = lower::compile(bound, opts);
   double ms = elapsed_ms(t0);

@@ -990,6 +990,45 @@ TEST_CASE("lower: Expand, Where and comparisons on masks are Ondine's broadcast 
   CHECK(count_impl(m16, "Equal", "reference") == 1);
 }
 
+TEST_CASE("lower: Cast between float, int and bool is Ondine's loop, bit-exact with the reference kernel",
+          "[lower][views]") {
+  // torchvision's RoIAlign casts its box batch index float -> int64; masks go bool -> float; counts int64 ->
+  // float. The reference kernel's conversions: float -> int truncates and saturates, int -> int wraps,
+  // nonzero (NaN too) -> true.
+  Builder b;
+  Value* x = b.input("x", {2, 4});
+  Value* i = b.g.add_input("i", DType::Int64, Shape::from(Dims{3}));
+  auto cast = [&](Value* v, DType to) { return b.op("Cast", {v}, {{"to", static_cast<std::int64_t>(to)}}); };
+  for (DType to : {DType::Int64, DType::Int32, DType::Int8, DType::UInt8, DType::Bool, DType::Float64})
+    b.g.add_output(cast(x, to));
+  b.g.add_output(cast(i, DType::Float32));
+  b.g.add_output(cast(i, DType::Int8));
+  b.g.add_output(cast(cast(x, DType::Bool), DType::Float32));
+  // Must not fire: a float16 target stays on the reference kernel.
+  b.g.add_output(cast(x, DType::Float16));
+  infer_shapes(b.g);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::map<std::string, Tensor> in{
+      {"x", Tensor::from_vector<float>({2, 4}, {-1.7f, 0.0f, 2.5f, 300.9f, -3e9f, nan, 1e-30f, -0.0f})},
+      {"i", Tensor::from_vector<std::int64_t>({3}, {-129, 16777217, 255})}};
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  CompiledModel m = lower::compile(b.g, opts);
+  INFO(m.to_text());
+  CHECK(count_impl(m, "Cast", "ondine:cast") == 10);
+  CHECK(count_impl(m, "Cast", "reference") == 1);
+  auto got = m.run(in);
+  auto want = ReferenceExecutor(b.g).run(in);
+  for (Value* out : b.g.outputs()) {
+    INFO(out->name());
+    const Tensor& g = got.at(out->name());
+    const Tensor& w = want.at(out->name());
+    REQUIRE(g.dims() == w.dims());
+    REQUIRE(g.dtype() == w.dtype());
+    CHECK(std::memcmp(g.raw(), w.raw(), static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype())) == 0);
+  }
+}
+
 TEST_CASE("lower: a Transpose reads a channels-last conv output in place; other readers get one copy (1e-5)",
           "[lower][views]") {
   // ConvNeXt's block: depthwise conv -> permute to NHWC -> a row-major reader (MatMul). Where oneDNN writes the

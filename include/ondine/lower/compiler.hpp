@@ -154,6 +154,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["Gather"] = {lower_gather, "a view (one constant scalar index), as Slice; else Ondine's copy of one row per index "
                    "(an embedding lookup), the indices checked at run time",
                    "shapes not static, indices neither int64 nor int32, or a string tensor"};
+    t["Cast"] = {lower_cast, "Ondine's conversion loop (float32/64, int8/32/64, uint8, bool)",
+                 "another dtype (float16, bfloat16, string, ...), or shapes not static"};
     t["Expand"] = {lower_expand, "Ondine's broadcast copy (any dtype up to 8 bytes)", "shapes not static, or an empty tensor"};
     t["Where"] = {lower_where, "Ondine's broadcast select (any dtype up to 8 bytes)",
                   "shapes not static, or an empty tensor"};

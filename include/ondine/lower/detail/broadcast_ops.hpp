@@ -1,13 +1,16 @@
-// ondine/lower/detail/broadcast_ops.hpp - Expand, Where and the comparisons (Equal, Less, Greater,
-// LessOrEqual, GreaterOrEqual) as Ondine's own loops, for the dtypes oneDNN has no primitive for: masks.
+// ondine/lower/detail/broadcast_ops.hpp - Expand, Where, the comparisons (Equal, Less, Greater,
+// LessOrEqual, GreaterOrEqual) and Cast as Ondine's own loops, for the dtypes oneDNN has no primitive for:
+// masks, indices, counts.
 //
 // PyTorch's nn.TransformerEncoder with a key padding mask exports Equal(ids, pad) -> Expand -> Where(mask,
 // -inf, scores) per layer, on bool and int64 tensors: small, but on reference kernels each step allocated
 // its tensors (9 steps, 0.8% of BERT's run at batch 1), and `bench --profile` named them as slow paths.
 // Here each is one pass over the output with numpy broadcasting: the output's rows (all dims but the last)
 // in order, each input read with stride 0 along the dims it broadcasts. Bit-exact with the reference
-// kernels (copies and IEEE comparisons: NaN compares unequal). Declined (reference kernel): dtypes other
-// than those below, and shapes not static.
+// kernels (copies and IEEE comparisons: NaN compares unequal). Cast converts element by element with the
+// reference kernel's own conversion (reference::detail::math::cast_element: saturating float -> integer,
+// nonzero -> true), between the dtypes of dispatch_compared: torchvision's RoIAlign casts its box batch
+// index float -> int64 so. Declined (reference kernel): dtypes other than those below, and shapes not static.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "ondine/lower/detail/context.hpp"
+#include "ondine/reference/math.hpp"
 
 namespace ondine::lower::detail {
 
@@ -249,6 +253,51 @@ inline bool lower_compare(Lowering& L, const Node& n) {
                                                   : broadcast::Compare::GreaterOrEqual;
   if (a->dtype() == DType::Bool && c != broadcast::Compare::Equal) return false;
   return lower_broadcast_node(L, n, {a, b}, BroadcastStep::Kind::Compare, a->dtype(), c);
+}
+
+// Cast between two of the dtypes of broadcast::dispatch_compared.
+class CastStep : public runtime::Step {
+ public:
+  CastStep(runtime::StepInfo info, SlotId x, SlotId y, DType from, DType to, std::int64_t count)
+      : Step(std::move(info), {x}, {y}), x_(x), y_(y), from_(from), to_(to), count_(count) {}
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    const void* x = ctx.ptr(x_);
+    void* y = ctx.ptr(y_);
+    broadcast::dispatch_compared(from_, [&](auto from_tag) {
+      using From = decltype(from_tag);
+      broadcast::dispatch_compared(to_, [&](auto to_tag) {
+        using To = decltype(to_tag);
+        const From* px = static_cast<const From*>(x);
+        To* py = static_cast<To*>(y);
+        for (std::int64_t i = 0; i < count_; ++i) py[i] = reference::detail::math::cast_element<To>(px[i]);
+      });
+    });
+  }
+
+ private:
+  SlotId x_, y_;
+  DType from_, to_;
+  std::int64_t count_;
+};
+
+// Cast: a float32 -> float32 (or same-dtype) Cast is an alias elsewhere (passes remove it); here the
+// conversions between float32/64, int8/32/64, uint8 and bool.
+inline bool lower_cast(Lowering& L, const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!x || !y || n.num_outputs() != 1 || !x->shape().is_static() || !y->shape().is_static()) return false;
+  if (!broadcast::dispatch_compared(x->dtype(), [](auto) {}) || !broadcast::dispatch_compared(y->dtype(), [](auto) {}))
+    return false;
+  const std::int64_t count = *x->shape().numel();
+  if (count == 0 || x->shape() != y->shape()) return false;
+  SlotId xs = L.row_major_slot(x), ys = L.new_plain_slot(y);
+  L.define_plain(y, ys);
+  L.add_step(std::make_unique<CastStep>(
+      runtime::StepInfo{n.name(), n.op_type(), "ondine:cast", Graph::value_type_str(x) + " -> " + Graph::value_type_str(y)},
+      xs, ys, x->dtype(), y->dtype(), count));
+  return true;
 }
 
 }  // namespace ondine::lower::detail
