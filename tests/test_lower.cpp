@@ -998,7 +998,20 @@ TEST_CASE("lower: Cast between float, int and bool is Ondine's loop, bit-exact w
   Builder b;
   Value* x = b.input("x", {2, 4});
   Value* i = b.g.add_input("i", DType::Int64, Shape::from(Dims{3}));
-  auto cast = [&](Value* v, DType to) { return b.op("Cast", {v}, {{"to", static_cast<std::int64_t>(to)}}); };
+  auto onnx_code = [](DType t) -> std::int64_t {  // TensorProto.DataType
+    switch (t) {
+      case DType::Float32: return 1;
+      case DType::UInt8: return 2;
+      case DType::Int8: return 3;
+      case DType::Int32: return 6;
+      case DType::Int64: return 7;
+      case DType::Bool: return 9;
+      case DType::Float16: return 10;
+      case DType::Float64: return 11;
+      default: return 0;
+    }
+  };
+  auto cast = [&](Value* v, DType to) { return b.op("Cast", {v}, {{"to", onnx_code(to)}}); };
   for (DType to : {DType::Int64, DType::Int32, DType::Int8, DType::UInt8, DType::Bool, DType::Float64})
     b.g.add_output(cast(x, to));
   b.g.add_output(cast(i, DType::Float32));
