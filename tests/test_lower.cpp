@@ -878,6 +878,23 @@ TEST_CASE("lower: Gather of one constant index is a strided view (qkv[0], qkv[1]
   CHECK(count_impl(m, "Gather", "reference") == 0);
 }
 
+// Runs `m` and the reference executor on `in`: every output of `g` has the same bytes (copies, selects and
+// conversions, which must be exact). Returns the reference's outputs.
+std::map<std::string, Tensor> check_bit_exact(const Graph& g, const CompiledModel& m,
+                                               const std::map<std::string, Tensor>& in) {
+  auto got = m.run(in);
+  auto want = ReferenceExecutor(g).run(in);
+  for (const Value* out : g.outputs()) {
+    INFO(out->name());
+    const Tensor& a = got.at(out->name());
+    const Tensor& w = want.at(out->name());
+    REQUIRE(a.dims() == w.dims());
+    REQUIRE(a.dtype() == w.dtype());
+    CHECK(std::memcmp(a.raw(), w.raw(), static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype())) == 0);
+  }
+  return want;
+}
+
 TEST_CASE("lower: Gather by an index tensor copies a row per index (embeddings), exactly, any axis and dtype",
           "[lower][views]") {
   // BERT's and GPT's token embeddings: Gather(table [V, E] constant, ids [N, T] int64 at run time); an LSTM
@@ -907,16 +924,7 @@ TEST_CASE("lower: Gather by an index tensor copies a row per index (embeddings),
   INFO(m.to_text());
   CHECK(count_impl(m, "Gather", "ondine:copy") == 4);
   CHECK(count_impl(m, "Gather", "reference") == 0);
-  auto got = m.run(in);
-  auto want = ReferenceExecutor(b.g).run(in);
-  for (Value* out : b.g.outputs()) {
-    INFO(out->name());
-    const Tensor& g = got.at(out->name());
-    const Tensor& w = want.at(out->name());
-    REQUIRE(g.dims() == w.dims());
-    REQUIRE(g.dtype() == w.dtype());
-    CHECK(std::memcmp(g.raw(), w.raw(), static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype())) == 0);
-  }
+  auto want = check_bit_exact(b.g, m, in);
   // An index out of range is an error naming the node and the index, as the reference kernel's, and the
   // next run with good ids is right again.
   std::map<std::string, Tensor> bad = in;
@@ -971,16 +979,7 @@ TEST_CASE("lower: Expand, Where and comparisons on masks are Ondine's broadcast 
   CHECK(count_impl(m, "Where", "ondine:broadcast") == 2);
   CHECK(count_impl(m, "Less", "ondine:broadcast") == 1);
   CHECK(count_impl(m, "GreaterOrEqual", "ondine:broadcast") == 1);
-  auto got = m.run(in);
-  auto want = ReferenceExecutor(b.g).run(in);
-  for (Value* out : b.g.outputs()) {
-    INFO(out->name());
-    const Tensor& g = got.at(out->name());
-    const Tensor& w = want.at(out->name());
-    REQUIRE(g.dims() == w.dims());
-    REQUIRE(g.dtype() == w.dtype());
-    CHECK(std::memcmp(g.raw(), w.raw(), static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype())) == 0);
-  }
+  check_bit_exact(b.g, m, in);
   // Must not fire: a float16 comparison (no C++ comparison of its bits) stays on the reference kernel.
   Builder h;
   Value* a16 = h.g.add_input("a16", DType::Float16, Shape::from(Dims{4}));
@@ -1030,16 +1029,7 @@ TEST_CASE("lower: Cast between float, int and bool is Ondine's loop, bit-exact w
   INFO(m.to_text());
   CHECK(count_impl(m, "Cast", "ondine:cast") == 10);
   CHECK(count_impl(m, "Cast", "reference") == 1);
-  auto got = m.run(in);
-  auto want = ReferenceExecutor(b.g).run(in);
-  for (Value* out : b.g.outputs()) {
-    INFO(out->name());
-    const Tensor& g = got.at(out->name());
-    const Tensor& w = want.at(out->name());
-    REQUIRE(g.dims() == w.dims());
-    REQUIRE(g.dtype() == w.dtype());
-    CHECK(std::memcmp(g.raw(), w.raw(), static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype())) == 0);
-  }
+  check_bit_exact(b.g, m, in);
 }
 
 TEST_CASE("lower: a Transpose reads a channels-last conv output in place; other readers get one copy (1e-5)",
