@@ -45,6 +45,21 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
   gpt_decoder      opset 14  "input_ids" i64 [batch,seq] -> "logits" [batch,seq,100]; hand-written GPT (2 pre-LN
                    blocks, d 64, 4 heads, attention as Hugging Face writes it with a triu causal mask from the
                    runtime length -> Trilu/Where, GELU MLP, LM head tied to the embedding). Cases [1,7], [2,12].
+  hf_bert          opset 14  "input_ids", "attention_mask" i64 [batch,seq] -> "last_hidden_state" [batch,seq,64];
+                   Hugging Face-style BERT from torch.nn (2 layers, d 64, 4 heads, ff 128, vocab 100): word + token type +
+                   position embeddings, the ids sliced from registered buffers ([:, :seq]: Slice), embedding
+                   LayerNorm, BertSelfAttention written out (view + permute, q @ k^T / sqrt(d) + (1 - mask) *
+                   float32 min, softmax, @ v), erf GELU. Cases [1,7], [2,12] (the second sample's last 4 tokens
+                   padded: id 0, mask 0), [1,33]; bench copy hf_bert_pt: MiniLM-like, 6 layers, d 384, 12 heads.
+  gpt2_kv          opset 14  "input_ids" i64 [batch,seq], per layer i "past_key_i", "past_value_i" f32
+                   [batch,4,past,16] -> "logits" [batch,seq,100], "present_key_i", "present_value_i" [batch,4,total,16]
+                   (= cat(past, new) on axis 2): GPT-2-style decoder with a KV cache (2 pre-LN blocks, d 64, c_attn
+                   split into q, k, v, tanh GELU, tied LM head); positions arange(past, past + seq) with past read
+                   from past_key_0's shape (Range), causal mask ones(seq, past + seq).triu(past + 1) (Trilu) filled
+                   with float32 min. Traced with a non-zero past. Cases (batch, seq, past) (2,3,5), (1,7,0) (a zero-
+                   length past: the first step of a decode), (1,1,7), their pasts the presents of the module run on
+                   earlier tokens; decode.{prompt,tokens,logits}.npy: a greedy decode (see write_greedy_decode).
+                   Bench copy gpt2_kv_pt: distilgpt2-like, 6 layers, d 768, 12 heads, vocab 8000.
   vit_small        opset 14  "pixels" f32 [batch,3,32,32] -> "logits" [batch,10]; torchvision VisionTransformer
                    (patch 8, 2 layers, 4 heads, hidden 64, mlp 128). Dynamic batch only: cases batch 1 and 3.
   audio_encoder    opset 14  "mel" f32 [batch,16,frames] -> "features" [batch,time,64]; Whisper-like Conv1d +
@@ -97,9 +112,10 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    (3 levels of 8 to 32 channels and a 64-channel bottleneck: Conv 3x3 + BatchNorm + ReLU pairs,
                    MaxPool 2x2, ConvTranspose 2x2 stride 2, the skip Concat, a 1x1 head). Cases 32x32 (batch 1),
                    48x64 (batch 2); bench copy unet_pt: 4 levels of 32 to 256 channels, 512 at the bottom, 256x256.
-Each model is checked with onnx.checker and onnx.shape_inference (strict_mode=False), then exported a second
-time from case 1's inputs, which must give the same graph (no size of the tracing example baked in as a
-constant). onnx.reference runs the model on both cases when the installed onnx has it (1.12 does not);
+Each model is checked with check() (onnx.checker on the file, strict shape inference that must keep the
+declared output dims), then exported a second time from case 1's inputs, which must give the same graph (no
+size of the tracing example baked in as a constant). onnx.reference runs the model on every case when the
+installed onnx has it (1.12 does not);
 --verify also runs ONNX Runtime through bench/ort_run.mjs. PyTorch's outputs must be finite with
 0.1 <= max|x| <= 100. One summary per model: opset, nodes, size, inputs and outputs, op_type counts.
 """
@@ -454,6 +470,7 @@ class TorchSpec:
         self.script = False  # export torch.jit.script(module): control flow becomes Loop/If, not unrolled
         self.nms_inputs = None  # a module whose batched_nms' inputs are saved as case<K>.nms.*.npy
         self.peak_range = (0.1, 100.0)  # plausible max |output| of a seeded model (catches dead or exploding ones)
+        self.after_export = None  # f(module, model, model_dir) -> ok: more test data beside the cases
 
 
 def token_cases(rng, vocab, shapes, name="input_ids"):
@@ -575,6 +592,273 @@ def torch_gpt_decoder(rng, bench=False):
                      f"GPT-style decoder written by hand ({layers} pre-LN blocks, d {hidden}, {heads} heads, manual "
                      "attention with a "
                      "triu causal mask built from the runtime length, GELU MLP), LM head tied to the embedding")
+
+
+def spread_layer_norms(module):
+    """LayerNorm weights ~U(0.5, 1.5) and biases ~U(-0.2, 0.2) instead of ones and zeros, so that a runtime that
+    drops or swaps gamma and beta shows it."""
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+
+
+def torch_hf_bert(rng, bench=False):
+    import torch
+    from torch import nn
+
+    # Test size, or MiniLM-like (all-MiniLM-L6's shape with a smaller vocabulary) at benchmark size.
+    vocab, hidden, heads, ff, layers, max_len = (8000, 384, 12, 1536, 6, 512) if bench else (100, 64, 4, 128, 2, 64)
+    head_dim = hidden // heads
+
+    class Embeddings(nn.Module):
+        """BertEmbeddings: position and token type ids sliced from registered buffers, as Hugging Face does."""
+
+        def __init__(self):
+            super().__init__()
+            self.word_embeddings = nn.Embedding(vocab, hidden, padding_idx=0)
+            self.position_embeddings = nn.Embedding(max_len, hidden)
+            self.token_type_embeddings = nn.Embedding(2, hidden)
+            self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
+            self.register_buffer("position_ids", torch.arange(max_len).expand((1, -1)))
+            self.register_buffer("token_type_ids", torch.zeros((1, max_len), dtype=torch.long))
+
+        def forward(self, input_ids):
+            batch, seq = input_ids.size()
+            position_ids = self.position_ids[:, :seq]  # Slice of an initializer, end from Shape
+            token_type_ids = self.token_type_ids[:, :seq].expand(batch, seq)
+            x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) +
+                 self.position_embeddings(position_ids))
+            return self.LayerNorm(x)
+
+    class SelfAttention(nn.Module):
+        """BertSelfAttention + BertSelfOutput, written out as Hugging Face writes them."""
+
+        def __init__(self):
+            super().__init__()
+            self.query = nn.Linear(hidden, hidden)
+            self.key = nn.Linear(hidden, hidden)
+            self.value = nn.Linear(hidden, hidden)
+            self.dense = nn.Linear(hidden, hidden)
+            self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
+
+        @staticmethod
+        def transpose_for_scores(x):
+            return x.view(x.size()[:-1] + (heads, head_dim)).permute(0, 2, 1, 3)
+
+        def forward(self, hidden_states, extended_mask):
+            q = self.transpose_for_scores(self.query(hidden_states))
+            k = self.transpose_for_scores(self.key(hidden_states))
+            v = self.transpose_for_scores(self.value(hidden_states))
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + extended_mask
+            context = torch.matmul(nn.functional.softmax(scores, dim=-1), v).permute(0, 2, 1, 3).contiguous()
+            context = context.view(context.size()[:-2] + (hidden,))
+            return self.LayerNorm(self.dense(context) + hidden_states)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = SelfAttention()
+            self.intermediate = nn.Linear(hidden, ff)
+            self.output = nn.Linear(ff, hidden)
+            self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
+
+        def forward(self, x, extended_mask):
+            x = self.attention(x, extended_mask)
+            return self.LayerNorm(self.output(nn.functional.gelu(self.intermediate(x))) + x)
+
+    class HfBert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings = Embeddings()
+            self.layer = nn.ModuleList(Layer() for _ in range(layers))
+
+        def forward(self, input_ids, attention_mask):
+            # get_extended_attention_mask: [batch, 1, 1, seq], 0 where attended, float32 min where padded.
+            extended = attention_mask[:, None, None, :].to(torch.float32)
+            extended = (1.0 - extended) * torch.finfo(torch.float32).min
+            x = self.embeddings(input_ids)
+            for layer in self.layer:
+                x = layer(x, extended)
+            return x
+
+    module = HfBert()
+    spread_layer_norms(module)
+    shapes = [(1, 128), (8, 128), (4, 384)] if bench else [(1, 7), (2, 12), (1, 33)]
+    cases = token_cases(rng, vocab, shapes)
+    for case in cases:
+        case["attention_mask"] = np.ones_like(case["input_ids"])
+    pad = 40 if bench else 4
+    cases[1]["input_ids"][1, -pad:] = 0  # the second sample of case 1 is padded at the end, as tokenizers pad
+    cases[1]["attention_mask"][1, -pad:] = 0
+    return TorchSpec(module, 14, ["input_ids", "attention_mask"], ["last_hidden_state"],
+                     {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                      "last_hidden_state": {0: "batch", 1: "seq"}}, cases,
+                     f"Hugging Face-style BERT from torch.nn ({layers} layers, d {hidden}, {heads} heads, ff {ff}, "
+                     "position and token type ids sliced from buffers, additive mask (1 - mask) * float32 min, "
+                     "attention written out as BertSelfAttention, erf GELU)")
+
+
+def torch_gpt2_kv(rng, bench=False):
+    import torch
+    from torch import nn
+
+    # Test size, or distilgpt2-like (its shape with an 8000-token vocabulary) at benchmark size.
+    vocab, hidden, heads, layers, max_len = (8000, 768, 12, 6, 1024) if bench else (100, 64, 4, 2, 128)
+    head_dim = hidden // heads
+
+    class Attention(nn.Module):
+        """GPT2Attention with a KV cache: c_attn split into q, k, v; the new keys and values appended to the past."""
+
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(hidden, 3 * hidden)
+            self.c_proj = nn.Linear(hidden, hidden)
+
+        def forward(self, x, past_key, past_value, causal):
+            b, s, _ = x.shape
+            q, k, v = self.c_attn(x).split(hidden, dim=2)
+            q, k, v = (t.view(b, s, heads, head_dim).permute(0, 2, 1, 3) for t in (q, k, v))
+            key = torch.cat((past_key, k), dim=2)
+            value = torch.cat((past_value, v), dim=2)
+            scores = torch.matmul(q, key.transpose(-1, -2)) / math.sqrt(head_dim)
+            scores = scores.masked_fill(causal, torch.finfo(torch.float32).min)
+            context = torch.matmul(torch.softmax(scores, dim=-1), value)
+            return self.c_proj(context.permute(0, 2, 1, 3).reshape(b, s, hidden)), key, value
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(hidden)
+            self.attn = Attention()
+            self.ln_2 = nn.LayerNorm(hidden)
+            self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(approximate="tanh"),
+                                     nn.Linear(4 * hidden, hidden))
+
+        def forward(self, x, past_key, past_value, causal):
+            a, key, value = self.attn(self.ln_1(x), past_key, past_value, causal)
+            x = x + a
+            return x + self.mlp(self.ln_2(x)), key, value
+
+    class Gpt2Kv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, hidden)
+            self.wpe = nn.Embedding(max_len, hidden)
+            self.h = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(hidden)
+            self.lm_head = nn.Linear(hidden, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied, as GPT-2 does
+
+        def forward(self, input_ids, *past):  # past: past_key_0, past_value_0, past_key_1, ...
+            seq = input_ids.shape[1]
+            past_len = past[0].shape[2]  # traced as Shape -> Gather of past_key_0
+            positions = torch.arange(past_len, past_len + seq, device=input_ids.device)  # Range
+            # Query i (at position past_len + i) sees keys 0 .. past_len + i: ConstantOfShape -> Trilu -> Cast.
+            causal = torch.ones(seq, past_len + seq, device=input_ids.device).triu(diagonal=past_len + 1).bool()
+            x = self.wte(input_ids) + self.wpe(positions)
+            presents = []
+            for i, block in enumerate(self.h):
+                x, key, value = block(x, past[2 * i], past[2 * i + 1], causal)
+                presents += [key, value]
+            return (self.lm_head(self.ln_f(x)), *presents)
+
+    module = Gpt2Kv()
+    spread_layer_norms(module)
+    with torch.no_grad():  # N(0, 2.4 / sqrt(hidden)) embeddings: logits through the tied head of order 1-10
+        module.wte.weight.mul_(2.4 / math.sqrt(hidden))
+    module.eval()
+
+    def empty_past(batch):
+        return [torch.zeros(batch, heads, 0, head_dim) for _ in range(2 * layers)]
+
+    def case(batch, seq, past_len):
+        """input_ids [batch, seq] after a real cache: the presents of the module run on past_len earlier tokens."""
+        past = empty_past(batch)
+        if past_len:
+            with torch.no_grad():
+                past = list(module(torch.from_numpy(rng.integers(1, vocab, (batch, past_len), dtype=np.int64)),
+                                   *past)[1:])
+        c = {"input_ids": rng.integers(1, vocab, (batch, seq), dtype=np.int64)}
+        for i in range(layers):
+            c[f"past_key_{i}"], c[f"past_value_{i}"] = past[2 * i].numpy(), past[2 * i + 1].numpy()
+        return c
+
+    # Case 0 (the tracing example) has a non-zero past, so nothing specialises on an empty one; case 1 is the
+    # first step of a decode (the prompt, a zero-length past), case 2 one decode step.
+    shapes = [(1, 1, 127), (1, 128, 0), (4, 1, 255)] if bench else [(2, 3, 5), (1, 7, 0), (1, 1, 7)]
+    cases = [case(*shape) for shape in shapes]
+    past_names = [f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    present_names = [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    axes.update({n: {0: "batch", 2: "past"} for n in past_names})
+    axes.update({n: {0: "batch", 2: "total"} for n in present_names})
+    spec = TorchSpec(module, 14, ["input_ids"] + past_names, ["logits"] + present_names, axes, cases,
+                     f"GPT-2-style decoder with a KV cache from torch.nn ({layers} pre-LN blocks, d {hidden}, {heads} "
+                     "heads, c_attn split into q, k, v, presents = cat(past, new), positions arange(past, past + seq), "
+                     "causal mask ones(seq, past + seq).triu(past + 1), tanh GELU MLP, tied LM head)")
+    if not bench:
+        spec.after_export = lambda module, model, model_dir: write_greedy_decode(module, model, model_dir, layers,
+                                                                                 empty_past, rng)
+    return spec
+
+
+def write_greedy_decode(module, model, model_dir, layers, empty_past, rng, prompt_len=8, steps=32):
+    """A whole greedy decode of the KV-cache decoder, run by the PyTorch module, for a runtime to replay:
+      decode.prompt.npy  int64 [1, prompt_len]       the prompt's token ids
+      decode.tokens.npy  int64 [steps + 1]            tokens[0] = argmax of the prompt step's last logits;
+                                                      tokens[i] (1 <= i <= steps) = argmax of step i's logits
+      decode.logits.npy  float32 [steps + 1, vocab]   logits[0] = the prompt step's logits at its last position;
+                                                      logits[i] = step i's logits (its only position)
+    The prompt step feeds decode.prompt with zero-length pasts ([1, heads, 0, head_dim]); step i (1 .. steps)
+    feeds input_ids [[tokens[i - 1]]] with step i - 1's presents as its pasts (present_key_L -> past_key_L,
+    present_value_L -> past_value_L), so the past of step i has prompt_len + i - 1 positions. tokens[steps] is
+    chosen but never fed. Returns False if the logits are not finite or badly scaled."""
+    import torch
+
+    vocab = module.wte.weight.shape[0]
+    prompt = rng.integers(1, vocab, (1, prompt_len), dtype=np.int64)
+    tokens, logits = [], []
+    with torch.no_grad():
+        ids, past = torch.from_numpy(prompt), empty_past(1)
+        for _ in range(steps + 1):
+            outputs = module(ids, *past)
+            last = outputs[0][0, -1]
+            logits.append(last.numpy().copy())
+            tokens.append(int(last.argmax()))
+            ids, past = torch.tensor([[tokens[-1]]], dtype=torch.int64), list(outputs[1:])
+    tokens, logits = np.array(tokens, dtype=np.int64), np.stack(logits).astype(np.float32)
+    np.save(os.path.join(model_dir, "decode.prompt.npy"), prompt)
+    np.save(os.path.join(model_dir, "decode.tokens.npy"), tokens)
+    np.save(os.path.join(model_dir, "decode.logits.npy"), logits)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    peak = float(np.abs(logits).max())
+    scaled = bool(np.isfinite(logits).all()) and 0.1 <= peak <= 100.0
+    good = scaled
+    try:
+        from onnx.reference import ReferenceEvaluator
+    except ImportError:
+        ReferenceEvaluator = None
+    if ReferenceEvaluator is not None:  # the same decode through the exported file, fed the recorded tokens
+        evaluator = ReferenceEvaluator(model)
+        pasts = [p.numpy() for p in empty_past(1)]
+        error = 0.0
+        for step in range(steps + 1):
+            ids = prompt if step == 0 else tokens[step - 1:step].reshape(1, 1)
+            names = [i.name for i in model.graph.input]
+            outputs = evaluator.run(None, dict(zip(names, [ids] + pasts)))
+            error = max(error, float(np.abs(outputs[0][0, -1] - logits[step]).max() / np.abs(logits).max()))
+            pasts = outputs[1:]
+        good &= error <= 1e-4
+        print(f"  decode onnx.reference: max error / max|x| {error:.2g}{'' if error <= 1e-4 else '  <-- MISMATCH'}")
+    print(f"  decode: prompt {prompt[0].tolist()} -> tokens {tokens.tolist()}; logits {describe(logits)}, "
+          f"smallest top-1 - top-2 margin {float((top2[:, 1] - top2[:, 0]).min()):.3g}"
+          f"{'' if scaled else '  <-- NOT FINITE OR BADLY SCALED'}")
+    return good
 
 
 def torch_vit_small(rng, bench=False):
@@ -1264,6 +1548,8 @@ VISION_NETS = {"efficientnet_b0": "efficientnet_pt", "mobilenet_v2": "mobilenetv
 TORCH_MODELS = {
     "bert_encoder": torch_bert_encoder,
     "gpt_decoder": torch_gpt_decoder,
+    "hf_bert": torch_hf_bert,
+    "gpt2_kv": torch_gpt2_kv,
     "vit_small": torch_vit_small,
     "audio_encoder": torch_audio_encoder,
     "seq2seq": torch_seq2seq,
@@ -1290,7 +1576,7 @@ TORCH_MODELS = {
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
                "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head",
-               "unet_pt": "unet"}
+               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 
@@ -1336,7 +1622,7 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
     model_dir = os.path.join(out_dir, name)
     os.makedirs(model_dir, exist_ok=True)
     for stale in os.listdir(model_dir):
-        if stale.startswith("case") and stale.endswith(".npy"):
+        if stale.startswith(("case", "decode.")) and stale.endswith(".npy"):
             os.remove(os.path.join(model_dir, stale))
     path = os.path.join(model_dir, "model.onnx")
 
@@ -1373,11 +1659,11 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
                 [v.SerializeToString() for v in getattr(retraced.graph, field)]:
             print(f"{path}: graph.{field} changes when traced with case 1's shapes: the export is not dynamic")
             return False
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    inferred = check(model, path)  # onnx.checker on the file and strict shape inference, declared outputs kept
     print(f"{path}: opset {spec.opset}, {len(model.graph.node)} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "
           f"exported in {exported:.1f} s, checker ok, "
           f"{'scripted' if spec.script else 'same graph traced with case 1'}, "
-          f"{len(inferred.graph.value_info)} inferred shapes; "
+          f"{inferred} inferred shapes; "
           f"{' '.join(value_signature(v) for v in model.graph.input)} -> "
           f"{' '.join(value_signature(v) for v in model.graph.output)}")
     print(f"  {spec.doc}")
@@ -1439,6 +1725,8 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
                 ok &= good
                 print(f"  case{index} {runtime} {output_name} shape {list(got.shape)}: max error / max|x| "
                       f"{error:.2g}{'' if good else '  <-- MISMATCH'}")
+    if spec.after_export is not None:
+        ok &= spec.after_export(module, model, model_dir)
     if ReferenceEvaluator is None:
         print(f"  (onnx.reference is not in onnx {onnx.__version__}: the exported model was not run)"
               if not verify else f"  (onnx.reference is not in onnx {onnx.__version__}; ran ONNX Runtime)")
