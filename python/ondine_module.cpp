@@ -299,13 +299,22 @@ std::vector<std::map<std::string, Tensor>> to_samples(const Graph& g, py::handle
 }
 
 std::shared_ptr<Model> load(const std::string& path, int threads, const std::optional<std::string>& precision,
-                            std::size_t cache_size);
+                            std::size_t cache_size, const std::string& shape_plan);
+
+// shape_plan='auto' | 'per-shape' | 'shape-free' (lower::ShapePlan, docs/shapes.md).
+lower::ShapePlan parse_shape_plan(const std::string& s) {
+  if (s == "auto") return lower::ShapePlan::Auto;
+  if (s == "per-shape") return lower::ShapePlan::PerShape;
+  if (s == "shape-free") return lower::ShapePlan::ShapeFree;
+  throw Error("shape_plan must be 'auto', 'per-shape' or 'shape-free', got '" + s + "'");
+}
 
 std::shared_ptr<Model> compile(const std::string& path, const std::optional<std::string>& precision_given,
                                std::optional<std::map<std::string, std::int64_t>> dims, int threads,
                                const std::string& passes, std::optional<double> max_error, py::object samples,
-                               std::size_t cache_size) {
+                               std::size_t cache_size, const std::string& shape_plan) {
   const lower::Precision p = parse_precision(precision_given.value_or("fp32"));
+  const lower::ShapePlan plan = parse_shape_plan(shape_plan);
   make_pass_manager(passes);  // a bad pipeline is an error now, not at the first run
   if (artifact::is_artifact(path)) {
     // The artifact's passes ran when it was written (as `ondine run model.ondine` says).
@@ -315,11 +324,12 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
     if (dims || max_error || !samples.is_none())
       throw Error("dims, max_error and samples are for ONNX models; an artifact keeps its symbolic dims and "
                   "specialises per call").in_file(path);
-    return load(path, threads, precision_given, cache_size);
+    return load(path, threads, precision_given, cache_size, shape_plan);
   }
   auto m = std::make_shared<Model>();
   m->source = path;
   m->options.threads = threads;
+  m->options.shape_plan = plan;
   m->options.passes = passes;
   m->options.precision = p;
   m->int8 = precision_given == "int8";
@@ -384,7 +394,8 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
 
 // precision: the artifact's own (its variant's, with the nodes it keeps fp32) unless given.
 std::shared_ptr<Model> load(const std::string& path, int threads, const std::optional<std::string>& precision,
-                            std::size_t cache_size) {
+                            std::size_t cache_size, const std::string& shape_plan) {
+  const lower::ShapePlan plan = parse_shape_plan(shape_plan);
   auto m = std::make_shared<Model>();
   m->source = path;
   m->options.threads = threads;
@@ -397,6 +408,7 @@ std::shared_ptr<Model> load(const std::string& path, int threads, const std::opt
   m->graph = a.graph.clone();
   m->options = lower::artifact_options(m->options, a);
   if (given) m->options.precision = *given;
+  m->options.shape_plan = plan;
   m->int8 = precision == "int8";
   if (m->int8) check_int8_model(a.graph, path);
   try {
@@ -655,7 +667,11 @@ PYBIND11_MODULE(ondine, mod) {
       .def_property_readonly("threads", [](const Model& m) { return m.options.threads; })
       .def_property_readonly("compilations",
                              [](const Model& m) { return m.cache ? m.cache->compilations() : std::size_t{1}; },
-                             "how many input shapes were compiled so far")
+                             "how many input shapes were compiled so far (0 with the shape-free plan)")
+      .def_property_readonly("shape_plan",
+                             [](const Model& m) { return m.cache ? m.cache->shape_plan_reason() : std::string("one shape"); },
+                             "how shapes are run: 'shape-free: ...' (compiled once for any shape) or 'one plan per shape: "
+                             "<why>'")
       .def_property_readonly("error_bound", [](const Model& m) { return m.bound; },
                              "precision bf16/auto with max_error: the error, and the nodes kept fp32")
       .def("run", &run_dict, py::arg("input_feed"), "run({name: array}) -> {output name: array}")
@@ -699,13 +715,15 @@ PYBIND11_MODULE(ondine, mod) {
   mod.def("compile", &compile, py::arg("path"), py::kw_only(), py::arg("precision") = py::none(),
           py::arg("dims") = py::none(), py::arg("threads") = 0, py::arg("passes") = "default",
           py::arg("max_error") = py::none(), py::arg("samples") = py::none(), py::arg("cache_size") = 8,
+          py::arg("shape_plan") = "auto",
           "Compile an ONNX model (or load an artifact). precision: 'fp32' (default; an artifact: its own), 'bf16' "
           "(native bf16 CPUs), 'auto', or 'int8' (a quantized model, ondine.quantize: its int8 layers, fp32 "
           "elsewhere; a float model is refused); "
           "dims binds symbolic dims (others specialise per call); threads 0: OpenMP's default; passes: a "
-          "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound.");
+          "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound. "
+          "shape_plan: 'auto' (symbolic dims of a transformer: compiled once for any shape), 'per-shape', 'shape-free'.");
   mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = py::none(),
-          py::arg("cache_size") = 8,
+          py::arg("cache_size") = 8, py::arg("shape_plan") = "auto",
           "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`); precision: the artifact's own "
           "unless given ('fp32', 'bf16', 'auto': its weights are packed again; 'int8': a quantized artifact's own).");
   mod.def("quantize", &quantize, py::arg("model"), py::kw_only(), py::arg("calibration"), py::arg("output"),

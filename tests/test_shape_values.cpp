@@ -266,6 +266,7 @@ TEST_CASE("exported corpus: compiled at two shapes in one process, equal to PyTo
     Graph g = ondine::onnx::load_model((corpus_dir(model) / "model.onnx").string());
     lower::CompileOptions options;
     options.threads = 1;
+    options.shape_plan = lower::ShapePlan::PerShape;  // the shape-free plan: tests/test_dynamic.cpp
     lower::ShapeCache cache(g.clone(), options);
     ReferenceExecutor reference(g);
     for (int k = 0; k < 2; ++k) {
@@ -290,6 +291,7 @@ TEST_CASE("shape cache: the shapes share their packed weights", "[lower][symboli
   Graph g = ondine::onnx::load_model((corpus_dir("gpt_decoder") / "model.onnx").string());
   lower::CompileOptions options;
   options.threads = 1;
+  options.shape_plan = lower::ShapePlan::PerShape;
   lower::ShapeCache cache(std::move(g), options);
   cache.run(load_case("gpt_decoder", 0).inputs);
   const std::size_t bytes_one = cache.packed_weights().bytes(), packings_one = cache.packed_weights().size();

@@ -141,6 +141,27 @@ inline std::vector<std::string> symbolic_dims(const Graph& g) {
   return out;
 }
 
+// Gives every unknown dim of the graph inputs (`?`: no size, no dim_param, as some exporters write
+// `float32[?, ?]`) a name of its own, "<input>_dim<axis>", so that it binds from the inputs like a named dim;
+// re-infers the shapes when it named any. Returns how many it named.
+inline std::size_t name_unknown_input_dims(Graph& g) {
+  std::size_t named = 0;
+  for (Value* in : g.inputs()) {
+    if (!in->shape().rank_known() || !in->is_tensor()) continue;
+    std::vector<Dim> dims = in->shape().dims();
+    bool changed = false;
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      if (!dims[i].is_static() && dims[i].symbol.empty()) {
+        dims[i] = Dim::named(in->name() + "_dim" + std::to_string(i));
+        changed = true;
+        ++named;
+      }
+    if (changed) in->set_shape(Shape(dims));
+  }
+  if (named) infer_shapes(g);
+  return named;
+}
+
 namespace detail {
 inline std::optional<double> node_flops(const Node& n) {
   auto numel = [](const Value* v) -> std::optional<double> {

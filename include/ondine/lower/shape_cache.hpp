@@ -31,12 +31,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <utility>
 
 #include "ondine/ir/stats.hpp"
 #include "ondine/lower/compiler.hpp"
+#include "ondine/lower/dynamic.hpp"
 
 namespace ondine::lower {
 
@@ -47,12 +50,15 @@ class ShapeCache {
   explicit ShapeCache(Graph graph, CompileOptions options = {}, std::size_t capacity = 8)
       : graph_(std::move(graph)), options_(std::move(options)), capacity_(capacity ? capacity : 1) {
     check_supported(graph_);
+    name_unknown_input_dims(graph_);  // `?` dims bind from the inputs like named ones
     for (const Value* in : shape_inputs(graph_)) shape_inputs_.push_back(in->name());
     if (!options_.packed_weights) options_.packed_weights = std::make_shared<PackedWeights>();
+    choose_shape_free_plan();
   }
 
   // With `times` (a profiled run of a staged model, lower/staged.hpp), adds each step's time to it.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, runtime::StageTimes* times = nullptr) {
+    if (shape_free_) return shape_free_->run(inputs, times);  // checks the inputs as below
     check_inputs(graph_, inputs);  // names, dtypes, ranks, static dims and consistent symbols
     Key key{binding_of(inputs), {}};
     for (const std::string& name : shape_inputs_) {
@@ -82,6 +88,11 @@ class ShapeCache {
     std::shared_ptr<Specialisation> spec = get(Key{binding, {}});
     return std::shared_ptr<const CompiledModel>(spec, &spec->model);
   }
+
+  // The shape-free plan this cache runs every shape on (lower/dynamic.hpp), or null when it compiles one
+  // plan per shape (CompileOptions::shape_plan; why: shape_plan_reason()).
+  const DynamicModel* shape_free() const { return shape_free_.get(); }
+  const std::string& shape_plan_reason() const { return shape_plan_reason_; }
 
   // The graph inputs whose values decide shapes (ir/stats.hpp, shape_inputs): run() compiles once per
   // value of these as well, as for a new input shape.
@@ -192,6 +203,53 @@ class ShapeCache {
   }
 
  private:
+  // Takes the shape-free plan for a graph with symbolic input dims when options_.shape_plan says so (Auto:
+  // when it covers the model's work at fp32). Nothing changes for a graph whose shapes are all static, or
+  // whose input values decide shapes (compiled per value, as bind_shape_inputs bakes them in).
+  void choose_shape_free_plan() {
+    const ShapePlan mode = options_.shape_plan;
+    auto decline = [&](std::string why) {
+      shape_plan_reason_ = "one plan per shape: " + why;
+      if (options_.log) options_.log("shapes: " + shape_plan_reason_);
+    };
+    bool symbolic = false;
+    for (const Value* in : graph_.inputs())
+      if (detail::in_plan(in) && !in->shape().is_static()) symbolic = true;
+    if (!symbolic) return decline("the input shapes are static");
+    if (!shape_inputs_.empty()) return decline("input values decide shapes ('" + shape_inputs_.front() + "')");
+    if (mode == ShapePlan::PerShape) return decline("CompileOptions::shape_plan is per-shape");
+    if (mode == ShapePlan::Auto) {
+      if (resolved_precision(options_.precision) != Precision::Fp32)
+        return decline(std::string("precision ") + precision_name(resolved_precision(options_.precision)) +
+                       " (the shape-free plan computes in fp32)");
+      std::set<std::string> ops;
+      for (const Node* n : graph_.nodes())
+        if (!detail::dynamic_kernel_table().count(n->op_key()) && !detail::cheap_on_reference(n->op_key()))
+          ops.insert(n->op_key());
+      if (!ops.empty()) return decline("the shape-free plan has no fast kernel for " + join_names(ops));
+    }
+    try {
+      auto model = std::make_shared<DynamicModel>(graph_.clone(), options_);
+      if (mode == ShapePlan::Auto && !model->covers())
+        return decline("after the passes, no fast shape-free kernel for " + join_names(model->uncovered_ops()));
+      shape_free_ = std::move(model);
+      shape_plan_reason_ = "shape-free: compiled once for any shape";
+      if (options_.log) {
+        options_.log("shapes: " + shape_plan_reason_);
+        std::istringstream text(shape_free_->to_text());
+        for (std::string line; std::getline(text, line);) options_.log(line);
+      }
+    } catch (const Error& e) {
+      if (mode == ShapePlan::ShapeFree) throw;
+      decline(std::string("the shape-free plan failed: ") + e.what());
+    }
+  }
+  static std::string join_names(const std::set<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }
+
   Binding binding_of(const std::map<std::string, Tensor>& inputs) const {
     Binding b;
     for (Value* in : graph_.inputs()) {
@@ -211,6 +269,8 @@ class ShapeCache {
   std::list<std::pair<Key, std::shared_ptr<Specialisation>>> entries_;
   std::map<Key, std::shared_future<std::shared_ptr<Specialisation>>> in_flight_;
   std::size_t compilations_ = 0;
+  std::shared_ptr<const DynamicModel> shape_free_;
+  std::string shape_plan_reason_;
 };
 
 }  // namespace ondine::lower

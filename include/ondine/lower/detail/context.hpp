@@ -86,6 +86,18 @@ inline const char* matmul_kernel_name(MatMulKernel k) {
   return k == MatMulKernel::Gemm ? "gemm" : k == MatMulKernel::Conv1x1 ? "conv1x1" : "auto";
 }
 
+// How a model whose inputs have symbolic dims runs through lower::ShapeCache (lower/shape_cache.hpp). Auto
+// (default): the shape-free plan (lower/dynamic.hpp: compiled once, any shape without compiling again) when
+// it covers the model's work (matrix products, attention, normalisations, elementwise ops: transformers) and
+// the precision is fp32, else one plan compiled per input shape; PerShape: one plan per shape always (a
+// convolutional or recurrent model's primitives are made for its shape); ShapeFree: the shape-free plan
+// always (fp32).
+enum class ShapePlan { Auto, PerShape, ShapeFree };
+
+inline const char* shape_plan_name(ShapePlan p) {
+  return p == ShapePlan::PerShape ? "per-shape" : p == ShapePlan::ShapeFree ? "shape-free" : "auto";
+}
+
 inline const char* conv_layout_name(ConvLayout l) {
   return l == ConvLayout::ChannelBlocked ? "blocked" : l == ConvLayout::Any ? "any" : "auto";
 }
@@ -124,6 +136,9 @@ struct CompileOptions {
   // 7 bits (w/2 rounded half to even, scales doubled: up to half an 8-bit step more error per weight) so
   // it runs int8 (`--precision int8`: int8 wherever the CPU can). No effect with VNNI.
   bool int8_7bit_weights = false;
+  // Models with symbolic input dims run through a ShapeCache: the shape-free plan or one plan per shape
+  // (ShapePlan above).
+  ShapePlan shape_plan = ShapePlan::Auto;
 };
 
 // `text` matches the glob `pattern`: '*' any run of characters (also none), '?' exactly one.

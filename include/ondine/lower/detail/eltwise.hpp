@@ -75,10 +75,12 @@ inline EltwiseSpec eltwise_of(const fused::Activation& a) {
 }
 
 // The oneDNN algorithms computing node `n` (a unary op on f32), or nullopt.
-inline std::optional<EltwiseSpec> eltwise_spec(const Node& n) {
+// Whatever the shapes (the shape-free kernels, lower/detail/dynamic_kernels.hpp): float32 in and out.
+inline std::optional<EltwiseSpec> eltwise_algorithms(const Node& n) {
   using A = dnnl::algorithm;
   const std::string& op = n.op_type();
-  if (n.num_outputs() != 1 || !is_f32(n.input(0)) || !is_f32(n.output(0))) return std::nullopt;
+  auto f32 = [](const Value* v) { return v && v->dtype() == DType::Float32; };
+  if (n.num_outputs() != 1 || !f32(n.input(0)) || !f32(n.output(0))) return std::nullopt;
   if (!n.domain().empty() || op == "Gelu") {  // ondine.Gelu, or ONNX Gelu (opset 20)
     auto act = op == "Gelu" ? fused::as_activation(n) : std::nullopt;
     if (!act) return std::nullopt;
@@ -132,6 +134,12 @@ inline std::optional<EltwiseSpec> eltwise_spec(const Node& n) {
     return one(A::eltwise_clip_v2, lo, hi);
   }
   return std::nullopt;
+}
+
+// The oneDNN algorithms computing node `n` (a unary op on f32 with static shapes), or nullopt.
+inline std::optional<EltwiseSpec> eltwise_spec(const Node& n) {
+  if (!is_f32(n.input(0)) || !is_f32(n.output(0))) return std::nullopt;
+  return eltwise_algorithms(n);
 }
 
 inline const char* alg_name(dnnl::algorithm a) {

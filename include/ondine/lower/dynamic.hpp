@@ -1,0 +1,326 @@
+// ondine/lower/dynamic.hpp - a model compiled once for its symbolic shapes, run at any shape without compiling
+// again (the shape-free plan).
+//
+//   ondine::lower::DynamicModel model(std::move(graph), options);   // passes and kernels, once
+//   auto out = model.run({{"input_ids", ids}, {"attention_mask", mask}});   // any batch, any length
+//
+// Why: a plan compiled per input shape (compile(), ShapeCache) pays passes, shape inference and the
+// creation of every primitive for each new shape: tens of milliseconds for a small encoder, so a stream of
+// sentences of mixed lengths spends most of its time compiling and a decoder with a KV cache, whose past
+// grows by one at every token, compiles at every token. Here everything that does not depend on the sizes
+// happens once: import checks, the pass pipeline (fusions run on the symbolic graph), the choice of kernel
+// per node, weight layouts. A call then only runs the nodes in order; each kernel reads the sizes of the
+// tensors it is given (lower/detail/dynamic_kernels.hpp: oneDNN matmul with run-time rows, sgemm, Ondine's
+// row loops), so a new shape costs no compile, no shape inference and no weight repacking. The values
+// live in tensors from a pool (runtime/buffer_pool.hpp) that grows to the largest shapes seen and is reused
+// from call to call; each value is released after its last reader.
+//
+// It is the plan for models whose work is matrix products, attention, normalisations and elementwise ops
+// (transformer encoders and decoders): ShapeCache takes it for such a model when its inputs have symbolic
+// dims (ShapeCache::Mode). A convolutional or recurrent network keeps one compiled plan per shape, whose
+// primitives are made for the shape (a CNN at a fixed size must not slow down); `covers()` says which.
+//
+// Every value is computed as the reference executor would compute it at that shape, within float32
+// rounding (tests/test_dynamic.cpp checks the corpus at several shapes against the reference and a
+// compile per shape). Thread-safe: any number of threads may call run() at once.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ondine/ir/graph.hpp"
+#include "ondine/ir/pipeline_hook.hpp"
+#include "ondine/ir/shape_inference.hpp"
+#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/control_flow.hpp"
+#include "ondine/lower/detail/dynamic_kernels.hpp"
+#include "ondine/reference/executor.hpp"
+#include "ondine/runtime/buffer_pool.hpp"
+#include "ondine/runtime/compiled_model.hpp"
+
+namespace ondine::lower {
+
+namespace detail {
+
+// The ops the shape-free plan runs well: its own kernels, and ops that only move or compute small tensors
+// (shape arithmetic, masks, views, embedding lookups) on their reference kernels. A model made of these
+// alone is taken by ShapeCache's Auto mode.
+inline bool cheap_on_reference(const std::string& op) {
+  static const std::set<std::string> ops{
+      "Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity",
+      "Dropout", "Cast", "CastLike", "Constant", "ConstantOfShape", "Range", "Equal", "Less", "Greater",
+      "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Trilu", "Neg", "Split", "Min", "Max",
+      "Floor", "Ceil", "Mod", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "Tile", "CumSum", "Abs",
+      "Erf", "Pow", "Sqrt", "ReduceMean", "Reciprocal", "Sign", "Clip", "ArgMax"};
+  return ops.count(op) > 0;
+}
+
+// The vector exp for oneDNN's effective ISA.
+inline vexp::ExpFn host_exp() {
+  const IsaInfo isa = effective_isa();
+  return vexp::exp_kernel(silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa)));
+}
+
+using DynFactory = std::unique_ptr<dyn::Kernel> (*)(const Node& n, const dnnl::engine& engine);
+
+inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
+  static const std::map<std::string, DynFactory> table = [] {
+    using namespace dyn;
+    std::map<std::string, DynFactory> t;
+    DynFactory matmul = [](const Node& n, const dnnl::engine& e) -> std::unique_ptr<Kernel> {
+      if (auto spec = dense_spec(n)) return std::make_unique<DenseMatMulKernel>(n, std::move(*spec), e);
+      if (n.op_type() == "MatMul" && n.input(0)->dtype() == DType::Float32 && n.input(1)->dtype() == DType::Float32)
+        return std::make_unique<BatchedMatMulKernel>(n);
+      return nullptr;
+    };
+    for (const char* op : {"MatMul", "Gemm", "ondine.FusedMatMul", "ondine.FusedGemm"}) t[op] = matmul;
+    t["ondine.Attention"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<AttentionKernel>(n, host_exp());
+    };
+    t["LayerNormalization"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      for (std::size_t i = 1; i < n.num_outputs(); ++i)
+        if (n.output(i) && (n.output(i)->has_uses() || n.output(i)->is_graph_output())) return nullptr;
+      return std::make_unique<LayerNormKernel>(n);
+    };
+    for (const char* op : {"Softmax", "LogSoftmax"})
+      t[op] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+        return std::make_unique<SoftmaxKernel>(n, host_exp());
+      };
+    t["Add"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<BinaryKernel>(n, BinaryOp::Add);
+    };
+    t["Sub"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<BinaryKernel>(n, BinaryOp::Sub);
+    };
+    t["Mul"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<BinaryKernel>(n, BinaryOp::Mul);
+    };
+    t["Div"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<BinaryKernel>(n, BinaryOp::Div);
+    };
+    DynFactory unary = [](const Node& n, const dnnl::engine& e) -> std::unique_ptr<Kernel> {
+      auto spec = eltwise_algorithms(n);
+      if (!spec) return nullptr;
+      return std::make_unique<EltwiseKernel>(n, *spec, e);
+    };
+    for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Softplus", "HardSwish",
+                           "HardSigmoid", "Gelu", "ondine.Gelu"})
+      t[op] = unary;
+    t["Transpose"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<TransposeKernel>(n);
+    };
+    t["Concat"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      if (n.opset() < 4) return nullptr;  // axis optional before opset 4: the reference kernel's rule
+      return std::make_unique<ConcatKernel>(n);
+    };
+    t["Gather"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      if (n.attr_int("axis", 0) != 0) return nullptr;
+      return std::make_unique<GatherRowsKernel>(n);
+    };
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace detail
+
+class DynamicModel {
+ public:
+  // Runs options.passes on the symbolic graph (CompileOptions::passes, through the pass layer when the
+  // program has it: lower/lower.hpp) and makes one kernel per node. Computes in float32 (the precision
+  // options of the per-shape compiler do not apply). Throws naming the node for an unsupported op.
+  explicit DynamicModel(Graph graph, const CompileOptions& options = {}) : threads_(options.threads) {
+    auto g = std::make_shared<Graph>(std::move(graph));
+    g->verify();
+    check_supported(*g);
+    infer_shapes(*g);
+    if (!options.passes.empty() && options.passes != "none") {
+      if (!pipeline_hook().run)
+        throw Error("DynamicModel: the pass pipeline '" + options.passes +
+                    "' needs the pass layer (include ondine/lower/lower.hpp)");
+      pipeline_hook().run(*g, options.passes, !effective_isa().int8_vnni, options.int8_7bit_weights, options.log);
+      infer_shapes(*g);
+    }
+    detail::inline_constant_captures(*g);
+    graph_ = g;
+    build(options);
+  }
+
+  // The outputs for `inputs` (checked as the reference executor checks them: names, dtypes, ranks, static
+  // dims, one size per symbol).
+  // With `times` (a profiled run), adds each step's time to it.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    runtime::StageTimes* times = nullptr) const {
+    check_inputs(*graph_, inputs);
+    detail::ThreadCountScope threads(threads_);
+    dnnl::stream stream(engine_);
+    detail::dyn::RunContext ctx{*pool_, stream};
+    std::vector<Tensor> values(values_.size());
+    for (std::size_t i = 0; i < constants_.size(); ++i) values[constants_[i].first] = constants_[i].second;
+    for (auto& [name, id] : input_ids_) values[id] = inputs.at(name);
+    std::vector<Tensor> args;
+    for (const Step& s : steps_) {
+      args.clear();
+      for (int id : s.inputs) {
+        if (id < 0) {
+          args.emplace_back();
+          continue;
+        }
+        if (values[static_cast<std::size_t>(id)].empty() && !is_none(values_[static_cast<std::size_t>(id)]))
+          throw s.node->error("input '" + values_[static_cast<std::size_t>(id)]->name() + "' has no value");
+        args.push_back(values[static_cast<std::size_t>(id)]);
+      }
+      std::vector<Tensor> outs;
+      const auto start = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      try {
+        outs = s.kernel ? s.kernel->run(ctx, args) : s.reference(*s.node, args);
+      } catch (const dnnl::error& e) {
+        throw s.node->error(std::string("oneDNN: ") + e.what());
+      } catch (Error& e) {
+        if (e.node().empty() && e.op().empty()) e.at_node(s.node->name(), s.node->op_type());
+        throw;
+      } catch (const std::exception& e) {
+        throw s.node->error(e.what());
+      }
+      if (outs.size() < s.outputs.size())
+        throw s.node->error("kernel returned " + std::to_string(outs.size()) + " outputs, expected " +
+                            std::to_string(s.outputs.size()));
+      for (std::size_t i = 0; i < s.outputs.size(); ++i)
+        if (s.outputs[i] >= 0) values[static_cast<std::size_t>(s.outputs[i])] = std::move(outs[i]);
+      for (int id : s.release) values[static_cast<std::size_t>(id)] = Tensor();
+      if (times)
+        times->add(s.node->op_type(), s.kernel ? s.kernel->implementation() : "reference", s.node->name(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::map<std::string, Tensor> result;
+    for (auto& [name, id] : output_ids_) {
+      Tensor& t = values[static_cast<std::size_t>(id)];
+      if (t.empty() && t.kind() == Tensor::Kind::Dense && !values_[static_cast<std::size_t>(id)]->is_graph_input())
+        throw Error("graph output '" + name + "' was not computed");
+      result[name] = t;
+    }
+    return result;
+  }
+
+  // One line per step: the node, its op and what runs it.
+  std::vector<runtime::StepInfo> steps() const {
+    std::vector<runtime::StepInfo> out;
+    for (const Step& s : steps_)
+      out.push_back({s.node->name(), s.node->op_type(), s.kernel ? s.kernel->implementation() : "reference", ""});
+    return out;
+  }
+  std::string to_text() const {
+    std::ostringstream os;
+    std::size_t i = 0;
+    for (const auto& s : steps()) os << "[" << i++ << "] " << s.op << " '" << s.name << "': " << s.implementation << "\n";
+    os << steps_.size() << " steps, " << reference_steps() << " on reference kernels; any shape, compiled once\n";
+    return os.str();
+  }
+  std::size_t reference_steps() const {
+    std::size_t n = 0;
+    for (const Step& s : steps_) n += s.kernel ? 0 : 1;
+    return n;
+  }
+  // True when every step runs a kernel of its own or an op that is cheap on its reference kernel
+  // (detail::cheap_on_reference): the model's work is what this plan runs fast.
+  bool covers() const {
+    for (const Step& s : steps_)
+      if (!s.kernel && !detail::cheap_on_reference(s.node->op_key())) return false;
+    return true;
+  }
+  // The ops that keep covers() false.
+  std::set<std::string> uncovered_ops() const {
+    std::set<std::string> ops;
+    for (const Step& s : steps_)
+      if (!s.kernel && !detail::cheap_on_reference(s.node->op_key())) ops.insert(s.node->op_key());
+    return ops;
+  }
+  const Graph& graph() const { return *graph_; }
+  // The pool the values live in: bytes() grows to the largest shapes' working set, then stays.
+  const runtime::BufferPool& pool() const { return *pool_; }
+
+ private:
+  struct Step {
+    const Node* node = nullptr;
+    std::unique_ptr<detail::dyn::Kernel> kernel;  // null: the reference kernel
+    reference::Kernel reference;
+    std::vector<int> inputs, outputs, release;
+  };
+
+  static bool is_none(const Value*) { return false; }
+
+  void build(const CompileOptions& options) {
+    const Graph& g = *graph_;
+    std::unordered_map<const Value*, int> ids;
+    auto id_of = [&](const Value* v) {
+      auto [it, fresh] = ids.emplace(v, static_cast<int>(values_.size()));
+      if (fresh) values_.push_back(v);
+      return it->second;
+    };
+    for (Value* in : g.inputs()) input_ids_.emplace_back(in->name(), id_of(in));
+    const auto& table = detail::dynamic_kernel_table();
+    const auto& kernels = reference::kernel_table();
+    const std::vector<Node*> order = g.topo_order();
+    std::unordered_map<int, std::size_t> last_use;
+    for (Node* n : order) {
+      Step s;
+      s.node = n;
+      for (std::size_t i = 0; i < n->num_inputs(); ++i) {
+        const Value* v = n->input(i);
+        if (!v) {
+          s.inputs.push_back(-1);
+          continue;
+        }
+        const bool fresh = !ids.count(v);
+        const int id = id_of(v);
+        if (fresh && v->is_constant()) constants_.emplace_back(id, v->constant());
+        s.inputs.push_back(id);
+        last_use[id] = steps_.size();
+      }
+      for (std::size_t i = 0; i < n->num_outputs(); ++i) s.outputs.push_back(n->output(i) ? id_of(n->output(i)) : -1);
+      if (!options.reference_ops.count(n->op_key()))
+        if (auto it = table.find(n->op_key()); it != table.end()) {
+          try {
+            s.kernel = it->second(*n, engine_);
+          } catch (const dnnl::error&) {
+            s.kernel = nullptr;  // oneDNN has no primitive for it here: the reference kernel runs it
+          }
+        }
+      if (!s.kernel) s.reference = kernels.at(n->op_key());
+      steps_.push_back(std::move(s));
+    }
+    for (Value* out : g.outputs()) {
+      const bool fresh = !ids.count(out);
+      const int id = id_of(out);
+      if (fresh && out->is_constant()) constants_.emplace_back(id, out->constant());
+      output_ids_.emplace_back(out->name(), id);
+    }
+    std::set<int> keep;
+    for (auto& [name, id] : output_ids_) keep.insert(id);
+    for (auto& [id, step] : last_use) {
+      const Value* v = values_[static_cast<std::size_t>(id)];
+      if (!keep.count(id) && !v->is_graph_input() && !v->is_constant()) steps_[step].release.push_back(id);
+    }
+    // A value nobody reads (an unused optional output) is dropped right after it is made.
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      for (int id : steps_[i].outputs)
+        if (id >= 0 && !last_use.count(id) && !keep.count(id)) steps_[i].release.push_back(id);
+  }
+
+  std::shared_ptr<const Graph> graph_;
+  int threads_ = 0;
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::shared_ptr<runtime::BufferPool> pool_ = runtime::BufferPool::make();
+  std::vector<const Value*> values_;
+  std::vector<std::pair<int, Tensor>> constants_;
+  std::vector<std::pair<std::string, int>> input_ids_, output_ids_;
+  std::vector<Step> steps_;
+};
+
+}  // namespace ondine::lower
