@@ -25,6 +25,8 @@ Runtime's fp32 of the same model. PyTorch and the passes-off column skip those r
 its static int8 form (two ondine.QLSTM: out/qdq/lstm_pt/lstm_pt.qlstm.onnx, written here by `ondine quantize`
 on 8 seeded token sequences when missing), which ONNX Runtime cannot run: its line compares with ONNX
 Runtime's fp32 only.
+With --dynamic, the workloads whose shapes change from call to call follow (bench/dynamic_shapes.py with the
+same --threads and --rounds: a stream of mixed-length encoder requests, a decode with a KV cache).
 With --plot FILE.png, the Ondine / ONNX Runtime ratios are also drawn as a bar chart (matplotlib: Debian's
 python3-matplotlib).
 
@@ -274,6 +276,9 @@ def main():
                         "same file in fp32: it has no bf16 on CPU); %% of peak is of the bf16 matmul peak (ondine_peak --bf16)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw Ondine / ONNX Runtime per model and batch as a bar chart (needs python3-matplotlib)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="also the workloads whose shapes change from call to call (bench/dynamic_shapes.py: a stream "
+                        "of 200 mixed-length encoder requests, a 64-token decode with a KV cache), after the rest")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",") if b]
@@ -411,6 +416,11 @@ def main():
                       f"({f['ort']:.1f}/s), {vs_fp32[0]:.2f}x Ondine fp32; ONNX Runtime int8 {ort_int8}")
     for n in notes:
         print(n)
+    if a.dynamic:  # Python module on both sides there; its own tables, rounds interleaved the same way
+        sys.stdout.flush()
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "dynamic_shapes.py"), "--build", a.build,
+                        "--models-dir", a.models_dir, "--threads", str(a.threads), "--rounds", str(a.rounds)],
+                       check=False)
 
 
 if __name__ == "__main__":

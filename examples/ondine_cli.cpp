@@ -8,6 +8,8 @@
 //              [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]] [--profile]
 //   ondine bench MODEL [--batch 1,8] [--dim NAME] [--threads N] [--warmup N] [--runs N] [--json FILE] [--reference]
 //                [--passes P] [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]] [--profile]
+//   ondine bench MODEL --dim NAME=LO:HI [--dim NAME=SIZE]... [--shape-plan auto|per-shape|shape-free] ...
+//   ondine bench MODEL --decode STEPS [--dim SEQ=N] [--batch B] [--shape-plan ...] ...
 //   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method M] [--max-samples N] [--exclude ..] [--include ..]
 //                   [--keep-fp32-ends] [--activations u8|s8] [--save-calibration FILE] [--passes P]
@@ -18,6 +20,7 @@
 // that escapes everything else (one thrown on a worker thread) exits with 70, never through abort.
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +54,7 @@ extern char** environ;
 
 #include "ondine/lower/artifact.hpp"
 #include "ondine/lower/lower.hpp"
+#include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
 #include "cli/compare.hpp"
 #include "cli/header.hpp"
@@ -468,6 +472,27 @@ std::function<void(const std::string&)> bf16_bound_progress() {
   };
 }
 
+// The compile options run and bench compile with: --threads, the pipeline, --precision, --keep-fp32, the
+// kernel choices; a progress line while compiling (shared: a staged model, or a ShapeCache, compiles later
+// with a copy of these options).
+lower::CompileOptions tool_compile_options(int threads, const std::string& passes) {
+  lower::CompileOptions opts;
+  opts.threads = threads;
+  opts.passes = passes;
+  opts.precision = g_precision;
+  opts.keep_fp32 = g_keep_fp32;
+  opts.conv_layout = g_conv_layout;
+  opts.conv_algorithm = g_conv_algorithm;
+  opts.matmul_kernel = g_matmul_kernel;
+  opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
+  auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
+  opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
+    if (!n) return compiling->clear();
+    compiling->update(done, total, n->op_type() + " '" + n->name() + "'");
+  };
+  return opts;
+}
+
 // `passes`: the pipeline lower::compile runs; the reference executor runs the graph as given unless
 // `reference_passes` (then it runs the optimised graph, which checks the passes without the lowering).
 // `packed`: weight packings shared with other engines of the same model (bench's batch sizes), as a
@@ -492,22 +517,8 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
     return engine;
   }
   auto t0 = std::chrono::steady_clock::now();
-  lower::CompileOptions opts;
-  opts.threads = threads;
-  opts.passes = passes;
+  lower::CompileOptions opts = tool_compile_options(threads, passes);
   opts.packed_weights = std::move(packed);
-  opts.precision = g_precision;
-  opts.keep_fp32 = g_keep_fp32;
-  opts.conv_layout = g_conv_layout;
-  opts.conv_algorithm = g_conv_algorithm;
-  opts.matmul_kernel = g_matmul_kernel;
-  opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
-  // Shared: a staged model compiles its later stages at run time with a copy of these options.
-  auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
-  opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
-    if (!n) return compiling->clear();
-    compiling->update(done, total, n->op_type() + " '" + n->name() + "'");
-  };
   auto precision_line = std::make_shared<std::string>();  // outlives this call: staged models compile later
   if (g_precision != lower::Precision::Fp32)
     opts.log = [precision_line](const std::string& line) {
@@ -670,9 +681,27 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   std::vector<std::string> defaulted;
   for (auto& sym : symbolic_dims(g))
     if (bindings.emplace(sym, 1).second) defaulted.push_back(sym);
-  Graph bound = g.clone();
-  bind_dims(bound, bindings);
-  GraphStats stats = graph_stats(bound);
+  // Some models reject 1 for a dim (an image of 1x1 pixels through a pooling stack): then the FLOPs need
+  // those dims given, and the rest of the description stays symbolic.
+  GraphStats stats;
+  std::string flops_need;  // why FLOPs are not counted: the dims to give
+  try {
+    Graph bound = g.clone();
+    bind_dims(bound, bindings);
+    stats = graph_stats(bound);
+  } catch (const Error& e) {
+    if (defaulted.empty()) throw;  // the dims given with --dim are refused: the user's to change
+    std::string names, flags;
+    for (auto& d : defaulted) {
+      names += (names.empty() ? "" : ", ") + d;
+      flags += (flags.empty() ? "" : " ") + std::string("--dim ") + d + "=N";
+    }
+    flops_need = "give " + flags + " (with " + names + " counted as 1 the shapes are refused: " + e.what() + ")";
+    for (auto& d : defaulted) bindings.erase(d);
+    defaulted.clear();
+    stats = graph_stats(g);
+    stats.flops.reset();
+  }
   std::vector<const Node*> data_dependent = data_dependent_nodes(g);
   auto unsupported = unsupported_nodes(g);
   std::map<std::string, std::vector<std::string>> bad;
@@ -699,6 +728,7 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
     j["parameters"] = stats.parameters;
     j["parameter_bytes"] = stats.parameter_bytes;
     j["flops"] = stats.flops ? nlohmann::json(*stats.flops) : nlohmann::json(nullptr);
+    if (!flops_need.empty()) j["flops_need"] = flops_need;
     j["dims"] = bindings;
     j["defaulted_dims"] = defaulted;
     j["symbolic_dims"] = symbolic_dims(g);
@@ -782,7 +812,9 @@ int cmd_inspect(const std::string& path, const std::vector<std::string>& dim_spe
   std::cout << "params:  " << stats.parameters << " (" << human(static_cast<double>(stats.parameter_bytes), "B") << ")\n";
   std::string at;
   for (auto& [k, v] : bindings) at += (at.empty() ? "" : ", ") + k + "=" + std::to_string(v);
-  std::cout << "FLOPs:   " << (stats.flops ? human(*stats.flops, "FLOP") : std::string("unknown (dynamic shapes)"))
+  std::cout << "FLOPs:   "
+            << (stats.flops ? human(*stats.flops, "FLOP")
+                            : flops_need.empty() ? std::string("unknown (dynamic shapes)") : "not counted: " + flops_need)
             << (at.empty() ? "" : " at " + at);
   if (!defaulted.empty()) {
     std::string names;
@@ -847,6 +879,7 @@ int cmd_run(const std::string& path, const std::vector<std::string>& input_specs
   if (file.artifact) std::cout << artifact_summary(*file.artifact, file.variants.size()) << "\n";
   Graph g = std::move(file.graph);
   check_supported(g);  // every unsupported op at once, before anything runs
+  name_unknown_input_dims(g);  // `?` dims (no dim_param) bind from the input files like named ones
   if (file.artifact && !g_calib_dir.empty()) throw UsageError("--calib quantizes an ONNX model; " + path + " is compiled already");
   quantize_for_int8(g, path, lower::effective_isa());
   std::map<std::string, Tensor> inputs;
@@ -1363,10 +1396,645 @@ std::optional<double> flops_per_sample(const Graph& g, const BatchDims& dims) {
   return dims.batch.empty() ? *stats.flops / static_cast<double>(static_batch(g)) : *stats.flops;
 }
 
+// ---- ondine bench: a stream of shapes, and a decode with a KV cache ----
+//
+// Both run the model as a server would: through one lower::ShapeCache built once, which takes the
+// shape-free plan (lower/dynamic.hpp) or compiles once per new shape (CompileOptions::shape_plan,
+// --shape-plan).
+
+// --dim NAME=LO:HI: each run of the stream draws NAME uniformly in [LO, HI].
+struct DimRange {
+  std::int64_t lo = 0, hi = 0;
+};
+
+// What bench does besides one compile per batch size: the stream's ranges, --decode, --shape-plan.
+struct ShapeBenchArgs {
+  std::map<std::string, DimRange> ranges;  // --dim NAME=LO:HI
+  int decode_steps = 0;                    // --decode STEPS (0: none)
+  lower::ShapePlan shape_plan = lower::ShapePlan::Auto;
+  bool shape_plan_given = false, warmup_given = false, runs_given = false, max_error_given = false;
+};
+
+bool parse_size(const std::string& s, std::int64_t& out) {
+  if (s.empty()) return false;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size() && out >= 0;
+}
+
+// Takes the ranges (NAME=LO:HI) out of bench's --dim specs; the others stay.
+std::map<std::string, DimRange> take_dim_ranges(std::vector<std::string>& specs) {
+  std::map<std::string, DimRange> ranges;
+  std::vector<std::string> rest;
+  for (const std::string& s : specs) {
+    const auto eq = s.find('=');
+    const auto colon = eq == std::string::npos ? std::string::npos : s.find(':', eq);
+    if (colon == std::string::npos) {
+      rest.push_back(s);
+      continue;
+    }
+    const std::string name = s.substr(0, eq);
+    DimRange r;
+    if (name.empty() || !parse_size(s.substr(eq + 1, colon - eq - 1), r.lo) || !parse_size(s.substr(colon + 1), r.hi) ||
+        r.lo > r.hi)
+      throw UsageError("--dim expects NAME=LO:HI with integers 0 <= LO <= HI for a range, got '" + s + "'");
+    if (ranges.count(name)) throw UsageError("--dim " + name + " given as a range twice");
+    ranges[name] = r;
+  }
+  specs = std::move(rest);
+  return ranges;
+}
+
+// The rows of the embedding tables an integer input indexes (Gather of a constant table by it): its ids
+// must stay below that. nullopt where no such Gather reads it.
+std::optional<std::int64_t> token_vocab(const Graph& g, const Value* in) {
+  std::optional<std::int64_t> vocab;
+  for (const Node* n : g.nodes()) {
+    if (n->op_type() != "Gather" || n->num_inputs() < 2 || n->input(1) != in || !n->input(0) ||
+        !n->input(0)->is_constant())
+      continue;
+    const auto& dims = n->input(0)->constant().dims();
+    std::int64_t axis = n->attr_int("axis", 0);
+    if (axis < 0) axis += static_cast<std::int64_t>(dims.size());
+    if (axis < 0 || axis >= static_cast<std::int64_t>(dims.size())) continue;
+    const std::int64_t rows = dims[static_cast<std::size_t>(axis)];
+    vocab = vocab ? std::min(*vocab, rows) : rows;
+  }
+  return vocab;
+}
+
+bool is_integer_dtype(DType t) {
+  return t == DType::Int8 || t == DType::UInt8 || t == DType::Int16 || t == DType::UInt16 || t == DType::Int32 ||
+         t == DType::UInt32 || t == DType::Int64 || t == DType::UInt64;
+}
+
+// A tensor of `dtype` whose element i is value(i).
+Tensor tensor_of(DType dtype, std::vector<std::int64_t> dims, const std::function<std::int64_t(std::int64_t)>& value) {
+  Tensor t(dtype, std::move(dims));
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (std::is_same_v<T, bool>) p[i] = value(i) != 0;
+      else if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(value(i));
+      else p[i] = T(static_cast<float>(value(i)));
+    }
+  });
+  return t;
+}
+
+// Seeded random inputs for a graph whose input shapes are bound (fill_random_inputs), as a tokenizer would
+// give them: token ids (an integer input indexing an embedding table) below the table's rows, an
+// attention_mask of ones.
+std::map<std::string, Tensor> token_inputs(const Graph& bound, std::uint64_t seed) {
+  std::map<std::string, Tensor> inputs;
+  fill_random_inputs(bound, inputs, seed);
+  for (const Value* in : bound.inputs()) {
+    Tensor& t = inputs.at(in->name());
+    if (in->name() == "attention_mask") {
+      t = tensor_of(in->dtype(), t.dims(), [](std::int64_t) { return 1; });
+    } else if (is_integer_dtype(in->dtype())) {
+      const auto vocab = token_vocab(bound, in);
+      if (vocab && *vocab > 0 && *vocab < 100) {  // fill_random_inputs draws in [0, 100)
+        const std::vector<std::int64_t> ids = t.to_int64s();
+        t = tensor_of(in->dtype(), t.dims(), [&](std::int64_t i) { return ids[static_cast<std::size_t>(i)] % *vocab; });
+      }
+    }
+  }
+  return inputs;
+}
+
+// The ShapeCache's compile options: as run and bench compile (tool_compile_options), --shape-plan, and the
+// precision summary of a per-shape compile kept in *precision_line.
+lower::CompileOptions cache_options(int threads, const std::string& passes, const ShapeBenchArgs& args,
+                                    std::shared_ptr<lower::PackedWeights> packed,
+                                    std::shared_ptr<std::string> precision_line) {
+  lower::CompileOptions opts = tool_compile_options(threads, passes);
+  opts.packed_weights = std::move(packed);
+  opts.shape_plan = args.shape_plan;
+  if (g_precision != lower::Precision::Fp32)
+    opts.log = [precision_line](const std::string& line) { keep_precision_line(*precision_line, line); };
+  return opts;
+}
+
+std::string bindings_str(const std::map<std::string, std::int64_t>& b) {
+  std::string s;
+  for (auto& [name, size] : b) s += (s.empty() ? "" : ", ") + name + "=" + std::to_string(size);
+  return s;
+}
+
+double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+
+// The header lines of both modes: model, engine, the plan the cache took.
+void print_cache_header(const std::string& path, const lower::ShapeCache& cache, int threads, const std::string& extra,
+                        const std::string& pipeline, const ShapeBenchArgs& args, double ready_ms,
+                        const std::string& precision_line) {
+  std::cout << "model:   " << path << "\nengine:  shape cache, isa " << lower::effective_isa().name << ", precision "
+            << precision_label() << ", threads " << (threads > 0 ? threads : omp_get_max_threads()) << extra << ", passes " << passes_label(pipeline)
+            << ", shape plan " << lower::shape_plan_name(args.shape_plan) << "\n";
+  if (!precision_line.empty()) std::cout << precision_line << "\n";
+  std::cout << "plan:    " << cache.shape_plan_reason() << " (ready in " << std::fixed << std::setprecision(1)
+            << ready_ms << " ms)\n";
+}
+
+void write_json(const std::string& json_file, const nlohmann::json& j) {
+  std::ofstream out(json_file);
+  if (!out) throw Error("--json " + json_file + ": cannot open for writing");
+  out << j.dump(2) << "\n";
+}
+
+// A stream of shapes: each timed run draws the ranged dims (other symbolic dims: --dim NAME=SIZE, else 1).
+int bench_stream(const std::string& path, const Graph& g, const std::map<std::string, std::int64_t>& fixed,
+                 const ShapeBenchArgs& args, int threads, int warmup, int runs, std::uint64_t seed,
+                 const std::string& json_file, const std::string& pipeline,
+                 std::shared_ptr<lower::PackedWeights> packed) {
+  using Binding = std::map<std::string, std::int64_t>;
+  const auto symbols = symbolic_dims(g);
+  std::string names;
+  for (auto& sym : symbols) names += (names.empty() ? "" : ", ") + sym;
+  for (auto& [name, r] : args.ranges)
+    if (std::find(symbols.begin(), symbols.end(), name) == symbols.end())
+      throw Error("--dim " + name + "=" + std::to_string(r.lo) + ":" + std::to_string(r.hi) +
+                  ": the model has no symbolic dim of that name (symbolic dims: " + (names.empty() ? "none" : names) +
+                  ")").in_file(path);
+  Binding others;  // the dims no range draws
+  for (auto& sym : symbols)
+    if (!args.ranges.count(sym)) others[sym] = fixed.count(sym) ? fixed.at(sym) : 1;
+  for (auto& [name, size] : fixed)
+    if (!others.count(name)) others[name] = size;  // bind_dims names a size for no dim
+
+  // The stream's shapes, drawn before anything runs; random inputs per distinct shape, made before timing.
+  std::mt19937_64 rng(seed);
+  std::vector<Binding> stream;
+  for (int r = 0; r < runs; ++r) {
+    Binding b = others;
+    for (auto& [name, range] : args.ranges) b[name] = std::uniform_int_distribution<std::int64_t>(range.lo, range.hi)(rng);
+    stream.push_back(std::move(b));
+  }
+  Binding middle = others;
+  for (auto& [name, range] : args.ranges) middle[name] = range.lo + (range.hi - range.lo) / 2;
+  std::map<Binding, std::map<std::string, Tensor>> inputs;
+  auto inputs_for = [&](const Binding& b) -> const std::map<std::string, Tensor>& {
+    auto it = inputs.find(b);
+    if (it != inputs.end()) return it->second;
+    Graph bound = g.clone();
+    try {
+      bind_dims(bound, b);
+      return inputs.emplace(b, token_inputs(bound, seed)).first->second;
+    } catch (Error& e) {
+      e.in_file(path);
+      throw;
+    }
+  };
+  if (warmup > 0) inputs_for(middle);
+  for (const Binding& b : stream) inputs_for(b);
+  std::set<Binding> distinct(stream.begin(), stream.end());
+
+  // One cache for the whole stream, holding every shape it sees (a per-shape plan evicts none).
+  auto precision_line = std::make_shared<std::string>();
+  auto t0 = std::chrono::steady_clock::now();
+  lower::ShapeCache cache(g.clone(), cache_options(threads, pipeline, args, std::move(packed), precision_line),
+                          distinct.size() + 1);
+  const double ready_ms = elapsed_ms(t0);
+  auto run = [&](const Binding& b) {
+    const auto& in = inputs.at(b);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      cache.run(in);
+    } catch (Error& e) {
+      e.in_file(path);
+      throw;
+    }
+    return elapsed_ms(start);
+  };
+  {
+    ondine::cli::ProgressLine progress("warmup runs");
+    for (int r = 0; r < warmup; ++r) {
+      run(middle);
+      progress.update(static_cast<std::size_t>(r + 1), static_cast<std::size_t>(warmup));
+    }
+  }
+  std::vector<double> ms;
+  std::map<Binding, double> first_ms;
+  std::vector<Binding> first_seen;
+  const auto stream_start = std::chrono::steady_clock::now();
+  {
+    ondine::cli::ProgressLine progress("stream runs");
+    for (int r = 0; r < runs; ++r) {
+      const Binding& b = stream[static_cast<std::size_t>(r)];
+      ms.push_back(run(b));
+      if (first_ms.emplace(b, ms.back()).second) first_seen.push_back(b);
+      progress.update(static_cast<std::size_t>(r + 1), static_cast<std::size_t>(runs));
+    }
+  }
+  const double total_s = elapsed_ms(stream_start) / 1000.0;
+  const std::size_t compilations = cache.compilations();
+  // The cost of a new shape: each shape of the stream runs three more times; its steady time is the faster
+  // of the last two. The first-run overhead is the first run in the stream against that (the warmup's shape
+  // was not new to the stream: left out). A plan could also pay at a shape's second run: for a shape run
+  // once in the stream the first repeat is its second run, measured against the steady time too.
+  std::vector<double> overhead, firsts, steadies, second_overhead;
+  nlohmann::json shapes_json = nlohmann::json::array();
+  for (const Binding& b : first_seen) {
+    const double again = run(b);
+    const double steady = std::min(run(b), run(b));
+    const bool is_new = warmup == 0 || b != middle;
+    const auto count = std::count(stream.begin(), stream.end(), b);
+    if (is_new) {
+      overhead.push_back(first_ms.at(b) - steady);
+      firsts.push_back(first_ms.at(b));
+      steadies.push_back(steady);
+      if (count == 1) second_overhead.push_back(again - steady);
+    }
+    shapes_json.push_back({{"dims", b}, {"runs", count}, {"first_ms", first_ms.at(b)}, {"repeat_ms", again},
+                           {"steady_ms", steady}, {"new", is_new}});
+  }
+  const double rss = peak_rss_mib();
+
+  std::string ranges_text;
+  for (auto& [name, r] : args.ranges)
+    ranges_text += (ranges_text.empty() ? "" : ", ") + name + " uniform in [" + std::to_string(r.lo) + ", " +
+                   std::to_string(r.hi) + "]";
+  Binding shown_others;
+  for (auto& [name, size] : others)
+    if (std::find(symbols.begin(), symbols.end(), name) != symbols.end()) shown_others[name] = size;
+  print_cache_header(path, cache, threads, ", warmup " + std::to_string(warmup) +
+                                              (warmup > 0 ? " (at " + bindings_str(middle) + ")" : std::string()) +
+                                              ", runs " + std::to_string(runs),
+                     pipeline, args, ready_ms, *precision_line);
+  std::cout << "stream:  " << ranges_text << (shown_others.empty() ? "" : "; " + bindings_str(shown_others))
+            << " (seed " << seed << ")\n";
+  std::cout << std::fixed << std::setprecision(3) << "runs:    " << runs << " runs, " << distinct.size()
+            << " distinct shapes, " << total_s << " s in all; p50 " << quantile(ms, 0.5) << " ms, p99 "
+            << quantile(ms, 0.99) << " ms\n";
+  std::cout << "new shape: ";
+  if (overhead.empty())
+    std::cout << "no shape new to the stream (all at the warmup's)";
+  else
+    std::cout << "first run " << std::showpos << median(overhead) << std::noshowpos << " ms over steady (median over "
+              << overhead.size() << " shape" << (overhead.size() == 1 ? "" : "s") << " new to the stream; first "
+              << median(firsts) << " ms, steady " << median(steadies) << " ms)";
+  if (!second_overhead.empty())
+    std::cout << ", second run " << std::showpos << median(second_overhead) << std::noshowpos << " ms (median over "
+              << second_overhead.size() << " shape" << (second_overhead.size() == 1 ? "" : "s")
+              << " run once in the stream)";
+  std::cout << "; compilations " << compilations << "\n";
+  std::cout << "peak RSS: " << std::setprecision(1) << rss << " MiB\n";
+
+  if (!json_file.empty()) {
+    nlohmann::json j;
+    j["model"] = path;
+    j["mode"] = "stream";
+    j["engine"] = "shape cache";
+    j["isa"] = lower::effective_isa().name;
+    j["precision"] = precision_label();
+    j["passes"] = passes_label(pipeline);
+    j["threads"] = threads > 0 ? threads : omp_get_max_threads();
+    j["warmup"] = warmup;
+    j["runs"] = runs;
+    j["seed"] = seed;
+    j["shape_plan"] = lower::shape_plan_name(args.shape_plan);
+    j["plan"] = cache.shape_plan_reason();
+    j["shape_free"] = cache.shape_free() != nullptr;
+    j["ready_ms"] = ready_ms;
+    nlohmann::json ranges = nlohmann::json::object();
+    for (auto& [name, r] : args.ranges) ranges[name] = {r.lo, r.hi};
+    j["ranges"] = ranges;
+    j["dims"] = shown_others;
+    j["distinct_shapes"] = distinct.size();
+    j["total_s"] = total_s;
+    j["p50_ms"] = quantile(ms, 0.5);
+    j["p99_ms"] = quantile(ms, 0.99);
+    j["new_shape_overhead_ms"] = overhead.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(overhead));
+    j["new_shapes_measured"] = overhead.size();
+    j["second_run_overhead_ms"] =
+        second_overhead.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(second_overhead));
+    j["compilations"] = compilations;
+    j["peak_rss_mib"] = rss;
+    j["shapes"] = shapes_json;
+    nlohmann::json run_json = nlohmann::json::array();  // the stream in order
+    for (std::size_t r = 0; r < ms.size(); ++r) run_json.push_back({{"dims", stream[r]}, {"ms", ms[r]}});
+    j["stream"] = run_json;
+    write_json(json_file, j);
+  }
+  return 0;
+}
+
+// A model with a KV cache as --decode reads it.
+struct DecodeModel {
+  const Value* tokens = nullptr;          // input_ids
+  std::string batch_dim, seq_dim;         // the token input's axis 0 (empty: static) and axis 1 symbols
+  std::int64_t static_batch = 0;          // its axis 0 when static
+  std::vector<std::pair<const Value*, std::string>> kv;  // each past input and the output that feeds it next
+  const Value* mask = nullptr;            // attention_mask
+  const Value* positions = nullptr;       // position_ids
+  std::vector<const Value*> others;       // any other input: random
+  std::optional<std::int64_t> vocab;      // the token embedding's rows
+  std::string logits;                     // the output the next token is the argmax of; empty: none
+};
+
+// past_key_0 <- present_key_0, past_key_values.0.key <- present.0.key.
+DecodeModel decode_model(const Graph& g, const std::string& path) {
+  DecodeModel m;
+  auto rest_after = [](const std::string& name, std::initializer_list<const char*> prefixes) -> std::optional<std::string> {
+    for (const char* p : prefixes)
+      if (name.rfind(p, 0) == 0 && name.size() > std::strlen(p)) return name.substr(std::strlen(p));
+    return std::nullopt;
+  };
+  std::map<std::string, std::string> presents;  // rest of the name -> output name
+  for (const Value* out : g.outputs())
+    if (auto rest = rest_after(out->name(), {"present.", "present_"})) presents.emplace(*rest, out->name());
+  std::string names_in, names_out;
+  for (const Value* in : g.inputs()) names_in += (names_in.empty() ? "" : ", ") + in->name();
+  for (const Value* out : g.outputs()) names_out += (names_out.empty() ? "" : ", ") + out->name();
+  for (const Value* in : g.inputs()) {
+    auto rest = rest_after(in->name(), {"past_key_values.", "past_"});
+    if (!rest) continue;
+    auto it = presents.find(*rest);
+    if (it == presents.end())
+      throw Error("--decode: the past input '" + in->name() + "' has no present output to feed it (looked for 'present_" +
+                  *rest + "' and 'present." + *rest + "'; outputs: " + names_out + ")").in_file(path);
+    if (!in->shape().rank_known() || in->shape().rank() < 3 || in->shape()[2].is_static() || in->shape()[2].symbol.empty())
+      throw Error("--decode: the past input '" + in->name() + "' has shape " + in->shape().str() +
+                  "; its axis 2 should be the symbolic past length").in_file(path);
+    m.kv.emplace_back(in, it->second);
+  }
+  if (m.kv.empty())
+    throw Error("--decode needs a model with a KV cache: inputs named past_* or past_key_values.* fed by outputs "
+                "named present_* or present.* (past_key_0 <- present_key_0); the model's inputs: " + names_in +
+                "; outputs: " + names_out).in_file(path);
+  for (const Value* in : g.inputs()) {
+    if (std::any_of(m.kv.begin(), m.kv.end(), [&](auto& p) { return p.first == in; })) continue;
+    if (in->name() == "attention_mask") m.mask = in;
+    else if (in->name() == "position_ids") m.positions = in;
+    else if (in->name() == "input_ids" || (!m.tokens && in->dtype() == DType::Int64)) {
+      if (m.tokens) m.others.push_back(m.tokens);
+      m.tokens = in;
+    } else m.others.push_back(in);
+  }
+  if (!m.tokens)
+    throw Error("--decode: no token input (input_ids, or an int64 input other than the pasts); the model's inputs: " +
+                names_in).in_file(path);
+  const Shape& s = m.tokens->shape();
+  if (!s.rank_known() || s.rank() != 2 || s[1].is_static() || s[1].symbol.empty())
+    throw Error("--decode: the token input '" + m.tokens->name() + "' has shape " + s.str() +
+                "; expected [batch, seq] with a symbolic seq").in_file(path);
+  m.seq_dim = s[1].symbol;
+  if (s[0].is_static()) m.static_batch = s[0].value;
+  else m.batch_dim = s[0].symbol;
+  for (const Value* v : {m.mask, m.positions})
+    if (v && (!v->shape().rank_known() || v->shape().rank() != 2))
+      throw Error("--decode: the input '" + v->name() + "' has shape " + v->shape().str() + "; expected [batch, length]")
+          .in_file(path);
+  m.vocab = token_vocab(g, m.tokens);
+  if (m.vocab)
+    for (const Value* out : g.outputs()) {
+      const Shape& o = out->shape();
+      if (!rest_after(out->name(), {"present.", "present_"}) && o.rank_known() && o.rank() >= 1 &&
+          o[o.rank() - 1].is_static() && o[o.rank() - 1].value == *m.vocab) {
+        m.logits = out->name();
+        break;
+      }
+    }
+  return m;
+}
+
+// Decode: the prompt with empty pasts, then `steps` runs of one token each fed the previous presents.
+int bench_decode(const std::string& path, const Graph& g, const std::map<std::string, std::int64_t>& fixed,
+                 const std::vector<std::int64_t>& batches, const ShapeBenchArgs& args, int threads, int warmup,
+                 int runs, std::uint64_t seed, const std::string& json_file, const std::string& pipeline,
+                 std::shared_ptr<lower::PackedWeights> packed) {
+  const DecodeModel m = decode_model(g, path);
+  if (batches.size() > 1) throw UsageError("--decode measures one batch size, got --batch with " + std::to_string(batches.size()));
+  std::int64_t batch = batches.empty() ? 1 : batches.front();
+  if (!m.batch_dim.empty() && fixed.count(m.batch_dim)) {
+    if (!batches.empty() && batches.front() != fixed.at(m.batch_dim))
+      throw UsageError("--batch " + std::to_string(batch) + " and --dim " + m.batch_dim + "=" +
+                       std::to_string(fixed.at(m.batch_dim)) + " disagree");
+    batch = fixed.at(m.batch_dim);
+  }
+  if (m.batch_dim.empty()) {
+    if (!batches.empty() && batch != m.static_batch)
+      throw Error("--batch " + std::to_string(batch) + ": the token input '" + m.tokens->name() +
+                  "' has a fixed batch of " + std::to_string(m.static_batch)).in_file(path);
+    batch = m.static_batch;
+  }
+  const std::int64_t prompt = fixed.count(m.seq_dim) ? fixed.at(m.seq_dim) : 32;
+  if (prompt < 1) throw UsageError("--dim " + m.seq_dim + "=" + std::to_string(prompt) + ": the prompt needs a token");
+  const int steps = args.decode_steps;
+
+  // The dims of an input at a step: static ones, the batch, the step's length, its past, --dim NAME=SIZE.
+  auto dims_of = [&](const Value* in, std::int64_t seq, std::int64_t past) {
+    std::vector<std::int64_t> dims;
+    for (std::size_t d = 0; d < in->shape().rank(); ++d) {
+      const Dim& dim = in->shape()[d];
+      if (dim.is_static()) dims.push_back(dim.value);
+      else if (!m.batch_dim.empty() && dim.symbol == m.batch_dim) dims.push_back(batch);
+      else if (dim.symbol == m.seq_dim) dims.push_back(seq);
+      else if (std::any_of(m.kv.begin(), m.kv.end(), [&](auto& p) { return p.first->shape()[2].symbol == dim.symbol; }))
+        dims.push_back(past);
+      else if (fixed.count(dim.symbol)) dims.push_back(fixed.at(dim.symbol));
+      else
+        throw Error("--decode: input '" + in->name() + "' axis " + std::to_string(d) + " is the symbolic dim '" +
+                    (dim.symbol.empty() ? "?" : dim.symbol) + "': give its size with --dim NAME=SIZE").in_file(path);
+    }
+    return dims;
+  };
+  // The inputs besides the tokens and the pasts at a step (`seq` new tokens after `past`).
+  std::mt19937_64 rng(seed);
+  auto step_inputs = [&](std::map<std::string, Tensor>& in, std::int64_t seq, std::int64_t past) {
+    if (m.mask) in[m.mask->name()] = tensor_of(m.mask->dtype(), {batch, past + seq}, [](std::int64_t) { return 1; });
+    if (m.positions)
+      in[m.positions->name()] =
+          tensor_of(m.positions->dtype(), {batch, seq}, [&](std::int64_t i) { return past + i % seq; });
+    for (const Value* v : m.others) in[v->name()] = ondine::cli::random_tensor(v->dtype(), dims_of(v, seq, past), rng);
+  };
+  const std::int64_t id_range = m.vocab ? std::min<std::int64_t>(*m.vocab, 100) : 100;
+  const Tensor prompt_ids = tensor_of(m.tokens->dtype(), {batch, prompt}, [&](std::int64_t) {
+    return std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(id_range, 1) - 1)(rng);
+  });
+  // The next token per sequence: the argmax of the last row of the logits, else 1 + step % 100.
+  auto next_tokens = [&](const std::map<std::string, Tensor>& out, int step) {
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(batch));
+    if (m.logits.empty()) {
+      std::int64_t id = 1 + step % 100;
+      if (m.vocab && *m.vocab > 0) id %= *m.vocab;
+      std::fill(ids.begin(), ids.end(), id);
+    } else {
+      const Tensor& l = out.at(m.logits);
+      const std::vector<float> v = l.to_floats();
+      const std::int64_t vocab = *m.vocab, rows = l.numel() / vocab / batch;
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const float* row = v.data() + ((b + 1) * rows - 1) * vocab;
+        ids[static_cast<std::size_t>(b)] = std::max_element(row, row + vocab) - row;
+      }
+    }
+    return tensor_of(m.tokens->dtype(), {batch, 1}, [&](std::int64_t i) { return ids[static_cast<std::size_t>(i)]; });
+  };
+
+  auto precision_line = std::make_shared<std::string>();
+  auto t0 = std::chrono::steady_clock::now();
+  // The cache's default capacity, as a server would keep it: a per-shape plan compiles a new past length at
+  // every step, and again in later decodes for the lengths it evicted.
+  lower::ShapeCache cache(g.clone(), cache_options(threads, pipeline, args, std::move(packed), precision_line));
+  const double ready_ms = elapsed_ms(t0);
+  auto timed_run = [&](const std::map<std::string, Tensor>& in, std::map<std::string, Tensor>& out) {
+    auto start = std::chrono::steady_clock::now();
+    try {
+      out = cache.run(in);
+    } catch (Error& e) {
+      e.in_file(path);
+      throw;
+    }
+    return elapsed_ms(start);
+  };
+  struct Decode {
+    double prompt_ms = 0;
+    std::vector<double> token_ms;
+  };
+  ondine::cli::ProgressLine progress("decode");
+  const std::size_t total_runs = static_cast<std::size_t>(warmup + runs) * static_cast<std::size_t>(steps + 1);
+  std::size_t done = 0;
+  auto decode = [&]() {
+    Decode d;
+    std::map<std::string, Tensor> in, out;
+    in[m.tokens->name()] = prompt_ids;
+    for (auto& [past, present] : m.kv) {
+      std::vector<std::int64_t> dims = dims_of(past, prompt, 0);
+      in[past->name()] = Tensor(past->dtype(), dims);
+    }
+    step_inputs(in, prompt, 0);
+    d.prompt_ms = timed_run(in, out);
+    progress.update(++done, total_runs);
+    std::int64_t past = prompt;
+    for (int step = 0; step < steps; ++step) {
+      in[m.tokens->name()] = next_tokens(out, step);
+      for (auto& [p, present] : m.kv) {
+        const Tensor& t = out.at(present);
+        if (t.dims().size() < 3 || t.dims()[2] != past)
+          throw Error("--decode: the output '" + present + "' has shape " + dims_str(t.dims()) + " after " +
+                      std::to_string(past) + " tokens; expected " + std::to_string(past) +
+                      " on axis 2 to feed '" + p->name() + "'").in_file(path);
+        in[p->name()] = t;
+      }
+      step_inputs(in, 1, past);
+      d.token_ms.push_back(timed_run(in, out));
+      progress.update(++done, total_runs);
+      ++past;
+    }
+    return d;
+  };
+  for (int w = 0; w < warmup; ++w) decode();
+  const std::size_t warmup_compilations = cache.compilations();
+  std::vector<Decode> decodes;
+  for (int r = 0; r < runs; ++r) decodes.push_back(decode());
+  progress.clear();
+  const std::size_t compilations = cache.compilations(), timed_compilations = compilations - warmup_compilations;
+  const double rss = peak_rss_mib();
+
+  // Per decode: prompt, p50, p90, first, middle and last step; then the median of each over the decodes.
+  const std::size_t mid = static_cast<std::size_t>(steps - 1) / 2;
+  auto med = [&](const std::function<double(const Decode&)>& f) {
+    std::vector<double> v;
+    for (const Decode& d : decodes) v.push_back(f(d));
+    return median(v);
+  };
+  const double prompt_ms = med([](const Decode& d) { return d.prompt_ms; });
+  const double p50 = med([](const Decode& d) { return quantile(d.token_ms, 0.5); });
+  const double p90 = med([](const Decode& d) { return quantile(d.token_ms, 0.9); });
+  const double first = med([](const Decode& d) { return d.token_ms.front(); });
+  const double middle = med([&](const Decode& d) { return d.token_ms[mid]; });
+  const double last = med([](const Decode& d) { return d.token_ms.back(); });
+  std::vector<double> per_step;
+  for (std::size_t s = 0; s < static_cast<std::size_t>(steps); ++s)
+    per_step.push_back(med([&](const Decode& d) { return d.token_ms[s]; }));
+
+  std::string kv_text = std::to_string(m.kv.size()) + " past" + (m.kv.size() == 1 ? "" : "s") + " (" +
+                        m.kv.front().first->name() + " <- " + m.kv.front().second + (m.kv.size() > 1 ? ", ..." : "") + ")";
+  const std::string next = m.logits.empty() ? "1 + step % 100 (no output's last dim is the vocabulary)"
+                                            : "argmax of '" + m.logits + "'";
+  print_cache_header(path, cache, threads, "", pipeline, args, ready_ms, *precision_line);
+  std::cout << "decode:  batch " << batch << ", prompt " << prompt << " tokens (" << m.seq_dim << "), " << steps
+            << " steps of one token; KV cache: " << kv_text << "; next token: " << next << "; warmup " << warmup
+            << ", runs " << runs << (runs > 1 ? " (medians)" : "") << "\n";
+  std::cout << std::fixed << std::setprecision(3) << "prompt:  " << prompt_ms << " ms (" << prompt << " tokens)\n";
+  std::cout << "tokens:  p50 " << p50 << " ms, p90 " << p90 << " ms (" << std::setprecision(1)
+            << (p50 > 0 ? 1000.0 * static_cast<double>(batch) / p50 : 0.0) << " tokens/s at p50)\n";
+  std::cout << std::setprecision(3) << "steps:   first " << first << " ms (past " << prompt << "), middle " << middle
+            << " ms (past " << prompt + static_cast<std::int64_t>(mid) << "), last " << last << " ms (past "
+            << prompt + steps - 1 << ")\n";
+  std::cout << "compilations: " << compilations << " (" << timed_compilations << " in the timed decodes)\n";
+  std::cout << "peak RSS: " << std::setprecision(1) << rss << " MiB\n";
+
+  if (!json_file.empty()) {
+    nlohmann::json j;
+    j["model"] = path;
+    j["mode"] = "decode";
+    j["engine"] = "shape cache";
+    j["isa"] = lower::effective_isa().name;
+    j["precision"] = precision_label();
+    j["passes"] = passes_label(pipeline);
+    j["threads"] = threads > 0 ? threads : omp_get_max_threads();
+    j["warmup"] = warmup;
+    j["runs"] = runs;
+    j["seed"] = seed;
+    j["shape_plan"] = lower::shape_plan_name(args.shape_plan);
+    j["plan"] = cache.shape_plan_reason();
+    j["shape_free"] = cache.shape_free() != nullptr;
+    j["ready_ms"] = ready_ms;
+    j["batch"] = batch;
+    j["prompt_tokens"] = prompt;
+    j["steps"] = steps;
+    nlohmann::json pairs = nlohmann::json::object();
+    for (auto& [past, present] : m.kv) pairs[past->name()] = present;
+    j["kv"] = pairs;
+    j["next_token"] = m.logits.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.logits);
+    j["prompt_ms"] = prompt_ms;
+    j["token_p50_ms"] = p50;
+    j["token_p90_ms"] = p90;
+    j["token_first_ms"] = first;
+    j["token_middle_ms"] = middle;
+    j["token_last_ms"] = last;
+    j["token_ms"] = per_step;
+    j["compilations"] = compilations;
+    j["timed_compilations"] = timed_compilations;
+    j["peak_rss_mib"] = rss;
+    write_json(json_file, j);
+  }
+  return 0;
+}
+
 int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_list,
               const std::vector<std::string>& dim_specs, int threads, int warmup, int runs, std::uint64_t seed,
               bool use_reference, const std::string& json_file, const std::string& passes, bool passes_given,
-              bool profile) {
+              bool profile, ShapeBenchArgs shape_args) {
+  std::vector<std::string> specs = dim_specs;
+  shape_args.ranges = take_dim_ranges(specs);
+  const bool through_cache = shape_args.decode_steps > 0 || !shape_args.ranges.empty();
+  if (through_cache) {
+    const std::string mode = shape_args.decode_steps > 0 ? "--decode" : "a --dim NAME=LO:HI range";
+    if (shape_args.decode_steps > 0 && !shape_args.ranges.empty())
+      throw UsageError("--decode draws no shapes: give its prompt length as --dim NAME=SIZE, not a range");
+    if (shape_args.decode_steps == 0 && !batch_list.empty())
+      throw UsageError("--batch is not combined with a --dim range: the stream runs batch 1, or --dim BATCH=SIZE, "
+                       "or a range for the batch dim too");
+    if (use_reference) throw UsageError("--reference is not combined with " + mode + " (it runs the compiled model)");
+    if (profile) throw UsageError("--profile is not combined with " + mode);
+    if (shape_args.max_error_given) throw UsageError("--max-error is not combined with " + mode);
+    for (const std::string& spec : specs) {
+      const auto eq = spec.find('=');
+      if (eq == std::string::npos)
+        throw UsageError("--dim " + spec + " names the dim --batch sets; with " + mode + " give sizes as NAME=SIZE");
+      if (shape_args.ranges.count(spec.substr(0, eq)))
+        throw UsageError("--dim " + spec.substr(0, eq) + " given as a range and as a size");
+    }
+    if (shape_args.decode_steps > 0) {  // whole decodes: one warmup and one timed unless given
+      if (!shape_args.warmup_given) warmup = 1;
+      if (!shape_args.runs_given) runs = 1;
+    }
+  } else if (shape_args.shape_plan_given) {
+    throw UsageError("--shape-plan applies to a stream of shapes (--dim NAME=LO:HI) or --decode, which run through a "
+                     "shape cache; bench compiles each --batch size on its own");
+  }
   pipeline_for(passes);
   ModelFile file = load_model_file(path);
   adopt_artifact_precision(file);
@@ -1377,6 +2045,14 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   check_supported(g);
   if (file.artifact && !g_calib_dir.empty()) throw UsageError("--calib quantizes an ONNX model; " + path + " is compiled already");
   quantize_for_int8(g, path, lower::effective_isa());
+  if (through_cache) {
+    const auto fixed = parse_dims(specs);
+    auto packed = file_packed ? file_packed : std::make_shared<lower::PackedWeights>();
+    if (shape_args.decode_steps > 0)
+      return bench_decode(path, g, fixed, batch_list, shape_args, threads, warmup, runs, seed, json_file, pipeline,
+                          std::move(packed));
+    return bench_stream(path, g, fixed, shape_args, threads, warmup, runs, seed, json_file, pipeline, std::move(packed));
+  }
   BatchDims dims = batch_dims(g, dim_specs, path);
   auto batches = bench_batches(g, dims, batch_list, path);
   auto flops = flops_per_sample(g, dims);
@@ -1616,10 +2292,29 @@ int main(int argc, char** argv) {
   bench->add_option("--batch", batches, "batch sizes, e.g. 1,8 (default 1; a model with static shapes: its own)")
       ->delimiter(',')->check(CLI::PositiveNumber);
   bench->add_option("--dim", dims, "NAME: the symbolic dim --batch sets (needed when there are several); "
-                                   "NAME=SIZE: fix another symbolic dim (repeatable)");
+                                   "NAME=SIZE: fix another symbolic dim (repeatable); NAME=LO:HI: a stream of shapes, "
+                                   "each timed run drawing NAME uniformly in [LO, HI] (seeded), through one shape cache");
   bench->add_option("--threads", threads, "oneDNN threads (default: OpenMP's)");
-  bench->add_option("--warmup", warmup, "untimed runs per batch size first")->check(CLI::NonNegativeNumber);
-  bench->add_option("--runs", bench_runs, "timed runs per batch size")->check(CLI::PositiveNumber);
+  auto* bench_warmup_opt = bench->add_option("--warmup", warmup,
+                                             "untimed runs per batch size first (a stream: at the ranges' midpoints; "
+                                             "--decode: whole decodes, default 1)")
+                               ->check(CLI::NonNegativeNumber);
+  auto* bench_runs_opt = bench->add_option("--runs", bench_runs,
+                                           "timed runs per batch size (a stream: its length; --decode: whole decodes, "
+                                           "default 1, medians reported)")
+                             ->check(CLI::PositiveNumber);
+  ShapeBenchArgs shape_bench_args;
+  auto* bench_decode_opt = bench->add_option(
+      "--decode", shape_bench_args.decode_steps,
+      "decode with the model's KV cache (past_* inputs fed by present_* outputs): the prompt (--dim SEQ=N, default "
+      "32) with empty pasts, then STEPS runs of one token each; prompt and per-token times");
+  bench_decode_opt->check(CLI::PositiveNumber);
+  std::string shape_plan = "auto";
+  auto* bench_shape_plan_opt =
+      bench->add_option("--shape-plan", shape_plan,
+                        "with a --dim range or --decode: auto (default: the shape-free plan where it covers the model "
+                        "at fp32, else one compile per shape), per-shape, or shape-free")
+          ->check(CLI::IsMember({"auto", "per-shape", "shape-free"}));
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");
@@ -1627,7 +2322,8 @@ int main(int argc, char** argv) {
       bench->add_option("--precision", precision, precision_help + "; an artifact: its own unless given")
           ->check(CLI::IsMember({"fp32", "bf16", "int8", "auto"})));
   bench->add_option("--keep-fp32", g_keep_fp32, keep_fp32_help);
-  bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
+  auto* bench_max_error_opt =
+      bench->add_option("--max-error", g_max_error, max_error_help)->check(CLI::NonNegativeNumber);
   bench->add_option("--calib", g_calib_dir, calib_help);
   bench->add_option("--conv-layout", conv_layout, conv_layout_help)->check(CLI::IsMember({"auto", "any", "blocked"}));
   bench->add_option("--conv-algorithm", conv_algorithm, conv_algorithm_help)
@@ -1697,9 +2393,17 @@ int main(int argc, char** argv) {
     if (*quantize) return ondine::cli::cmd_quantize(quantize_args);
     if (*header) return ondine::cli::cmd_header(header_args);
     if (*ops) return ondine::cli::cmd_ops(ops_args);
-    if (*bench)
+    if (*bench) {
+      shape_bench_args.shape_plan = shape_plan == "per-shape"    ? lower::ShapePlan::PerShape
+                                    : shape_plan == "shape-free" ? lower::ShapePlan::ShapeFree
+                                                                 : lower::ShapePlan::Auto;
+      shape_bench_args.shape_plan_given = bench_shape_plan_opt->count() > 0;
+      shape_bench_args.warmup_given = bench_warmup_opt->count() > 0;
+      shape_bench_args.runs_given = bench_runs_opt->count() > 0;
+      shape_bench_args.max_error_given = bench_max_error_opt->count() > 0;
       return cmd_bench(model, batches, dims, threads, warmup, bench_runs, seed, reference, json_file, passes,
-                       bench_passes_opt->count() > 0, bench_profile);
+                       bench_passes_opt->count() > 0, bench_profile, shape_bench_args);
+    }
     ondine::reference::set_max_loop_iterations(max_loop_iterations);
     if (*run)
       return cmd_run(model, input_specs, dims, output_dir, seed, runs, reference, threads, check, tolerance, passes,

@@ -323,6 +323,46 @@ for k in 0 1; do
     --input input_ids="$torch_dir/gpt_decoder/case$k.input_ids.npy" --check --threads 1 --passes none
 done
 
+# bench through one shape cache: a stream of shapes (--dim NAME=LO:HI) on the shape-free plan, and a decode
+# with a KV cache (--decode); a model without past/present pairs is refused naming what was looked for.
+bert=$torch_dir/hf_bert/model.onnx kv=$torch_dir/gpt2_kv/model.onnx
+expect 0 'plan: +shape-free: compiled once for any shape' -- "$ondine" bench "$bert" --dim seq=4:20 --runs 12 --threads 1
+expect 0 'runs: +12 runs, [0-9]+ distinct shapes, [0-9.]+ s in all; p50 [0-9.]+ ms, p99 [0-9.]+ ms' -- \
+  "$ondine" bench "$bert" --dim seq=4:20 --runs 12 --threads 1
+expect 0 'new shape: first run [-+][0-9.]+ ms over steady .*; compilations 0' -- "$ondine" bench "$bert" --dim seq=4:20 --runs 12 --threads 1
+expect 0 'new shape: .*; compilations [1-9]' -- "$ondine" bench "$bert" --dim seq=4:8 --runs 4 --warmup 1 --shape-plan per-shape
+expect 0 '"new_shape_overhead_ms"' -- "$ondine" bench "$bert" --dim seq=4:20 --runs 6 --warmup 1 --json /dev/stdout
+expect 0 'prompt: +[0-9.]+ ms \(6 tokens\)' -- "$ondine" bench "$kv" --decode 5 --dim seq=6 --threads 1
+expect 0 'tokens: +p50 [0-9.]+ ms, p90 [0-9.]+ ms' -- "$ondine" bench "$kv" --decode 5 --dim seq=6 --threads 1
+expect 0 'steps: +first .*\(past 6\), middle .*\(past 8\), last .*\(past 10\)' -- "$ondine" bench "$kv" --decode 5 --dim seq=6
+expect 0 'next token: argmax of .logits.' -- "$ondine" bench "$kv" --decode 2 --dim seq=3 --batch 2 --runs 2 --warmup 0
+expect 0 '"token_p90_ms"' -- "$ondine" bench "$kv" --decode 3 --dim seq=4 --json /dev/stdout
+expect 1 'hf_bert/model\.onnx: --decode needs a model with a KV cache: inputs named past_\*' -- "$ondine" bench "$bert" --decode 3
+expect 2 'NAME=LO:HI' -- "$ondine" bench "$bert" --dim seq=9:4
+expect 2 '--batch is not combined with a --dim range' -- "$ondine" bench "$bert" --dim seq=4:8 --batch 2
+expect 2 '--shape-plan applies to' -- "$ondine" bench "$bert" --dim seq=8 --shape-plan per-shape
+expect 1 'no symbolic dim of that name' -- "$ondine" bench "$bert" --dim len=4:8
+
+# Unnamed dims ('?', no dim_param: what some exporters write) bind from the input files like named ones.
+/usr/bin/python3 - "$torch_dir/hf_bert/model.onnx" "$work/unnamed_dims.onnx" <<'PY'
+import sys, onnx
+m = onnx.load(sys.argv[1])
+for v in list(m.graph.input) + list(m.graph.output):
+    for d in v.type.tensor_type.shape.dim:
+        d.ClearField("dim_param")
+onnx.save(m, sys.argv[2])
+PY
+expect 0 'check: last_hidden_state max_abs_err .* ok' -- "$ondine" run "$work/unnamed_dims.onnx" --input input_ids="$torch_dir/hf_bert/case1.input_ids.npy" \
+  --input attention_mask="$torch_dir/hf_bert/case1.attention_mask.npy" --check --threads 1
+
+# inspect describes a model whose dims cannot all be 1 (a U-Net's pooling stack at 1x1 pixels): symbolic
+# shapes, FLOPs once the dims are given.
+expect 0 'FLOPs: +not counted: give --dim batch=N --dim height=N --dim width=N .*MaxPool' -- \
+  "$ondine" inspect "$torch_dir/unet/model.onnx"
+expect 0 'input: +image +float32\[batch,3,height,width\]' -- "$ondine" inspect "$torch_dir/unet/model.onnx"
+expect 0 'FLOPs: +[0-9.]+ [KMG]FLOP at batch=1, height=64, width=64' -- \
+  "$ondine" inspect "$torch_dir/unet/model.onnx" --dim height=64 --dim width=64
+
 # Compiled artifacts (docs/artifacts.md): written by compile -o *.ondine, taken by run/bench/inspect with the
 # passes off; the same outputs as the ONNX file; bad artifacts name the file.
 gpt=$torch_dir/gpt_decoder

@@ -2,7 +2,7 @@
 # ondine/runtime.hpp is the runtime without ONNX, protobuf or passes: (1) the headers a translation unit
 # including it pulls in (g++ -MM) contain no onnx/, protobuf, passes/ or quant/ header; (2) a host program
 # built with it and linked against oneDNN only (examples/runtime/main.cpp) runs an artifact written by
-# `ondine compile -o` and gives the bytes `ondine run` gives for the same file.
+# `ondine compile -o` and gives the outputs `ondine run` gives for the same file (within float32 rounding).
 set -uo pipefail
 ondine=$1 src=$2
 work=$(mktemp -d)
@@ -27,7 +27,14 @@ mkdir -p "$work/host" "$work/cli"
 if "$work/runtime_host" "$work/gpt.ondine" input_ids="$gpt/case1.input_ids.npy" "$work/host" >"$work/host.log" 2>&1; then ok
 else bad "runtime host run:"; cat "$work/host.log"; fi
 "$ondine" run "$work/gpt.ondine" --threads 1 --input input_ids="$gpt/case1.input_ids.npy" --output-dir "$work/cli" >/dev/null 2>&1
-if cmp -s "$work/host/logits.npy" "$work/cli/logits.npy"; then ok; else bad "the runtime host's logits differ from ondine run's"; fi
+# Within float32 rounding, not bit for bit: the shape-free plan's own loops (layer norm, softmax) are compiled
+# into each program from the headers, and this host is built at -O1 (no vectorised sums), `ondine` at -O3.
+if diff=$(/usr/bin/python3 -c '
+import sys, numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+d = float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-6) if a.shape == b.shape else float("inf")
+print(d); sys.exit(0 if d < 1e-5 else 1)' "$work/host/logits.npy" "$work/cli/logits.npy" 2>&1); then ok
+else bad "the runtime host's logits differ from ondine run's (relative $diff)"; fi
 # A bad artifact: an error naming the file, exit 1.
 head -c 300 "$work/gpt.ondine" >"$work/cut.ondine"
 out=$("$work/runtime_host" "$work/cut.ondine" input_ids="$gpt/case1.input_ids.npy" "$work/host" 2>&1)

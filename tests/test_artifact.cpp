@@ -129,6 +129,7 @@ TEST_CASE("artifact: compiled, its outputs equal the ONNX path's bit for bit on 
     INFO(name);
     lower::CompileOptions options;
     options.threads = 2;
+    options.shape_plan = lower::ShapePlan::PerShape;  // the plans the packings were made for
     Graph imported = ondine::onnx::load_model((fs::path(ONDINE_TEST_DATA_DIR) / "torch" / name / "model.onnx").string());
     lower::ShapeCache onnx_path(std::move(imported), options);
     const std::string path = tmp_path(std::string(name) + ".compiled.ondine");
