@@ -226,6 +226,19 @@ struct Model {
     return cache->run(inputs);
   }
 
+  // With outputs written into the caller's buffers (runtime/output_binding.hpp).
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    const std::map<std::string, Tensor>& bound) const {
+    if (fixed) {
+      check_inputs(graph, inputs);
+      runtime::check_output_bindings(graph, inputs, bound);
+      std::map<std::string, Tensor> outputs = fixed->run(inputs);
+      for (auto& [name, buffer] : bound) outputs[name] = runtime::write_output(outputs.at(name), buffer, name);
+      return outputs;
+    }
+    return cache->run(inputs, bound);
+  }
+
   std::string precision() const { return int8 ? "int8" : lower::precision_name(options.precision); }
 };
 
@@ -247,6 +260,69 @@ std::vector<std::pair<std::string, py::array>> run_model(const Model& m, py::han
     auto it = outputs.find(o->name());
     if (it == outputs.end()) throw Error("the compiled model has no output '" + o->name() + "'").in_file(m.source);
     out.emplace_back(o->name(), to_array(std::move(it->second), o->name()));
+  }
+  return out;
+}
+
+// run_into(feeds, {output name: array}): the bound outputs written into the caller's arrays, which must be
+// C-contiguous, writeable and of the output's dtype, with at least as many elements as the output (a
+// larger one holds it in its first elements: a KV cache allocated for the longest sequence). Returns every
+// output; the bound ones as views of the given arrays with the output's shape.
+py::dict run_into(const Model& m, py::handle feeds, py::handle buffers) {
+  if (!py::isinstance<py::dict>(buffers))
+    throw py::type_error("the output buffers must be a dict {output name: array}, got " +
+                         std::string(py::str(buffers.get_type().attr("__name__"))));
+  std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);
+  std::map<std::string, Tensor> bound;
+  std::map<std::string, py::array> arrays;
+  for (auto [key, value] : py::reinterpret_borrow<py::dict>(buffers)) {
+    if (!py::isinstance<py::str>(key))
+      throw py::type_error("output names must be str, got " + std::string(py::str(key.get_type().attr("__name__"))));
+    const std::string name = key.cast<std::string>();
+    const Value* v = m.graph.find_value(name);
+    if (!v || !v->is_graph_output())
+      throw Error("'" + name + "' is not an output of the model (outputs: " + names_of(m.graph.outputs()) + ")");
+    if (!py::isinstance<py::array>(value))
+      throw py::type_error("the buffer for output '" + name + "' must be a numpy array, got " +
+                           std::string(py::str(value.get_type().attr("__name__"))));
+    py::array arr = py::reinterpret_borrow<py::array>(value);
+    if (!same_dtype(arr.dtype(), v->dtype()))
+      throw Error("the buffer for output '" + name + "' has dtype " + std::string(py::str(arr.dtype())) +
+                  "; the output is " + std::string(dtype_name(v->dtype())));
+    if (!(arr.flags() & py::array::c_style) || !arr.writeable() || arr.dtype().byteorder() == '>')
+      throw Error("the buffer for output '" + name + "' must be a C-contiguous, writeable array in native byte order");
+    std::vector<std::int64_t> dims(arr.shape(), arr.shape() + arr.ndim());
+    auto* keep = new py::object(arr);
+    std::shared_ptr<void> owner(keep, [](void* p) {
+      py::gil_scoped_acquire gil;
+      delete static_cast<py::object*>(p);
+    });
+    bound[name] = Tensor(v->dtype(), std::move(dims), arr.mutable_data(), std::move(owner));
+    arrays[name] = arr;
+  }
+  std::map<std::string, Tensor> outputs;
+  {
+    py::gil_scoped_release release;
+    try {
+      outputs = m.run(inputs, bound);
+    } catch (Error& e) {
+      e.in_file(m.source);
+      throw;
+    }
+  }
+  py::dict out;
+  for (const Value* o : m.graph.outputs()) {
+    auto it = outputs.find(o->name());
+    if (it == outputs.end()) throw Error("the compiled model has no output '" + o->name() + "'").in_file(m.source);
+    if (auto a = arrays.find(o->name()); a != arrays.end()) {
+      const Tensor& t = it->second;
+      py::tuple shape(t.rank());
+      for (std::size_t d = 0; d < t.rank(); ++d) shape[d] = t.dims()[d];
+      py::object flat = a->second.attr("reshape")(-1);
+      out[py::str(o->name())] = flat[py::slice(0, t.numel(), 1)].attr("reshape")(shape);
+    } else {
+      out[py::str(o->name())] = to_array(std::move(it->second), o->name());
+    }
   }
   return out;
 }
@@ -677,6 +753,10 @@ PYBIND11_MODULE(ondine, mod) {
       .def("run", &run_dict, py::arg("input_feed"), "run({name: array}) -> {output name: array}")
       .def("run", &run_list, py::arg("output_names"), py::arg("input_feed"),
            "run(output_names, {name: array}) -> [array], in that order; None: every output")
+      .def("run_into", &run_into, py::arg("input_feed"), py::arg("outputs"),
+           "run_into({name: array}, {output name: array}) -> {output name: array}: the named outputs written into "
+           "the given arrays (C-contiguous, writeable, the output's dtype, at least its size; returned as views of "
+           "them with the output's shape), as ONNX Runtime's IOBinding")
       .def("run_reference", [](const Model& m, py::handle feeds) {
              // The oracle: the graph as imported (dims bound) on the reference executor, no passes.
              std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);

@@ -5,7 +5,9 @@
 // shape).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -131,8 +133,8 @@ TEST_CASE("shape-free kernels: layer norm, softmax, transpose and activations at
 }
 
 TEST_CASE("shape-free kernels: matrix products by constant weights and of two activations", "[lower][shape-free]") {
-  // The fused forms (bias, residual Sum, GELU) come from the default passes; a row count seen twice gets a
-  // primitive of its own, so the shapes repeat.
+  // The fused forms (bias, residual Sum, GELU) come from the default passes; fewer than 8 rows take the
+  // weight-streaming loop, more the run-time-rows matmul, and shapes repeat.
   Graph g;
   Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("b"), Dim::named("s"), 32});
   Value* h = g.add_op("MatMul", {x, constant(g, "w1", {32, 64}, 4)}, {}, "h");
@@ -160,6 +162,39 @@ TEST_CASE("shape-free kernels: matrix products by constant weights and of two ac
     for (auto& [name, t] : want) {
       INFO(name << " at " << dims_str(dims));
       CHECK(rel_diff(got.at(name), t) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("shape-free kernels: a few rows stream the weights (bands of K across threads, bias, sum, activation)",
+          "[lower][shape-free]") {
+  // K = 130 (bands of four rows and a remainder), N = 200: large enough that threads split K. From 8 rows
+  // the run-time-rows matmul; below, the weight-streaming loop, which must give the same numbers.
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("b"), Dim::named("s"), 130});
+  Value* r = g.add_input("r", DType::Float32, Shape{Dim::named("b"), Dim::named("s"), 200});
+  Value* h = g.add_op("MatMul", {x, constant(g, "w", {130, 200}, 21)}, {}, "h");
+  Value* hb = g.add_op("Add", {h, constant(g, "bias", {200}, 22)}, {}, "hb");
+  Value* hr = g.add_op("Add", {hb, r}, {}, "residual");
+  g.add_output(g.add_op("Tanh", {hr}, {}, "act"));
+  infer_shapes(g);
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    lower::DynamicModel model(g.clone(), options(threads));
+    INFO(model.to_text());
+    CHECK(model.to_text().find("weight-streaming") != std::string::npos);
+    ReferenceExecutor reference(g);
+    std::mt19937 rng(13);
+    for (auto [b, sq] : std::vector<std::pair<int, int>>{{1, 1}, {1, 3}, {1, 7}, {1, 8}, {2, 3}, {3, 9}, {1, 1}}) {
+      std::map<std::string, Tensor> in{{"x", test::random_tensor({b, sq, 130}, rng)},
+                                       {"r", test::random_tensor({b, sq, 200}, rng)}};
+      auto got = model.run(in);
+      auto want = reference.run(in);
+      INFO("rows " << b * sq);
+      for (auto& [name, t] : want) CHECK(rel_diff(got.at(name), t) < 1e-5);
+      // The same rows again give the same bits: no kernel changes with what ran before.
+      auto again = model.run(in);
+      for (auto& [name, t] : got) CHECK(std::memcmp(again.at(name).raw(), t.raw(), t.nbytes()) == 0);
     }
   }
 }
@@ -194,6 +229,53 @@ TEST_CASE("shape-free kernels: attention with a broadcast mask, fully masked row
     INFO("batch " << batch << " sq " << sq << " sk " << sk);
     CHECK(rel_diff(got.at(y->name()), want.at(y->name())) < 1e-5);
   }
+}
+
+TEST_CASE("shape-free kernels: attention reads the Transposes around it in place (heads split and merged, a "
+          "KV cache's K^T)", "[lower][shape-free]") {
+  // Q, K, V as a linear layer gives them, [b, s, heads, dim], split into heads by Transposes; K^T from a
+  // cache laid out [b, heads, t, dim] (a decoder's present); the output merged back to [b, s, heads, dim].
+  Graph g;
+  const Dim b = Dim::named("b"), s = Dim::named("s"), t = Dim::named("t");
+  Value* q = g.add_input("q", DType::Float32, Shape{b, s, 4, 8});
+  Value* cache = g.add_input("cache", DType::Float32, Shape{b, 4, t, 8});
+  Value* v = g.add_input("v", DType::Float32, Shape{b, t, 4, 8});
+  auto transpose = [&](Value* x, std::vector<std::int64_t> perm, const std::string& name) {
+    return g.add_op("Transpose", {x}, {{"perm", perm}}, name);
+  };
+  Value* qh = transpose(q, {0, 2, 1, 3}, "q_heads");
+  Value* kt = transpose(cache, {0, 1, 3, 2}, "k_t");
+  Value* vh = transpose(v, {0, 2, 1, 3}, "v_heads");
+  Value* a = g.add_node("Attention", {qh, kt, vh}, {"a"}, {{"scale", 0.35f}}, "attn", fused::kDomain)->output(0);
+  Value* y = transpose(a, {0, 2, 1, 3}, "merge");
+  Value* kept = transpose(cache, {0, 1, 3, 2}, "kept");  // read by the caller too: stays a step
+  g.add_output(y);
+  g.add_output(kept);
+  infer_shapes(g);
+  lower::CompileOptions o = options();
+  o.passes = "none";
+  lower::DynamicModel model(g.clone(), o);
+  const std::string text = model.to_text();
+  INFO(text);
+  CHECK(text.find("transposes read in place") != std::string::npos);
+  CHECK(model.steps().size() == 2);  // the attention and the Transpose whose output is a graph output
+  ReferenceExecutor reference(g);
+  std::mt19937 rng(5);
+  for (auto [batch, sq, sk] : std::vector<std::tuple<int, int, int>>{{1, 1, 9}, {2, 7, 7}, {1, 3, 1}, {3, 16, 40}}) {
+    std::map<std::string, Tensor> in{{"q", test::random_tensor({batch, sq, 4, 8}, rng)},
+                                     {"cache", test::random_tensor({batch, 4, sk, 8}, rng)},
+                                     {"v", test::random_tensor({batch, sk, 4, 8}, rng)}};
+    auto got = model.run(in);
+    auto want = reference.run(in);
+    INFO("batch " << batch << " sq " << sq << " sk " << sk);
+    CHECK(rel_diff(got.at(y->name()), want.at(y->name())) < 1e-5);
+    CHECK(rel_diff(got.at(kept->name()), want.at(kept->name())) == 0);
+  }
+  // Values and keys of different lengths: refused (one size per symbol), never read past the cache.
+  std::map<std::string, Tensor> bad{{"q", test::random_tensor({1, 2, 4, 8}, rng)},
+                                    {"cache", test::random_tensor({1, 4, 3, 8}, rng)},
+                                    {"v", test::random_tensor({1, 2, 4, 8}, rng)}};  // 2 values for 3 keys
+  CHECK_THROWS_AS(model.run(bad), Error);
 }
 
 TEST_CASE("shape-free plan: the exported transformers at every shape equal PyTorch and a compile per shape",
@@ -263,6 +345,86 @@ TEST_CASE("shape-free plan: a greedy decode with a KV cache, 33 steps in one pro
   INFO("max |logit - PyTorch| " << worst << " of max " << peak);
   CHECK(worst < 1e-4 * peak);
   CHECK(model.compilations() == 0);
+}
+
+TEST_CASE("bound outputs: a decode writes its presents and logits into the caller's buffers, as run() computes them",
+          "[lower][shape-free][binding]") {
+  const fs::path dir = corpus_dir("gpt2_kv");
+  Graph g = ondine::onnx::load_model((dir / "model.onnx").string());
+  const Tensor prompt = load_npy((dir / "decode.prompt.npy").string());
+  constexpr std::int64_t kMaxLength = 24;  // the caches' capacity: the prompt (8) and 16 steps
+  for (auto plan : {lower::ShapePlan::ShapeFree, lower::ShapePlan::PerShape}) {
+    INFO(lower::shape_plan_name(plan));
+    auto o = options();
+    o.shape_plan = plan;
+    lower::ShapeCache model(g.clone(), o);
+    // Two sets of buffers, swapped per step: a step reads its pasts from one set and writes its presents
+    // into the other (a buffer may not be read and written by the same call).
+    std::map<std::string, Tensor> buffers[2];
+    for (auto& set : buffers) {
+      for (const Value* v : g.outputs())
+        if (v->name().rfind("present_", 0) == 0) set[v->name()] = Tensor(DType::Float32, {1, 4, kMaxLength, 16});
+      set["logits"] = Tensor(DType::Float32, {1, 8, 100});  // room for the prompt's rows
+    }
+    std::map<std::string, Tensor> in{{"input_ids", prompt}}, plain_in = in;
+    for (const Value* v : g.inputs())
+      if (v->name() != "input_ids") in[v->name()] = plain_in[v->name()] = Tensor(DType::Float32, {1, 4, 0, 16});
+    for (int step = 0; step < 16; ++step) {
+      INFO("step " << step);
+      const auto& set = buffers[step % 2];
+      auto out = model.run(in, set);
+      auto want = model.run(plain_in);
+      for (auto& [name, t] : want) {
+        INFO(name);
+        REQUIRE(out.at(name).dims() == t.dims());
+        CHECK(std::memcmp(out.at(name).raw(), t.raw(), t.nbytes()) == 0);  // the same kernels, the same bits
+        if (set.count(name)) CHECK(out.at(name).raw() == set.at(name).raw());  // in the caller's buffer
+      }
+      const Tensor& l = out.at("logits");
+      const float* last = l.data<float>() + (l.dims()[1] - 1) * 100;
+      const std::int64_t best = std::max_element(last, last + 100) - last;
+      in["input_ids"] = plain_in["input_ids"] = Tensor::from_vector<std::int64_t>({1, 1}, {best});
+      for (auto& [name, t] : out)
+        if (name.rfind("present_", 0) == 0) in["past_" + name.substr(8)] = t;
+      for (auto& [name, t] : want)
+        if (name.rfind("present_", 0) == 0) plain_in["past_" + name.substr(8)] = t;
+    }
+    CHECK(model.compilations() == (plan == lower::ShapePlan::ShapeFree ? 0u : 16u));
+  }
+}
+
+TEST_CASE("bound outputs: a short buffer, a wrong dtype or a buffer an input reads is an error naming the output",
+          "[lower][shape-free][binding]") {
+  Graph g = ondine::onnx::load_model((corpus_dir("gpt2_kv") / "model.onnx").string());
+  Case c = load_case("gpt2_kv", 2);  // batch 1, one token, past 7: presents [1, 4, 8, 16]
+  for (auto plan : {lower::ShapePlan::ShapeFree, lower::ShapePlan::PerShape}) {
+    INFO(lower::shape_plan_name(plan));
+    auto o = options();
+    o.shape_plan = plan;
+    lower::ShapeCache model(g.clone(), o);
+    auto expect_error = [&](const std::map<std::string, Tensor>& bound, std::vector<std::string> words) {
+      try {
+        model.run(c.inputs, bound);
+        FAIL("ran");
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        INFO(msg);
+        for (const auto& w : words) CHECK(msg.find(w) != std::string::npos);
+      }
+    };
+    Tensor guard(DType::Float32, {1, 4, 8, 16});
+    // One row short: refused before a byte is written past it.
+    expect_error({{"present_key_1", Tensor(DType::Float32, {1, 4, 7, 16})}}, {"'present_key_1'", "[1,4,8,16]", "[1,4,7,16]"});
+    expect_error({{"present_value_0", Tensor(DType::Int64, {1, 4, 8, 16})}}, {"'present_value_0'", "int64", "float32"});
+    expect_error({{"past_key_0", guard}}, {"'past_key_0'", "not an output"});
+    expect_error({{"present_key_0", c.inputs.at("past_key_0")}}, {"'present_key_0'", "'past_key_0'", "shares memory"});
+    expect_error({{"present_key_0", guard}, {"present_value_0", guard}}, {"'present_key_0'", "'present_value_0'"});
+    // The next run is right.
+    auto out = model.run(c.inputs, {{"present_key_0", guard}});
+    CHECK(out.at("present_key_0").raw() == guard.raw());
+    CHECK(test::rel_error(out.at("logits"), c.outputs.at("logits")) < 1e-4);
+    CHECK(test::rel_error(guard, c.outputs.at("present_key_0")) < 1e-6);
+  }
 }
 
 TEST_CASE("shape-free plan: bad inputs name the inputs and the dim, never crash", "[lower][shape-free]") {

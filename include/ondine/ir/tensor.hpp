@@ -65,6 +65,13 @@ class Tensor {
   // Wraps memory owned by `owner` (no copy).
   Tensor(DType dtype, std::vector<std::int64_t> dims, void* data, std::shared_ptr<void> owner)
       : dtype_(dtype), dims_(std::move(dims)), storage_(std::move(owner)), data_(data) {}
+  // Wraps a block of writable memory that only this tensor and its copies use, released by `owner`'s
+  // deleter (a pool's block: runtime/buffer_pool.hpp): is_sole_owner() can be true, as for allocate.
+  static Tensor adopt(DType dtype, std::vector<std::int64_t> dims, void* data, std::shared_ptr<void> owner) {
+    Tensor t(dtype, std::move(dims), data, std::move(owner));
+    t.owns_allocation_ = true;
+    return t;
+  }
 
   // True when no other Tensor shares this storage and the storage is a heap block of its own (not
   // wrapped, possibly read-only memory): the data may then be changed in place without anyone seeing.
@@ -182,6 +189,15 @@ class Tensor {
     if (kind_ != Kind::Dense || dtype_ == DType::String) return *this;
     Tensor t(dtype_, dims_);
     if (nbytes()) std::memcpy(t.raw(), data_, nbytes());
+    return t;
+  }
+  // The first elements of this dense tensor's storage seen as `dims`, which may hold fewer elements (an
+  // output written into a larger buffer the caller gave: runtime/output_binding.hpp).
+  Tensor prefix_view(std::vector<std::int64_t> dims) const {
+    Tensor t = *this;
+    t.dims_ = std::move(dims);
+    detail::check(kind_ == Kind::Dense && t.numel() <= numel(),
+                  "a view of " + dims_str(t.dims_) + " within " + dims_str(dims_) + " holds more elements");
     return t;
   }
   // Same storage, new dims with the same element count.

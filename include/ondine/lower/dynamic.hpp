@@ -26,8 +26,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -43,6 +45,7 @@
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/buffer_pool.hpp"
 #include "ondine/runtime/compiled_model.hpp"
+#include "ondine/runtime/output_binding.hpp"
 
 namespace ondine::lower {
 
@@ -149,6 +152,8 @@ class DynamicModel {
     }
     detail::inline_constant_captures(*g);
     graph_ = g;
+    // oneDNN fixes a primitive's work split when it is created: create them for the threads that run them.
+    detail::ThreadCountScope threads(options.threads);
     build(options);
   }
 
@@ -157,10 +162,26 @@ class DynamicModel {
   // With `times` (a profiled run), adds each step's time to it.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
                                     runtime::StageTimes* times = nullptr) const {
+    return run(inputs, {}, times);
+  }
+
+  // The same, with outputs written into the caller's buffers (runtime/output_binding.hpp): each entry of
+  // `bound` names an output and holds the tensor its values go into (its dtype, at least as many elements;
+  // the returned output is a view of the buffer's first elements with the output's dims). The step that
+  // computes a bound output writes it there directly where its kernel can (the KV cache's Concat, the
+  // logits' matmul), else it is copied there. The other outputs come from the model's pool as run() gives
+  // them.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    const std::map<std::string, Tensor>& bound,
+                                    runtime::StageTimes* times = nullptr) const {
     check_inputs(*graph_, inputs);
+    runtime::check_output_bindings(*graph_, inputs, bound);
+    std::unordered_map<int, std::pair<const Tensor*, const std::string*>> bound_ids;
+    for (auto& [name, id] : output_ids_)
+      if (auto it = bound.find(name); it != bound.end()) bound_ids.emplace(id, std::make_pair(&it->second, &it->first));
     detail::ThreadCountScope threads(threads_);
     dnnl::stream stream(engine_);
-    detail::dyn::RunContext ctx{*pool_, stream};
+    detail::dyn::RunContext ctx{*pool_, stream, {}};
     std::vector<Tensor> values(values_.size());
     for (std::size_t i = 0; i < constants_.size(); ++i) values[constants_[i].first] = constants_[i].second;
     for (auto& [name, id] : input_ids_) values[id] = inputs.at(name);
@@ -177,6 +198,14 @@ class DynamicModel {
         args.push_back(values[static_cast<std::size_t>(id)]);
       }
       std::vector<Tensor> outs;
+      ctx.bound.clear();
+      if (!bound_ids.empty())
+        for (std::size_t i = 0; i < s.outputs.size(); ++i) {
+          auto it = bound_ids.find(s.outputs[i]);
+          if (it == bound_ids.end()) continue;
+          ctx.bound.resize(s.outputs.size(), {nullptr, nullptr});
+          ctx.bound[i] = it->second;
+        }
       const auto start = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
       try {
         outs = s.kernel ? s.kernel->run(ctx, args) : s.reference(*s.node, args);
@@ -191,8 +220,18 @@ class DynamicModel {
       if (outs.size() < s.outputs.size())
         throw s.node->error("kernel returned " + std::to_string(outs.size()) + " outputs, expected " +
                             std::to_string(s.outputs.size()));
-      for (std::size_t i = 0; i < s.outputs.size(); ++i)
-        if (s.outputs[i] >= 0) values[static_cast<std::size_t>(s.outputs[i])] = std::move(outs[i]);
+      for (std::size_t i = 0; i < s.outputs.size(); ++i) {
+        if (s.outputs[i] < 0) continue;
+        if (i < ctx.bound.size() && ctx.bound[i].first) {  // into the caller's buffer (there already, or copied)
+          try {
+            outs[i] = runtime::write_output(outs[i], *ctx.bound[i].first, *ctx.bound[i].second);
+          } catch (Error& e) {
+            if (e.node().empty()) e.at_node(s.node->name(), s.node->op_type());
+            throw;
+          }
+        }
+        values[static_cast<std::size_t>(s.outputs[i])] = std::move(outs[i]);
+      }
       for (int id : s.release) values[static_cast<std::size_t>(id)] = Tensor();
       if (times)
         times->add(s.node->op_type(), s.kernel ? s.kernel->implementation() : "reference", s.node->name(),
@@ -203,8 +242,21 @@ class DynamicModel {
       Tensor& t = values[static_cast<std::size_t>(id)];
       if (t.empty() && t.kind() == Tensor::Kind::Dense && !values_[static_cast<std::size_t>(id)]->is_graph_input())
         throw Error("graph output '" + name + "' was not computed");
-      result[name] = t;
+      auto it = bound.find(name);
+      // A bound output no step wrote (a graph input or a constant passed through): copied into its buffer.
+      result[name] = it == bound.end() || t.raw() == it->second.raw() ? t : runtime::write_output(t, it->second, name);
     }
+    values.clear();
+    // Every unbound output in memory of its own, as a compiled plan gives it: one that is an input, a
+    // weight or a view of either (a reference kernel's Identity or Reshape) is copied, so that the caller
+    // may write to it (the Python module hands out writeable arrays only for such outputs).
+    for (auto& [name, t] : result)
+      if (!bound.count(name) && t.kind() == Tensor::Kind::Dense && t.dtype() != DType::String && t.nbytes() &&
+          !t.is_sole_owner()) {
+        Tensor own = pool_->tensor(t.dtype(), t.dims());
+        std::memcpy(own.raw(), t.raw(), t.nbytes());
+        t = own;
+      }
     return result;
   }
 
@@ -266,9 +318,7 @@ class DynamicModel {
     for (Value* in : g.inputs()) input_ids_.emplace_back(in->name(), id_of(in));
     const auto& table = detail::dynamic_kernel_table();
     const auto& kernels = reference::kernel_table();
-    const std::vector<Node*> order = g.topo_order();
-    std::unordered_map<int, std::size_t> last_use;
-    for (Node* n : order) {
+    for (Node* n : g.topo_order()) {
       Step s;
       s.node = n;
       for (std::size_t i = 0; i < n->num_inputs(); ++i) {
@@ -281,7 +331,6 @@ class DynamicModel {
         const int id = id_of(v);
         if (fresh && v->is_constant()) constants_.emplace_back(id, v->constant());
         s.inputs.push_back(id);
-        last_use[id] = steps_.size();
       }
       for (std::size_t i = 0; i < n->num_outputs(); ++i) s.outputs.push_back(n->output(i) ? id_of(n->output(i)) : -1);
       if (!options.reference_ops.count(n->op_key()))
@@ -301,6 +350,12 @@ class DynamicModel {
       if (fresh && out->is_constant()) constants_.emplace_back(id, out->constant());
       output_ids_.emplace_back(out->name(), id);
     }
+    absorb_attention_transposes();
+    // Each value goes back to the pool after its last reader; the graph's outputs are kept.
+    std::unordered_map<int, std::size_t> last_use;
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      for (int id : steps_[i].inputs)
+        if (id >= 0) last_use[id] = i;
     std::set<int> keep;
     for (auto& [name, id] : output_ids_) keep.insert(id);
     for (auto& [id, step] : last_use) {
@@ -311,6 +366,63 @@ class DynamicModel {
     for (std::size_t i = 0; i < steps_.size(); ++i)
       for (int id : steps_[i].outputs)
         if (id >= 0 && !last_use.count(id) && !keep.count(id)) steps_[i].release.push_back(id);
+  }
+
+  // The Transposes around each ondine.Attention that only it reads (Q, K^T, V split into heads; the
+  // output merged back) become strides its kernel reads and writes with: their copies are not made
+  // (dyn::AttentionKernel::absorb_input / absorb_output).
+  void absorb_attention_transposes() {
+    std::unordered_map<int, std::size_t> producer;
+    std::unordered_map<int, int> readers;
+    for (std::size_t i = 0; i < steps_.size(); ++i) {
+      for (int id : steps_[i].outputs)
+        if (id >= 0) producer[id] = i;
+      for (int id : steps_[i].inputs)
+        if (id >= 0) ++readers[id];
+    }
+    for (auto& [name, id] : output_ids_) readers[id] += 2;  // an output is read by the caller: never absorbed
+    auto transpose_perm = [&](const Step& t) -> std::optional<std::vector<std::int64_t>> {
+      if (t.node->op_key() != "Transpose" || t.inputs.empty() || t.inputs[0] < 0) return std::nullopt;
+      const Value* x = values_[static_cast<std::size_t>(t.inputs[0])];
+      if (!x->shape().rank_known()) return std::nullopt;
+      std::vector<std::int64_t> perm;
+      if (t.node->has_attr("perm")) perm = t.node->attr_ints("perm");
+      else
+        for (std::size_t i = x->shape().rank(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
+      if (perm.size() != x->shape().rank()) return std::nullopt;
+      return perm;
+    };
+    std::set<std::size_t> absorbed;
+    for (std::size_t i = 0; i < steps_.size(); ++i) {
+      Step& s = steps_[i];
+      auto* attention = dynamic_cast<detail::dyn::AttentionKernel*>(s.kernel.get());
+      if (!attention) continue;
+      for (std::size_t k = 0; k < 3 && k < s.inputs.size(); ++k) {
+        const int id = s.inputs[k];
+        if (id < 0 || readers[id] != 1 || !producer.count(id)) continue;
+        const std::size_t t = producer.at(id);
+        auto perm = transpose_perm(steps_[t]);
+        if (!perm || absorbed.count(t) || !attention->absorb_input(k, *steps_[t].node, *perm)) continue;
+        s.inputs[k] = steps_[t].inputs[0];
+        absorbed.insert(t);
+      }
+      const int out = s.outputs.empty() ? -1 : s.outputs[0];
+      if (out < 0 || readers[out] != 1) continue;
+      for (std::size_t t = i + 1; t < steps_.size(); ++t) {
+        if (steps_[t].inputs.empty() || steps_[t].inputs[0] != out) continue;
+        auto perm = transpose_perm(steps_[t]);
+        if (perm && !absorbed.count(t) && attention->absorb_output(*steps_[t].node, *perm)) {
+          s.outputs[0] = steps_[t].outputs[0];
+          absorbed.insert(t);
+        }
+        break;
+      }
+    }
+    if (absorbed.empty()) return;
+    std::vector<Step> kept;
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      if (!absorbed.count(i)) kept.push_back(std::move(steps_[i]));
+    steps_ = std::move(kept);
   }
 
   std::shared_ptr<const Graph> graph_;

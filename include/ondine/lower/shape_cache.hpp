@@ -81,6 +81,19 @@ class ShapeCache {
     return outputs;
   }
 
+  // The same, with outputs written into the caller's buffers (ONNX Runtime's IOBinding; checked as
+  // runtime/output_binding.hpp says): the shape-free plan writes a bound output where it is computed; a plan
+  // per shape copies it there after the run.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    const std::map<std::string, Tensor>& bound, runtime::StageTimes* times = nullptr) {
+    if (shape_free_) return shape_free_->run(inputs, bound, times);
+    check_inputs(graph_, inputs);
+    runtime::check_output_bindings(graph_, inputs, bound);
+    std::map<std::string, Tensor> outputs = run(inputs, times);
+    for (auto& [name, buffer] : bound) outputs[name] = runtime::write_output(outputs.at(name), buffer, name);
+    return outputs;
+  }
+
   // The compiled model for a binding of the symbolic dims (compiled now if not cached). The compile runs
   // outside the lock: runs of shapes already compiled never wait for it, and a second caller asking for
   // the same new binding waits for the first one's compile instead of compiling again.

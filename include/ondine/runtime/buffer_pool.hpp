@@ -37,7 +37,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     auto [p, capacity] = take(bytes);
     std::shared_ptr<BufferPool> self = shared_from_this();
     std::shared_ptr<void> owner(p, [self, capacity = capacity](void* q) { self->give(q, capacity); });
-    return Tensor(dtype, std::move(dims), p, std::move(owner));
+    return Tensor::adopt(dtype, std::move(dims), p, std::move(owner));
   }
 
   // Bytes held by the pool, in use and idle.
@@ -74,8 +74,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
         return block;
       }
     }
-    // A fresh block, rounded up so that blocks of nearby sizes serve each other.
-    const std::size_t capacity = bytes <= 4096 ? (bytes + 63) / 64 * 64 : (bytes + 4095) / 4096 * 4096;
+    const std::size_t capacity = size_class(bytes);
     void* p = ondine::detail::aligned_allocate(capacity);
     std::lock_guard<std::mutex> lock(mutex_);
     bytes_ += capacity;
@@ -84,6 +83,19 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   void give(void* p, std::size_t capacity) {
     std::lock_guard<std::mutex> lock(mutex_);
     idle_.emplace(capacity, p);
+  }
+
+  // The capacity of a fresh block for `bytes`: small ones rounded to 64 bytes, up to 64 KiB to pages, larger
+  // ones to one of four sizes per doubling (at most 25% more). A value that grows a little at every call (a
+  // decoder's KV cache, one row per token) then fits the block it had for a run of calls instead of needing a
+  // fresh, page-faulting one each time; blocks of nearby sizes serve each other.
+  static std::size_t size_class(std::size_t bytes) {
+    if (bytes <= 4096) return (bytes + 63) / 64 * 64;
+    if (bytes <= 65536) return (bytes + 4095) / 4096 * 4096;
+    std::size_t power = 65536;
+    while (power * 2 < bytes) power *= 2;  // power < bytes <= 2 * power
+    const std::size_t step = power / 4;
+    return (bytes + step - 1) / step * step;
   }
 
   mutable std::mutex mutex_;

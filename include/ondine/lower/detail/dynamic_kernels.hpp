@@ -4,9 +4,8 @@
 //
 // What each does with a shape it has not seen:
 //   matrix products by constant weights  oneDNN matmul with the rows (M) as DNNL_RUNTIME_DIM_VAL: one
-//                                        primitive for every M, created at compile time; a small M (a
-//                                        decoder's token) seen again gets a primitive made for it (brgemm
-//                                        with packed weights where oneDNN has one), kept per node
+//                                        primitive for every M, created at compile time; fewer than 8 rows
+//                                        (a decoder's token) Ondine's loop streaming the weights once
 //   products of two activations          oneDNN's sgemm per matrix of the batch (dnnl_sgemm: sizes are
 //                                        arguments, nothing is created)
 //   ondine.Attention                     sgemm, the mask, a softmax row by row (vector exp), sgemm: per
@@ -37,10 +36,12 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/gemv.hpp"
 #include "ondine/lower/detail/vector_exp.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/buffer_pool.hpp"
+#include "ondine/runtime/output_binding.hpp"
 
 namespace ondine::lower::detail::dyn {
 
@@ -50,7 +51,16 @@ using Dims = std::vector<std::int64_t>;
 struct RunContext {
   runtime::BufferPool& pool;
   dnnl::stream& stream;
+  // The caller's buffers for the current step's outputs (a run with bound outputs), by output index: the
+  // buffer and the output's name, null where none is bound.
+  std::vector<std::pair<const Tensor*, const std::string*>> bound;
   Tensor alloc(DType t, Dims d) { return pool.tensor(t, std::move(d)); }
+  // Storage for the step's output `i`: the caller's buffer where one is bound to it (checked: an Error
+  // naming the output when it is too small), else the pool's.
+  Tensor alloc_output(std::size_t i, DType t, Dims d) {
+    if (i < bound.size() && bound[i].first) return runtime::output_view(*bound[i].first, t, d, *bound[i].second);
+    return alloc(t, std::move(d));
+  }
 };
 
 class Kernel {
@@ -199,7 +209,7 @@ class BinaryKernel : public Kernel {
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     Dims out;
     if (!all_f32(in, {0, 1}) || !broadcast_shape(in[0].dims(), in[1].dims(), out)) return reference(in);
-    Tensor y = ctx.alloc(DType::Float32, out);
+    Tensor y = ctx.alloc_output(0, DType::Float32, out);
     if (y.numel() == 0) return {y};
     const StridedLoop l =
         merge_dims(out, {broadcast_strides(in[0].dims(), out), broadcast_strides(in[1].dims(), out), row_major_strides(out)});
@@ -250,7 +260,7 @@ class EltwiseKernel : public Kernel {
   std::string implementation() const override { return "oneDNN eltwise in chunks (" + impl_ + ")"; }
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     if (!all_f32(in, {0})) return reference(in);
-    Tensor y = ctx.alloc(DType::Float32, in[0].dims());
+    Tensor y = ctx.alloc_output(0, DType::Float32, in[0].dims());
     const std::int64_t n = y.numel();
     const float* x = in[0].data<float>();
     float* py = y.data<float>();
@@ -298,7 +308,7 @@ class LayerNormKernel : public Kernel {
     for (std::int64_t i = axis; i < rank; ++i) d *= x.dims()[static_cast<std::size_t>(i)];
     const bool has_bias = in.size() > 2 && !in[2].empty();
     if (d == 0 || in[1].numel() != d || (has_bias && in[2].numel() != d)) return reference(in);
-    Tensor y = ctx.alloc(DType::Float32, x.dims());
+    Tensor y = ctx.alloc_output(0, DType::Float32, x.dims());
     const float* px = x.data<float>();
     const float* scale = in[1].data<float>();
     const float* bias = has_bias ? in[2].data<float>() : nullptr;
@@ -308,10 +318,13 @@ class LayerNormKernel : public Kernel {
       for (std::int64_t r = begin; r < end; ++r) {
         const float* row = px + r * d;
         float* out = py + r * d;
+        // omp simd: the sums in vector lanes (the order of float additions is the compiler's to choose).
         float sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (std::int64_t i = 0; i < d; ++i) sum += row[i];
         const float mean = sum / static_cast<float>(d);
         float var = 0;
+#pragma omp simd reduction(+ : var)
         for (std::int64_t i = 0; i < d; ++i) var += (row[i] - mean) * (row[i] - mean);
         const float inv = 1.0f / std::sqrt(var / static_cast<float>(d) + eps);
         if (bias)
@@ -332,7 +345,8 @@ class LayerNormKernel : public Kernel {
 // the reference does.
 inline void softmax_row(float* x, std::int64_t len, vexp::ExpFn exp_fn, bool log) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, x[j]);
+#pragma omp simd reduction(max : mx)
+  for (std::int64_t j = 0; j < len; ++j) mx = mx > x[j] ? mx : x[j];
   if (std::isinf(mx) && mx < 0) mx = 0;
   if (log) {
     std::vector<float> e(x, x + len);
@@ -347,6 +361,7 @@ inline void softmax_row(float* x, std::int64_t len, vexp::ExpFn exp_fn, bool log
   for (std::int64_t j = 0; j < len; ++j) x[j] -= mx;
   exp_fn(x, static_cast<std::size_t>(len));
   float sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (std::int64_t j = 0; j < len; ++j) sum += x[j];
   const float inv = 1.0f / sum;
   for (std::int64_t j = 0; j < len; ++j) x[j] *= inv;
@@ -366,7 +381,7 @@ class SoftmaxKernel : public Kernel {
     if (rank == 0 || axis < 0 || axis >= rank || (!flatten_ && axis != rank - 1)) return reference(in);
     std::int64_t len = 1;
     for (std::int64_t i = axis; i < rank; ++i) len *= x.dims()[static_cast<std::size_t>(i)];
-    Tensor y = ctx.alloc(DType::Float32, x.dims());
+    Tensor y = ctx.alloc_output(0, DType::Float32, x.dims());
     if (y.numel() == 0) return {y};
     std::memcpy(y.raw(), x.raw(), y.nbytes());
     float* p = y.data<float>();
@@ -410,7 +425,7 @@ class TransposeKernel : public Kernel {
       out[i] = x.dims()[static_cast<std::size_t>(perm[i])];
       strides[i] = src_strides[static_cast<std::size_t>(perm[i])];
     }
-    Tensor y = ctx.alloc(x.dtype(), out);
+    Tensor y = ctx.alloc_output(0, x.dtype(), out);
     if (y.numel() == 0) return {y};
     const std::size_t width = dtype_size(x.dtype());
     const StridedLoop l = merge_dims(out, {strides, row_major_strides(out)});
@@ -468,7 +483,7 @@ class ConcatKernel : public Kernel {
         if (d != ax && t.dims()[d] != first.dims()[d]) return reference(in);
       out[ax] += t.dims()[ax];
     }
-    Tensor y = ctx.alloc(first.dtype(), out);
+    Tensor y = ctx.alloc_output(0, first.dtype(), out);
     if (y.numel() == 0) return {y};
     const std::size_t width = dtype_size(first.dtype());
     const std::int64_t outer = numel_of(Dims(out.begin(), out.begin() + axis));
@@ -515,7 +530,7 @@ class GatherRowsKernel : public Kernel {
     }
     Dims out = idx.dims();
     out.insert(out.end(), x.dims().begin() + 1, x.dims().end());
-    Tensor y = ctx.alloc(x.dtype(), out);
+    Tensor y = ctx.alloc_output(0, x.dtype(), out);
     const std::size_t row = static_cast<std::size_t>(numel_of(Dims(x.dims().begin() + 1, x.dims().end()))) * dtype_size(x.dtype());
     if (row == 0 || count == 0) return {y};
     const char* src = static_cast<const char*>(x.raw());
@@ -582,7 +597,7 @@ class BatchedMatMulKernel : public Kernel {
     Dims out = p.batch;
     out.push_back(M);
     out.push_back(N);
-    Tensor y = ctx.alloc(DType::Float32, out);
+    Tensor y = ctx.alloc_output(0, DType::Float32, out);
     const float* a = in[0].data<float>();
     const float* b = in[1].data<float>();
     float* c = y.data<float>();
@@ -602,54 +617,150 @@ class BatchedMatMulKernel : public Kernel {
   }
 };
 
+// A matrix per batch index read from a tensor with strides: the operand of an sgemm, which takes a row-major
+// matrix with a leading dimension, or its transpose.
+struct MatrixView {
+  Dims batch_strides;  // per batch dim, in elements
+  std::int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 1;
+  // sgemm's trans flag and leading dimension for this matrix (one of its strides is 1: absorb() checks).
+  char trans() const { return col_stride == 1 ? 'N' : 'T'; }
+  std::int64_t ld() const {
+    if (col_stride == 1) return std::max(row_stride, std::max<std::int64_t>(cols, 1));
+    return std::max(col_stride, std::max<std::int64_t>(rows, 1));
+  }
+};
+
+// The logical operand [batch..., rows, cols] a Transpose with `perm` makes of a contiguous tensor of `src`
+// dims, read in place (no perm: the tensor itself).
+inline MatrixView matrix_view(const Dims& src, const std::vector<std::int64_t>& perm) {
+  const std::size_t rank = src.size();
+  const Dims st = row_major_strides(src);
+  Dims dims(rank), strides(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::size_t from = perm.empty() ? i : static_cast<std::size_t>(perm[i]);
+    dims[i] = src[from];
+    strides[i] = st[from];
+  }
+  MatrixView v;
+  v.rows = dims[rank - 2];
+  v.cols = dims[rank - 1];
+  v.row_stride = strides[rank - 2];
+  v.col_stride = strides[rank - 1];
+  v.batch_strides.assign(strides.begin(), strides.end() - 2);
+  return v;
+}
+
+inline Dims permuted(const Dims& src, const std::vector<std::int64_t>& perm) {
+  if (perm.empty()) return src;
+  Dims out(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) out[i] = src[static_cast<std::size_t>(perm[i])];
+  return out;
+}
+
+// ondine.Attention(Q, K^T, V[, mask]) = softmax(scale * Q K^T + mask) V per matrix of the batch.
+//
+// The Transposes that exported attention puts around it (heads split out of [batch, seq, heads, dim] for
+// Q, K^T and V, and merged back after) can be absorbed when the plan is built (DynamicModel): the kernel then
+// reads its operands where they are, through the strides those Transposes describe (sgemm's leading
+// dimensions and trans flags), and writes its output in the layout the Transpose after it would make. A
+// KV cache's K^T is then read from the present itself; no copy is made.
 class AttentionKernel : public Kernel {
  public:
   AttentionKernel(const Node& n, vexp::ExpFn exp_fn) : Kernel(n), scale_(n.attr_float("scale", 1.0f)), exp_(exp_fn) {}
-  std::string implementation() const override { return "oneDNN sgemm + Ondine softmax per matrix"; }
+  std::string implementation() const override {
+    return absorbed_ ? "oneDNN sgemm + Ondine softmax per matrix, transposes read in place"
+                     : "oneDNN sgemm + Ondine softmax per matrix";
+  }
+  // Reads input `i` (Q 0, K^T 1, V 2) through `transpose` (a Transpose node with `perm` whose output only
+  // this node reads): the input given at run time is then the Transpose's input. False where the strides
+  // would not make an sgemm operand (the last axis of the source must stay one of the matrix's axes).
+  bool absorb_input(std::size_t i, const Node& transpose, const std::vector<std::int64_t>& perm) {
+    if (i > 2 || perm.size() < 2) return false;
+    const auto last = static_cast<std::int64_t>(perm.size()) - 1;
+    if (perm[perm.size() - 1] != last && perm[perm.size() - 2] != last) return false;
+    in_perm_[i] = perm;
+    in_transpose_[i] = &transpose;
+    absorbed_ = true;
+    return true;
+  }
+  // Writes the output as `transpose` (with `perm`, the only reader of the output) would lay it out; the
+  // output's last axis must stay last.
+  bool absorb_output(const Node& transpose, const std::vector<std::int64_t>& perm) {
+    if (perm.size() < 2 || perm.back() != static_cast<std::int64_t>(perm.size()) - 1) return false;
+    out_perm_ = perm;
+    out_transpose_ = &transpose;
+    absorbed_ = true;
+    return true;
+  }
+
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     const bool has_mask = in.size() > 3 && !in[3].empty();
-    if (!all_f32(in, {0, 1, 2}) || (has_mask && !all_f32(in, {3}))) return reference(in);
-    const Tensor &q = in[0], &k = in[1], &v = in[2];
-    const std::size_t rank = q.rank();
-    if (rank < 2 || k.rank() != rank || v.rank() != rank) return reference(in);
-    const Dims& qd = q.dims();
-    const Dims& kd = k.dims();
-    const Dims& vd = v.dims();
+    if (!all_f32(in, {0, 1, 2}) || (has_mask && !all_f32(in, {3}))) return fallback(in);
+    const std::size_t rank = in[0].rank();
+    for (std::size_t i = 0; i < 3; ++i)
+      if (in[i].rank() != rank || (!in_perm_[i].empty() && in_perm_[i].size() != rank)) return fallback(in);
+    if (rank < 2 || (!out_perm_.empty() && out_perm_.size() != rank)) return fallback(in);
+    const Dims qd = permuted(in[0].dims(), in_perm_[0]);
+    const Dims kd = permuted(in[1].dims(), in_perm_[1]);
+    const Dims vd = permuted(in[2].dims(), in_perm_[2]);
     for (std::size_t i = 0; i + 2 < rank; ++i)
-      if (kd[i] != qd[i] || vd[i] != qd[i]) return reference(in);
+      if (kd[i] != qd[i] || vd[i] != qd[i]) return fallback(in);
     const std::int64_t Sq = qd[rank - 2], D = qd[rank - 1], Sk = kd[rank - 1], Dv = vd[rank - 1];
-    if (kd[rank - 2] != D || vd[rank - 2] != Sk) return reference(in);
+    if (kd[rank - 2] != D || vd[rank - 2] != Sk) return fallback(in);
     Dims scores = qd;
     scores.back() = Sk;
     Dims mask_strides;
     if (has_mask) {
-      if (in[3].rank() > rank) return reference(in);
+      if (in[3].rank() > rank) return fallback(in);
       Dims b;
-      if (!broadcast_shape(in[3].dims(), scores, b) || b != scores) return reference(in);
+      if (!broadcast_shape(in[3].dims(), scores, b) || b != scores) return fallback(in);
       mask_strides = broadcast_strides(in[3].dims(), scores);
     }
-    Dims out = qd;
+    Dims out = qd;  // logical [batch..., Sq, Dv]
     out.back() = Dv;
-    Tensor y = ctx.alloc(DType::Float32, out);
+    // Where the output goes: the layout the absorbed Transpose makes (dest axis i holds logical axis perm[i]).
+    Dims dest = out;
+    Dims out_strides = row_major_strides(out);
+    if (!out_perm_.empty()) {
+      dest = permuted(out, out_perm_);
+      const Dims ds = row_major_strides(dest);
+      for (std::size_t i = 0; i < rank; ++i) out_strides[static_cast<std::size_t>(out_perm_[i])] = ds[i];
+    }
+    Tensor y = ctx.alloc_output(0, DType::Float32, dest);
     if (y.numel() == 0) return {y};
-    const std::int64_t batch = numel_of(Dims(qd.begin(), qd.end() - 2));
-    const float* pq = q.data<float>();
-    const float* pk = k.data<float>();
-    const float* pv = v.data<float>();
+    const MatrixView q = matrix_view(in[0].dims(), in_perm_[0]);
+    const MatrixView k = matrix_view(in[1].dims(), in_perm_[1]);
+    const MatrixView v = matrix_view(in[2].dims(), in_perm_[2]);
+    const std::int64_t ldc = std::max(out_strides[rank - 2], std::max<std::int64_t>(Dv, 1));
+    const Dims batch_dims(qd.begin(), qd.end() - 2);
+    const std::int64_t batch = numel_of(batch_dims);
+    const float* pq = in[0].data<float>();
+    const float* pk = in[1].data<float>();
+    const float* pv = in[2].data<float>();
     const float* pm = has_mask ? in[3].data<float>() : nullptr;
     float* py = y.data<float>();
-    const Dims batch_dims(qd.begin(), qd.end() - 2);
     auto one = [&](std::int64_t b, float* s) {
-      sgemm(Sq, Sk, D, scale_, pq + b * Sq * D, pk + b * D * Sk, s);
+      std::int64_t oq = 0, ok = 0, ov = 0, oy = 0, om = 0, rest = b;
+      for (std::size_t i = batch_dims.size(); i-- > 0;) {
+        const std::int64_t idx = rest % batch_dims[i];
+        rest /= batch_dims[i];
+        oq += idx * q.batch_strides[i];
+        ok += idx * k.batch_strides[i];
+        ov += idx * v.batch_strides[i];
+        oy += idx * out_strides[i];
+        if (pm) om += idx * mask_strides[i];
+      }
+      if (Sk == 0) {  // nothing to attend to: a product over an empty axis, zeros (as the reference)
+        for (std::int64_t i = 0; i < Sq; ++i) std::fill(py + oy + i * ldc, py + oy + i * ldc + Dv, 0.0f);
+        return;
+      }
+      if (D == 0) std::fill(s, s + Sq * Sk, 0.0f);
+      else
+        dnnl_sgemm(q.trans(), k.trans(), Sq, Sk, D, scale_, pq + oq, q.ld(), pk + ok, k.ld(), 0.0f, s, Sk);
       if (pm) {
-        std::int64_t mo = 0, rest = b;
-        for (std::size_t i = batch_dims.size(); i-- > 0;) {
-          mo += (rest % batch_dims[i]) * mask_strides[i];
-          rest /= batch_dims[i];
-        }
         const std::int64_t row_stride = mask_strides[rank - 2], col_stride = mask_strides[rank - 1];
         for (std::int64_t i = 0; i < Sq; ++i) {
-          const float* m = pm + mo + i * row_stride;
+          const float* m = pm + om + i * row_stride;
           float* row = s + i * Sk;
           if (col_stride == 1)
             for (std::int64_t j = 0; j < Sk; ++j) row[j] += m[j];
@@ -658,20 +769,37 @@ class AttentionKernel : public Kernel {
         }
       }
       for (std::int64_t i = 0; i < Sq; ++i) softmax_row(s + i * Sk, Sk, exp_, false);
-      sgemm(Sq, Dv, Sk, 1.0f, s, pv + b * Sk * Dv, py + b * Sq * Dv);
+      if (Dv > 0) dnnl_sgemm('N', v.trans(), Sq, Dv, Sk, 1.0f, s, Sk, pv + ov, v.ld(), 0.0f, py + oy, ldc);
     };
-    Tensor scratch = ctx.alloc(DType::Float32, {omp_get_max_threads(), Sq * Sk});
+    Tensor scratch = ctx.alloc(DType::Float32, {omp_get_max_threads(), std::max<std::int64_t>(Sq * Sk, 1)});
     float* base = scratch.data<float>();
     parallel_rows(batch, Sq * Sk * (D + Dv), [&](std::int64_t begin, std::int64_t end) {
-      float* s = base + static_cast<std::int64_t>(omp_in_parallel() ? omp_get_thread_num() : 0) * Sq * Sk;
+      float* s = base + static_cast<std::int64_t>(omp_in_parallel() ? omp_get_thread_num() : 0) * std::max<std::int64_t>(Sq * Sk, 1);
       for (std::int64_t b = begin; b < end; ++b) one(b, s);
     });
     return {y};
   }
 
  private:
+  // The reference kernel on the operands as the graph gives them: the absorbed Transposes applied first
+  // (and after, to the output) by their own reference kernels.
+  std::vector<Tensor> fallback(const std::vector<Tensor>& in) const {
+    if (!absorbed_) return reference(in);
+    const auto& transpose = reference::kernel_table().at("Transpose");
+    std::vector<Tensor> args = in;
+    for (std::size_t i = 0; i < 3 && i < args.size(); ++i)
+      if (in_transpose_[i]) args[i] = transpose(*in_transpose_[i], {in[i]}).at(0);
+    std::vector<Tensor> out = reference(args);
+    if (out_transpose_) out[0] = transpose(*out_transpose_, {out[0]}).at(0);
+    return out;
+  }
+
   float scale_;
   vexp::ExpFn exp_;
+  bool absorbed_ = false;
+  std::vector<std::int64_t> in_perm_[3], out_perm_;
+  const Node* in_transpose_[3] = {nullptr, nullptr, nullptr};
+  const Node* out_transpose_ = nullptr;
 };
 
 // --- products by constant weights ----------------------------------------------------------------
@@ -679,10 +807,13 @@ class AttentionKernel : public Kernel {
 // Y = act(A W + bias + Sum) with W [K, N] constant, A [..., K] of any leading dims: the rows M of A
 // (all leading dims together) are a run-time dim.
 //
-// Two kinds of primitive: one made at compile time with M = DNNL_RUNTIME_DIM_VAL (oneDNN's gemm-based
-// kernel, plain weights: no creation at run time, whatever M), and, for fewer than kFewRows rows seen a
-// second time, one made for that M (oneDNN picks brgemm with its packed weights where it has one). The Sum is copied into the output, which
-// the product then adds to through a sum post-op (the only way oneDNN 2.6 takes a run-time-sized operand).
+// From kFewRows rows: one oneDNN matmul made at compile time with M = DNNL_RUNTIME_DIM_VAL (its gemm-based
+// kernel on the plain weights), nothing created at run time whatever M. The Sum is copied into the output,
+// which the product then adds to through a sum post-op (the only way oneDNN 2.6 takes a run-time-sized
+// operand). Below kFewRows (a decoder's token, a short prompt's rows) the product is bound by reading W:
+// Ondine's loop streams the plain weights once for all the rows (lower/detail/gemv.hpp), then the bias,
+// the Sum and the activations (eltwise primitives made for one row of N at compile time) follow. The same
+// M always takes the same kernel: a call's result does not depend on the calls before it.
 class DenseMatMulKernel : public Kernel {
  public:
   struct Spec {
@@ -691,19 +822,25 @@ class DenseMatMulKernel : public Kernel {
     int sum_input = -1;
     std::vector<EltwiseSpec::Op> eltwise;
   };
-  static constexpr std::size_t kMaxShapes = 8;  // primitives kept per node, besides the run-time one
-  static constexpr std::int64_t kFewRows = 8;    // below this, rows seen twice get a primitive of their own
+  static constexpr std::int64_t kFewRows = 8;  // below this, the rows run Ondine's weight-streaming loop
 
   DenseMatMulKernel(const Node& n, Spec spec, const dnnl::engine& engine) : Kernel(n), spec_(std::move(spec)), engine_(engine) {
     K_ = spec_.weights.dims()[0];
     N_ = spec_.weights.dims()[1];
     plain_weights_ = memory(plain_md({K_, N_}), engine_, spec_.weights.raw());
     if (spec_.bias) bias_ = memory(plain_md({1, N_}), engine_, spec_.bias->raw());
-    runtime_ = make(DNNL_RUNTIME_DIM_VAL, /*plain=*/true);
+    runtime_ = make_runtime();
+    rows_ = gemv::rows_kernel();
+    for (const auto& op : spec_.eltwise) {  // the activations of a few rows, one row of N at a time
+      dnnl::eltwise_forward::primitive_desc pd(
+          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, op.alg, plain_md({1, N_}), op.alpha, op.beta),
+          engine_);
+      row_eltwise_.emplace_back(pd);
+    }
   }
   std::string implementation() const override {
-    return "oneDNN matmul, rows at run time (" + (runtime_ ? runtime_->impl : std::string("none")) + ", per-shape " +
-           last_impl() + ")";
+    return "oneDNN matmul, rows at run time (" + (runtime_ ? runtime_impl_ : std::string("none")) +
+           "); fewer than " + std::to_string(kFewRows) + " rows: ondine:weight-streaming loop";
   }
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     if (!all_f32(in, {0}) || in[0].rank() < 1 || in[0].dims().back() != K_) return reference(in);
@@ -716,35 +853,27 @@ class DenseMatMulKernel : public Kernel {
       if (i >= in.size() || in[i].empty() || !all_f32(in, {i}) || in[i].dims() != out) return reference(in);
       sum = &in[i];
     }
-    Tensor y = ctx.alloc(DType::Float32, out);
+    Tensor y = ctx.alloc_output(0, DType::Float32, out);
     if (y.numel() == 0) return {y};
     if (K_ == 0) return reference(in);
+    if (M < kFewRows || !runtime_) {
+      few_rows(ctx, in[0].data<float>(), M, sum ? sum->data<float>() : nullptr, y.data<float>());
+      return {y};
+    }
     if (sum) std::memcpy(y.raw(), sum->raw(), y.nbytes());
-    std::shared_ptr<const Prim> prim = for_rows(M);
     const memory::desc src_md = plain_md({M, K_}), dst_md = plain_md({M, N_});
     memory src(src_md, engine_, const_cast<void*>(in[0].raw())), dst(dst_md, engine_, y.raw());
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, prim->weights}, {DNNL_ARG_DST, dst}};
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, plain_weights_}, {DNNL_ARG_DST, dst}};
     if (spec_.bias) args.emplace(DNNL_ARG_BIAS, bias_);
-    prim->primitive.execute(ctx.stream, args);
+    runtime_->execute(ctx.stream, args);
     ctx.stream.wait();
     return {y};
   }
-  // Primitives made for one M (besides the run-time one), for tests and reports.
-  std::size_t shape_primitives() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return fixed_.size();
-  }
 
  private:
-  struct Prim {
-    dnnl::matmul primitive;
-    memory weights;
-    std::string impl;
-  };
-
-  std::shared_ptr<const Prim> make(memory::dim M, bool plain) const {
-    const memory::desc src = plain_md({M, K_}), dst = plain_md({M, N_});
-    const memory::desc w = plain ? plain_md({K_, N_}) : any_md({K_, N_});
+  std::optional<dnnl::matmul> make_runtime() {
+    const memory::desc src = plain_md({DNNL_RUNTIME_DIM_VAL, K_}), dst = plain_md({DNNL_RUNTIME_DIM_VAL, N_});
+    const memory::desc w = plain_md({K_, N_});
     dnnl::post_ops po;
     if (spec_.sum_input >= 0) po.append_sum(1.0f);
     for (const auto& op : spec_.eltwise) po.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
@@ -753,59 +882,42 @@ class DenseMatMulKernel : public Kernel {
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::library);
     auto desc = spec_.bias ? dnnl::matmul::desc(src, w, plain_md({1, N_}), dst) : dnnl::matmul::desc(src, w, dst);
     dnnl::matmul::primitive_desc pd(desc, attr, engine_, true);
-    if (!pd) return nullptr;
-    auto p = std::make_shared<Prim>();
-    p->primitive = dnnl::matmul(pd);
-    p->impl = pd.impl_info_str();
-    p->weights = plain ? plain_weights_ : packed(pd.weights_desc());
-    return p;
+    if (!pd) return std::nullopt;
+    runtime_impl_ = pd.impl_info_str();
+    return dnnl::matmul(pd);
   }
-  // The weights in `md`, reordered once per layout.
-  memory packed(const memory::desc& md) const {
-    if (md == plain_weights_.get_desc()) return plain_weights_;
-    for (auto& [layout, m] : packed_)
-      if (layout == md) return m;
-    memory m(md, engine_), src = plain_weights_;
-    dnnl::stream s(engine_);
-    dnnl::reorder(src, m).execute(s, src, m);
-    s.wait();
-    packed_.emplace_back(md, m);
-    return m;
-  }
-  // The primitive for M rows: the one made for M if there is one; else the run-time one, and on the
-  // second call with this M one made for it.
-  std::shared_ptr<const Prim> for_rows(std::int64_t M) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = fixed_.find(M); it != fixed_.end()) return it->second;
-    // From 8 rows the run-time kernel is within 4% of one made for the shape (Zen 4, 2 threads: 384x384 to
-    // 1536x384 at 8-256 rows), not worth a creation (0.2-1 ms); with fewer rows (a decoder's one token) a
-    // primitive made for M reads packed weights, up to 1.5x faster (1x768x3072: 0.058 against 0.091 ms).
-    if (runtime_ && M >= kFewRows) return runtime_;
-    int& seen = seen_[M];
-    if (runtime_ && (seen++ == 0 || fixed_.size() >= kMaxShapes)) return runtime_;
-    std::shared_ptr<const Prim> p = make(M, false);
-    if (!p) p = make(M, true);
-    if (!p) throw node_.error("oneDNN has no matmul for " + std::to_string(M) + " x " + std::to_string(K_) + " x " +
-                              std::to_string(N_));
-    fixed_.emplace(M, p);
-    last_impl_ = p->impl;
-    return p;
-  }
-  std::string last_impl() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return last_impl_.empty() ? "none yet" : last_impl_;
+
+  // Y = act(A W + bias + Sum) for M rows, each row of Y started from bias + Sum and the weights read once
+  // for all of them (per row the loop keeps its own accumulators, in the threads' partial rows).
+  void few_rows(RunContext& ctx, const float* a, std::int64_t M, const float* sum, float* y) const {
+    const float* w = spec_.weights.data<float>();
+    const float* bias = spec_.bias ? spec_.bias->data<float>() : nullptr;
+    const int threads = omp_get_max_threads();
+    Tensor partials = ctx.alloc(DType::Float32, {std::max(threads - 1, 1) * M, N_});
+    for (std::int64_t m = 0; m < M; ++m) {
+      float* row = y + m * N_;
+      if (sum) std::memcpy(row, sum + m * N_, static_cast<std::size_t>(N_) * sizeof(float));
+      else std::fill(row, row + N_, 0.0f);
+      if (bias)
+        for (std::int64_t n = 0; n < N_; ++n) row[n] += bias[n];
+    }
+    gemv::multiply_add(rows_, a, w, M, K_, N_, y, partials.data<float>(), threads);
+    for (std::size_t i = 0; i < row_eltwise_.size(); ++i)
+      for (std::int64_t m = 0; m < M; ++m) {
+        memory row(plain_md({1, N_}), engine_, y + m * N_);
+        row_eltwise_[i].execute(ctx.stream, {{DNNL_ARG_SRC, row}, {DNNL_ARG_DST, row}});
+      }
+    if (!row_eltwise_.empty()) ctx.stream.wait();
   }
 
   Spec spec_;
   dnnl::engine engine_;
   std::int64_t K_ = 0, N_ = 0;
   memory plain_weights_, bias_;
-  std::shared_ptr<const Prim> runtime_;
-  mutable std::mutex mutex_;
-  mutable std::map<std::int64_t, std::shared_ptr<const Prim>> fixed_;
-  mutable std::map<std::int64_t, int> seen_;
-  mutable std::vector<std::pair<memory::desc, memory>> packed_;
-  mutable std::string last_impl_;
+  std::optional<dnnl::matmul> runtime_;
+  std::string runtime_impl_;
+  gemv::RowsFn rows_ = nullptr;
+  std::vector<dnnl::eltwise_forward> row_eltwise_;
 };
 
 // The constant-weight product a MatMul / Gemm / fused node computes, or nullopt where it is not one
