@@ -1536,6 +1536,28 @@ void print_cache_header(const std::string& path, const lower::ShapeCache& cache,
             << ready_ms << " ms)\n";
 }
 
+// The JSON fields both modes start with: the model, the engine, the plan the cache took.
+nlohmann::json cache_json(const std::string& path, const char* mode, const lower::ShapeCache& cache, int threads,
+                          int warmup, int runs, std::uint64_t seed, const std::string& pipeline,
+                          const ShapeBenchArgs& args, double ready_ms) {
+  nlohmann::json j;
+  j["model"] = path;
+  j["mode"] = mode;
+  j["engine"] = "shape cache";
+  j["isa"] = lower::effective_isa().name;
+  j["precision"] = precision_label();
+  j["passes"] = passes_label(pipeline);
+  j["threads"] = threads > 0 ? threads : omp_get_max_threads();
+  j["warmup"] = warmup;
+  j["runs"] = runs;
+  j["seed"] = seed;
+  j["shape_plan"] = lower::shape_plan_name(args.shape_plan);
+  j["plan"] = cache.shape_plan_reason();
+  j["shape_free"] = cache.shape_free() != nullptr;
+  j["ready_ms"] = ready_ms;
+  return j;
+}
+
 void write_json(const std::string& json_file, const nlohmann::json& j) {
   std::ofstream out(json_file);
   if (!out) throw Error("--json " + json_file + ": cannot open for writing");
@@ -1681,21 +1703,7 @@ int bench_stream(const std::string& path, const Graph& g, const std::map<std::st
   std::cout << "peak RSS: " << std::setprecision(1) << rss << " MiB\n";
 
   if (!json_file.empty()) {
-    nlohmann::json j;
-    j["model"] = path;
-    j["mode"] = "stream";
-    j["engine"] = "shape cache";
-    j["isa"] = lower::effective_isa().name;
-    j["precision"] = precision_label();
-    j["passes"] = passes_label(pipeline);
-    j["threads"] = threads > 0 ? threads : omp_get_max_threads();
-    j["warmup"] = warmup;
-    j["runs"] = runs;
-    j["seed"] = seed;
-    j["shape_plan"] = lower::shape_plan_name(args.shape_plan);
-    j["plan"] = cache.shape_plan_reason();
-    j["shape_free"] = cache.shape_free() != nullptr;
-    j["ready_ms"] = ready_ms;
+    nlohmann::json j = cache_json(path, "stream", cache, threads, warmup, runs, seed, pipeline, args, ready_ms);
     nlohmann::json ranges = nlohmann::json::object();
     for (auto& [name, r] : args.ranges) ranges[name] = {r.lo, r.hi};
     j["ranges"] = ranges;
@@ -1966,21 +1974,7 @@ int bench_decode(const std::string& path, const Graph& g, const std::map<std::st
   std::cout << "peak RSS: " << std::setprecision(1) << rss << " MiB\n";
 
   if (!json_file.empty()) {
-    nlohmann::json j;
-    j["model"] = path;
-    j["mode"] = "decode";
-    j["engine"] = "shape cache";
-    j["isa"] = lower::effective_isa().name;
-    j["precision"] = precision_label();
-    j["passes"] = passes_label(pipeline);
-    j["threads"] = threads > 0 ? threads : omp_get_max_threads();
-    j["warmup"] = warmup;
-    j["runs"] = runs;
-    j["seed"] = seed;
-    j["shape_plan"] = lower::shape_plan_name(args.shape_plan);
-    j["plan"] = cache.shape_plan_reason();
-    j["shape_free"] = cache.shape_free() != nullptr;
-    j["ready_ms"] = ready_ms;
+    nlohmann::json j = cache_json(path, "decode", cache, threads, warmup, runs, seed, pipeline, args, ready_ms);
     j["batch"] = batch;
     j["prompt_tokens"] = prompt;
     j["steps"] = steps;
