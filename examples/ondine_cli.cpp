@@ -603,15 +603,7 @@ double peak_rss_mib() {
 // What compile() made of the model: ISA, every step with oneDNN's implementation, the memory plan.
 void print_compiled(const Graph& bound, int threads, const std::string& passes) {
   auto t0 = std::chrono::steady_clock::now();
-  lower::CompileOptions opts;
-  opts.threads = threads;
-  opts.passes = passes;
-  opts.precision = g_precision;
-  opts.keep_fp32 = g_keep_fp32;
-  opts.conv_layout = g_conv_layout;
-  opts.conv_algorithm = g_conv_algorithm;
-  opts.matmul_kernel = g_matmul_kernel;
-  opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
+  lower::CompileOptions opts = tool_compile_options(threads, passes);
   std::string precision_line;
   opts.log = [&precision_line](const std::string& line) {
     keep_precision_line(precision_line, line);
