@@ -427,6 +427,117 @@ TEST_CASE("bound outputs: a short buffer, a wrong dtype or a buffer an input rea
   }
 }
 
+TEST_CASE("KV cache: a decode appends each step's positions in place and equals a run that feeds the presents back",
+          "[lower][shape-free][kv-cache]") {
+  const fs::path dir = corpus_dir("gpt2_kv");
+  Graph g = ondine::onnx::load_model((dir / "model.onnx").string());
+  const Tensor prompt = load_npy((dir / "decode.prompt.npy").string());  // [1, 8]
+  lower::ShapeCache model(g.clone(), options());
+  REQUIRE(model.shape_free() != nullptr);
+  // Structure: every past/present pair is found, on the sequence axis.
+  const auto pairs = model.shape_free()->kv_pairs();
+  REQUIRE(pairs.size() == g.inputs().size() - 1);
+  for (const auto& p : pairs) {
+    CHECK(p.past.rfind("past_", 0) == 0);
+    CHECK(p.present == "present_" + p.past.substr(5));
+    CHECK(p.axis == 2);
+  }
+  runtime::KvCache cache = model.make_kv_cache(24);
+  CHECK(cache.buffer(0).dims() == std::vector<std::int64_t>{1, 4, 24, 16});
+  CHECK(cache.length() == 0);
+  std::map<std::string, Tensor> plain{{"input_ids", prompt}};
+  for (const Value* v : g.inputs())
+    if (v->name() != "input_ids") plain[v->name()] = Tensor(DType::Float32, {1, 4, 0, 16});
+  std::map<std::string, Tensor> in{{"input_ids", prompt}};
+  std::vector<const void*> buffers;
+  for (std::size_t i = 0; i < pairs.size(); ++i) buffers.push_back(cache.buffer(i).raw());
+  for (int step = 0; step < 16; ++step) {
+    INFO("step " << step);
+    auto out = model.run(in, {}, cache);
+    auto want = model.run(plain);
+    CHECK(out.size() == 1);  // the logits; the presents stay in the cache
+    CHECK(rel_diff(out.at("logits"), want.at("logits")) < 1e-5);
+    CHECK(cache.length() == want.at("present_key_0").dims()[2]);
+    for (const auto& p : pairs) {
+      INFO(p.present);
+      CHECK(rel_diff(cache.present(p.present), want.at(p.present)) < 1e-6);
+    }
+    for (std::size_t i = 0; i < pairs.size(); ++i) CHECK(cache.buffer(i).raw() == buffers[i]);  // never moved
+    const Tensor& l = want.at("logits");
+    const float* last = l.data<float>() + (l.dims()[1] - 1) * 100;
+    const std::int64_t best = std::max_element(last, last + 100) - last;
+    in["input_ids"] = plain["input_ids"] = Tensor::from_vector<std::int64_t>({1, 1}, {best});
+    for (auto& [name, t] : want)
+      if (name.rfind("present_", 0) == 0) plain["past_" + name.substr(8)] = t;
+  }
+  CHECK(model.compilations() == 0);
+
+  {  // a batch of two sequences
+    runtime::KvCache two = model.make_kv_cache(12, {{"batch", 2}});
+    CHECK(two.buffer(0).dims() == std::vector<std::int64_t>{2, 4, 12, 16});
+    std::vector<std::int64_t> ids(16);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i * 7 % 100);
+    std::map<std::string, Tensor> feed{{"input_ids", Tensor::from_vector<std::int64_t>({2, 8}, ids)}}, full = feed;
+    for (const Value* v : g.inputs())
+      if (v->name() != "input_ids") full[v->name()] = Tensor(DType::Float32, {2, 4, 0, 16});
+    auto out = model.run(feed, {}, two);
+    auto want = model.run(full);
+    CHECK(rel_diff(out.at("logits"), want.at("logits")) < 1e-5);
+    CHECK(rel_diff(two.present("present_value_1"), want.at("present_value_1")) < 1e-6);
+  }
+}
+
+TEST_CASE("KV cache: a full cache, a past given twice, a bound present or a cache of another model is an error",
+          "[lower][shape-free][kv-cache]") {
+  const fs::path dir = corpus_dir("gpt2_kv");
+  Graph g = ondine::onnx::load_model((dir / "model.onnx").string());
+  const Tensor prompt = load_npy((dir / "decode.prompt.npy").string());  // [1, 8]
+  lower::ShapeCache model(g.clone(), options());
+  auto expect_error = [&](auto&& call, std::vector<std::string> words) {
+    try {
+      call();
+      FAIL("ran");
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      for (const auto& w : words) CHECK(msg.find(w) != std::string::npos);
+    }
+  };
+  runtime::KvCache cache = model.make_kv_cache(9);
+  const Tensor token = Tensor::from_vector<std::int64_t>({1, 1}, {5});
+  model.run({{"input_ids", prompt}}, {}, cache);
+  model.run({{"input_ids", token}}, {}, cache);
+  CHECK(cache.length() == 9);
+  expect_error([&] { model.run({{"input_ids", token}}, {}, cache); }, {"holds 9 positions", "9 cached", "1 new", "present_"});
+  CHECK(cache.length() == 9);  // as before the failed step
+  expect_error([&] { model.run({{"input_ids", token}, {"past_key_0", Tensor(DType::Float32, {1, 4, 9, 16})}}, {}, cache); },
+               {"'past_key_0'", "KV cache"});
+  expect_error([&] { model.run({{"input_ids", token}}, {{"present_key_1", Tensor(DType::Float32, {1, 4, 16, 16})}}, cache); },
+               {"'present_key_1'", "KV cache"});
+  runtime::KvCache other;
+  expect_error([&] { model.run({{"input_ids", token}}, {}, other); }, {"another model"});
+  expect_error([&] { model.run({{"input_ids", Tensor::from_vector<std::int64_t>({2, 1}, {1, 2})}}, {}, cache); },
+               {"'batch'", "'input_ids'"});
+  expect_error([&] { model.make_kv_cache(0); }, {"capacity"});
+  // After reset() the cache holds a new sequence.
+  cache.reset();
+  auto out = model.run({{"input_ids", prompt}}, {}, cache);
+  CHECK(cache.length() == 8);
+  CHECK(out.at("logits").dims() == std::vector<std::int64_t>{1, 8, 100});
+}
+
+TEST_CASE("KV cache: must not fire without past/present pairs or without the shape-free plan",
+          "[lower][shape-free][kv-cache]") {
+  lower::ShapeCache encoder(ondine::onnx::load_model((corpus_dir("hf_bert") / "model.onnx").string()), options());
+  REQUIRE(encoder.shape_free() != nullptr);
+  CHECK(encoder.shape_free()->kv_pairs().empty());
+  CHECK_THROWS_WITH(encoder.make_kv_cache(16), Catch::Contains("no KV cache pairs"));
+  auto o = options();
+  o.shape_plan = lower::ShapePlan::PerShape;
+  lower::ShapeCache per_shape(ondine::onnx::load_model((corpus_dir("gpt2_kv") / "model.onnx").string()), o);
+  CHECK_THROWS_WITH(per_shape.make_kv_cache(16), Catch::Contains("shape-free plan"));
+}
+
 TEST_CASE("shape-free plan: bad inputs name the inputs and the dim, never crash", "[lower][shape-free]") {
   const fs::path dir = corpus_dir("gpt2_kv");
   lower::ShapeCache model(ondine::onnx::load_model((dir / "model.onnx").string()), options());

@@ -45,6 +45,7 @@
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/buffer_pool.hpp"
 #include "ondine/runtime/compiled_model.hpp"
+#include "ondine/runtime/kv_cache.hpp"
 #include "ondine/runtime/output_binding.hpp"
 
 namespace ondine::lower {
@@ -174,20 +175,49 @@ class DynamicModel {
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
                                     const std::map<std::string, Tensor>& bound,
                                     runtime::StageTimes* times = nullptr) const {
-    check_inputs(*graph_, inputs);
-    runtime::check_output_bindings(*graph_, inputs, bound);
+    return run(inputs, bound, nullptr, times);
+  }
+
+  // The same with a KV cache (runtime/kv_cache.hpp, from make_kv_cache()): the cache gives the past inputs
+  // (its first length() positions; `inputs` must not hold them), each pair's Concat writes only the new
+  // positions into the cache's buffer, the attention reads keys and values there, and on success the cache
+  // grows by the step's positions. The present outputs stay in the cache (not in the result; not bound).
+  // A step whose new positions do not fit is an Error naming the output; the cache is then as before.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    const std::map<std::string, Tensor>& bound, runtime::KvCache* cache,
+                                    runtime::StageTimes* times = nullptr) const {
+    const std::map<std::string, Tensor>* feeds = &inputs;
+    std::map<std::string, Tensor> with_cache;
+    std::vector<detail::Dims> cache_strides;
+    if (cache) {
+      check_cache(*cache, inputs, bound);
+      with_cache = inputs;
+      for (std::size_t i = 0; i < kv_slots_.size(); ++i) {
+        with_cache[kv_slots_[i].pair.past] = cache->view(i, cache->length());
+        cache_strides.push_back(detail::row_major_strides(cache->buffer(i).dims()));
+      }
+      feeds = &with_cache;
+    }
+    check_inputs(*graph_, *feeds);
+    runtime::check_output_bindings(*graph_, *feeds, bound);
     std::unordered_map<int, std::pair<const Tensor*, const std::string*>> bound_ids;
     for (auto& [name, id] : output_ids_)
       if (auto it = bound.find(name); it != bound.end()) bound_ids.emplace(id, std::make_pair(&it->second, &it->first));
     detail::ThreadCountScope threads(threads_);
     dnnl::stream stream(engine_);
-    detail::dyn::RunContext ctx{*pool_, stream, {}};
+    detail::dyn::RunContext ctx{*pool_, stream, {}, {}};
     std::vector<Tensor> values(values_.size());
+    // With a cache: the strides of the values that are views into it (the pasts, then the presents).
+    std::vector<const detail::Dims*> value_strides(cache ? values_.size() : 0, nullptr);
+    std::vector<std::int64_t> appended(kv_slots_.size(), -1);
+    for (std::size_t i = 0; cache && i < kv_slots_.size(); ++i)
+      value_strides[static_cast<std::size_t>(kv_slots_[i].past_id)] = &cache_strides[i];
     for (std::size_t i = 0; i < constants_.size(); ++i) values[constants_[i].first] = constants_[i].second;
-    for (auto& [name, id] : input_ids_) values[id] = inputs.at(name);
+    for (auto& [name, id] : input_ids_) values[id] = feeds->at(name);
     std::vector<Tensor> args;
     for (const Step& s : steps_) {
       args.clear();
+      ctx.strides.clear();
       for (int id : s.inputs) {
         if (id < 0) {
           args.emplace_back();
@@ -196,6 +226,18 @@ class DynamicModel {
         if (values[static_cast<std::size_t>(id)].empty() && !is_none(values_[static_cast<std::size_t>(id)]))
           throw s.node->error("input '" + values_[static_cast<std::size_t>(id)]->name() + "' has no value");
         args.push_back(values[static_cast<std::size_t>(id)]);
+        if (cache && value_strides[static_cast<std::size_t>(id)]) {
+          ctx.strides.resize(s.inputs.size(), nullptr);
+          ctx.strides[args.size() - 1] = value_strides[static_cast<std::size_t>(id)];
+        }
+      }
+      if (cache && s.kv >= 0) {  // the pair's Concat: the new positions into the cache, nothing else moves
+        const auto slot = static_cast<std::size_t>(s.kv);
+        appended[slot] = append_to_cache(*cache, slot, args);
+        values[static_cast<std::size_t>(kv_slots_[slot].present_id)] =
+            cache->view(slot, cache->length() + appended[slot]);
+        value_strides[static_cast<std::size_t>(kv_slots_[slot].present_id)] = &cache_strides[slot];
+        continue;
       }
       std::vector<Tensor> outs;
       ctx.bound.clear();
@@ -237,8 +279,17 @@ class DynamicModel {
         times->add(s.node->op_type(), s.kernel ? s.kernel->implementation() : "reference", s.node->name(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
+    if (cache) {  // every pair grew by the same positions (a decoder's layers see the same tokens)
+      for (std::size_t i = 1; i < appended.size(); ++i)
+        if (appended[i] != appended[0])
+          throw Error("KV cache: '" + kv_slots_[i].pair.present + "' grew by " + std::to_string(appended[i]) +
+                      " positions and '" + kv_slots_[0].pair.present + "' by " + std::to_string(appended[0]) +
+                      "; a cache keeps one length for all its pairs");
+      if (!appended.empty()) cache->advance(appended[0]);
+    }
     std::map<std::string, Tensor> result;
     for (auto& [name, id] : output_ids_) {
+      if (cache && is_kv_present(id)) continue;  // it stays in the cache
       Tensor& t = values[static_cast<std::size_t>(id)];
       if (t.empty() && t.kind() == Tensor::Kind::Dense && !values_[static_cast<std::size_t>(id)]->is_graph_input())
         throw Error("graph output '" + name + "' was not computed");
@@ -294,6 +345,48 @@ class DynamicModel {
     return ops;
   }
   const Graph& graph() const { return *graph_; }
+
+  // The past/present pairs a KV cache can hold (runtime/kv_cache.hpp): a past input that only a Concat (as
+  // its first operand) and Shape read, the Concat's result a graph output that only attention and Shape
+  // read. Empty for a model without such pairs.
+  std::vector<runtime::KvPair> kv_pairs() const {
+    std::vector<runtime::KvPair> pairs;
+    for (const KvSlot& s : kv_slots_) pairs.push_back(s.pair);
+    return pairs;
+  }
+
+  // A cache for `capacity` positions of every pair: each buffer has the past's dims with `capacity` on the
+  // pair's axis, and for a symbolic dim (the batch) its size in `dims`, else 1.
+  runtime::KvCache make_kv_cache(std::int64_t capacity, const std::map<std::string, std::int64_t>& dims = {}) const {
+    if (kv_slots_.empty())
+      throw Error("the model has no KV cache pairs: a past input read only by a Concat (and Shape) whose "
+                  "result is an output read only by attention (and Shape)");
+    if (capacity <= 0) throw Error("a KV cache needs a capacity of at least one position");
+    std::vector<std::vector<std::int64_t>> shapes;
+    DType dtype = DType::Undefined;
+    for (const KvSlot& s : kv_slots_) {
+      const Value* past = values_[static_cast<std::size_t>(s.past_id)];
+      std::vector<std::int64_t> d;
+      for (std::size_t i = 0; i < past->shape().rank(); ++i) {
+        const Dim& dim = past->shape()[i];
+        if (i == s.pair.axis) d.push_back(capacity);
+        else if (dim.is_static()) d.push_back(dim.value);
+        else if (dim.symbol.empty())
+          throw Error("input '" + past->name() + "' has an unnamed dim " + std::to_string(i) +
+                      ": a KV cache cannot size it");
+        else {
+          auto it = dims.find(dim.symbol);
+          if (it != dims.end() && it->second <= 0)
+            throw Error("KV cache: dim '" + dim.symbol + "' must be positive");
+          d.push_back(it == dims.end() ? 1 : it->second);
+        }
+      }
+      shapes.push_back(std::move(d));
+      dtype = past->dtype();
+    }
+    return runtime::KvCache(kv_pairs(), shapes, dtype, capacity);
+  }
+
   // The pool the values live in: bytes() grows to the largest shapes' working set, then stays.
   const runtime::BufferPool& pool() const { return *pool_; }
 
@@ -303,7 +396,125 @@ class DynamicModel {
     std::unique_ptr<detail::dyn::Kernel> kernel;  // null: the reference kernel
     reference::Kernel reference;
     std::vector<int> inputs, outputs, release;
+    int kv = -1;  // a KV pair's Concat: its index in kv_slots_
   };
+  struct KvSlot {
+    runtime::KvPair pair;
+    int past_id = -1, present_id = -1;
+  };
+
+  bool is_kv_present(int id) const {
+    for (const KvSlot& s : kv_slots_)
+      if (s.present_id == id) return true;
+    return false;
+  }
+
+  // The cache fits this model and the call: its pairs are this model's, the call gives no past input and
+  // binds no present output.
+  void check_cache(const runtime::KvCache& cache, const std::map<std::string, Tensor>& inputs,
+                   const std::map<std::string, Tensor>& bound) const {
+    const auto& pairs = cache.pairs();
+    bool same = pairs.size() == kv_slots_.size();
+    for (std::size_t i = 0; same && i < pairs.size(); ++i)
+      same = pairs[i].past == kv_slots_[i].pair.past && pairs[i].present == kv_slots_[i].pair.present &&
+             pairs[i].axis == kv_slots_[i].pair.axis &&
+             cache.buffer(i).dtype() == values_[static_cast<std::size_t>(kv_slots_[i].past_id)]->dtype();
+    if (!same) throw Error("this KV cache was made for another model (make it with this model's make_kv_cache)");
+    for (const KvSlot& s : kv_slots_) {
+      if (inputs.count(s.pair.past))
+        throw Error("input '" + s.pair.past + "' comes from the KV cache: leave it out of the inputs");
+      if (bound.count(s.pair.present))
+        throw Error("output '" + s.pair.present + "' stays in the KV cache: it cannot be bound to a buffer");
+    }
+  }
+
+  // Writes the new positions of pair `slot` (the Concat's operands after the past) after the cache's
+  // length() positions; returns how many. Nothing is written when they do not fit.
+  std::int64_t append_to_cache(runtime::KvCache& cache, std::size_t slot, const std::vector<Tensor>& args) const {
+    const KvSlot& kv = kv_slots_[slot];
+    Tensor buffer = cache.buffer(slot);  // shares the storage: written below
+    const std::size_t axis = kv.pair.axis;
+    const Node& concat = *steps_[kv_step_[slot]].node;
+    std::int64_t added = 0;
+    for (std::size_t i = 1; i < args.size(); ++i) {
+      const Tensor& t = args[i];
+      if (t.kind() != Tensor::Kind::Dense || t.dtype() != buffer.dtype() || t.rank() != buffer.rank())
+        throw concat.error("operand " + std::to_string(i) + " is " + std::string(dtype_name(t.dtype())) +
+                           dims_str(t.dims()) + "; the KV cache for '" + kv.pair.present + "' holds " +
+                           std::string(dtype_name(buffer.dtype())) + dims_str(buffer.dims()));
+      for (std::size_t d = 0; d < t.rank(); ++d)
+        if (d != axis && t.dims()[d] != buffer.dims()[d])
+          throw concat.error("operand " + std::to_string(i) + " is " + dims_str(t.dims()) + "; the KV cache for '" +
+                             kv.pair.present + "' was made for " + dims_str(buffer.dims()) + " (dim " +
+                             std::to_string(d) + " differs: make the cache with that size)");
+      added += t.dims()[axis];
+    }
+    const std::int64_t length = cache.length(), capacity = cache.capacity();
+    if (added > capacity - length)
+      throw concat.error("the KV cache for '" + kv.pair.present + "' holds " + std::to_string(capacity) +
+                         " positions: " + std::to_string(length) + " cached and " + std::to_string(added) +
+                         " new do not fit (make the cache with a larger capacity)");
+    const detail::Dims& dims = buffer.dims();
+    const std::int64_t outer = detail::dyn::numel_of(detail::Dims(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(axis)));
+    const std::size_t position =
+        static_cast<std::size_t>(detail::dyn::numel_of(detail::Dims(dims.begin() + static_cast<std::ptrdiff_t>(axis) + 1, dims.end()))) *
+        dtype_size(buffer.dtype());
+    char* base = static_cast<char*>(buffer.raw());
+    std::int64_t at = length;
+    for (std::size_t i = 1; i < args.size(); ++i) {
+      const std::int64_t n = args[i].dims()[axis];
+      const char* src = static_cast<const char*>(args[i].raw());
+      const std::size_t bytes = static_cast<std::size_t>(n) * position;
+      if (bytes)
+        detail::dyn::parallel_rows(outer, static_cast<std::int64_t>(bytes / 4), [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t o = b; o < e; ++o)
+            std::memcpy(base + (static_cast<std::size_t>(o * capacity + at)) * position,
+                        src + static_cast<std::size_t>(o) * bytes, bytes);
+        });
+      at += n;
+    }
+    return added;
+  }
+
+  // Finds the KV pairs (kv_pairs()) among the steps as they run (after the attention absorbed its Transposes).
+  void find_kv_pairs() {
+    std::unordered_map<int, std::vector<std::pair<std::size_t, std::size_t>>> readers;  // id -> (step, operand)
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      for (std::size_t k = 0; k < steps_[i].inputs.size(); ++k)
+        if (steps_[i].inputs[k] >= 0) readers[steps_[i].inputs[k]].emplace_back(i, k);
+    std::map<int, int> output_count;
+    for (auto& [name, id] : output_ids_) ++output_count[id];
+    std::set<int> graph_inputs;
+    for (auto& [name, id] : input_ids_) graph_inputs.insert(id);
+    auto op_of = [&](std::size_t step) { return steps_[step].node->op_key(); };
+    for (std::size_t c = 0; c < steps_.size(); ++c) {
+      Step& s = steps_[c];
+      if (op_of(c) != "Concat" || !dynamic_cast<detail::dyn::ConcatKernel*>(s.kernel.get()) || s.inputs.size() < 2 ||
+          s.outputs.size() != 1)
+        continue;
+      const int past = s.inputs[0], present = s.outputs[0];
+      if (past < 0 || present < 0 || !graph_inputs.count(past) || output_count[present] != 1 || output_count.count(past))
+        continue;
+      const Value* pv = values_[static_cast<std::size_t>(past)];
+      if (pv->dtype() != DType::Float32 || !pv->shape().rank_known() || pv->shape().rank() == 0) continue;
+      const auto rank = static_cast<std::int64_t>(pv->shape().rank());
+      std::int64_t axis = s.node->attr_int("axis", 1);
+      if (axis < 0) axis += rank;
+      if (axis < 0 || axis >= rank) continue;
+      bool ok = true;
+      for (auto [step, operand] : readers[past])
+        ok = ok && ((step == c && operand == 0) || op_of(step) == "Shape");
+      for (std::size_t k = 1; k < s.inputs.size(); ++k) ok = ok && s.inputs[k] != past && s.inputs[k] >= 0;
+      for (auto [step, operand] : readers[present])
+        ok = ok && (op_of(step) == "Shape" ||
+                    (dynamic_cast<detail::dyn::AttentionKernel*>(steps_[step].kernel.get()) && (operand == 1 || operand == 2)));
+      if (!ok) continue;
+      s.kv = static_cast<int>(kv_slots_.size());
+      kv_slots_.push_back({{pv->name(), values_[static_cast<std::size_t>(present)]->name(), static_cast<std::size_t>(axis)},
+                           past, present});
+      kv_step_.push_back(c);
+    }
+  }
 
   static bool is_none(const Value*) { return false; }
 
@@ -351,6 +562,7 @@ class DynamicModel {
       output_ids_.emplace_back(out->name(), id);
     }
     absorb_attention_transposes();
+    find_kv_pairs();
     // Each value goes back to the pool after its last reader; the graph's outputs are kept.
     std::unordered_map<int, std::size_t> last_use;
     for (std::size_t i = 0; i < steps_.size(); ++i)
@@ -433,6 +645,8 @@ class DynamicModel {
   std::vector<std::pair<int, Tensor>> constants_;
   std::vector<std::pair<std::string, int>> input_ids_, output_ids_;
   std::vector<Step> steps_;
+  std::vector<KvSlot> kv_slots_;
+  std::vector<std::size_t> kv_step_;  // the step of each slot's Concat
 };
 
 }  // namespace ondine::lower

@@ -94,6 +94,18 @@ class ShapeCache {
     return outputs;
   }
 
+  // A KV cache for `capacity` positions (runtime/kv_cache.hpp; `dims`: sizes of the pasts' symbolic dims
+  // such as the batch, else 1), and a run with it: the shape-free plan's (DynamicModel::make_kv_cache, run).
+  // A model compiled per shape, or without past/present pairs the plan can share, is an Error saying why.
+  runtime::KvCache make_kv_cache(std::int64_t capacity, const std::map<std::string, std::int64_t>& dims = {}) const {
+    return shape_free_for_cache().make_kv_cache(capacity, dims);
+  }
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    const std::map<std::string, Tensor>& bound, runtime::KvCache& cache,
+                                    runtime::StageTimes* times = nullptr) {
+    return shape_free_for_cache().run(inputs, bound, &cache, times);
+  }
+
   // The compiled model for a binding of the symbolic dims (compiled now if not cached). The compile runs
   // outside the lock: runs of shapes already compiled never wait for it, and a second caller asking for
   // the same new binding waits for the first one's compile instead of compiling again.
@@ -112,6 +124,13 @@ class ShapeCache {
   const std::vector<std::string>& shape_input_names() const { return shape_inputs_; }
 
  private:
+  const DynamicModel& shape_free_for_cache() const {
+    if (!shape_free_)
+      throw Error("a KV cache needs the shape-free plan, and this model compiles one plan per shape (" +
+                  shape_plan_reason_ + ")");
+    return *shape_free_;
+  }
+
   // A specialisation: the dims' sizes and the values of the shape inputs.
   struct Key {
     Binding dims;

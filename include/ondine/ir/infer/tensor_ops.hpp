@@ -576,16 +576,18 @@ inline void infer_concat(Node& n) {
     }
   }
   out[static_cast<std::size_t>(axis)] = axis_static ? Dim(axis_sum) : Dim();
-  // A single non-static part next to empty parts keeps its symbol.
-  if (!axis_static && axis_sum == 0) {
-    const Dim* only = nullptr;
-    int count = 0;
+  // Symbolic parts add up as expressions ("past + seq": a KV cache's present), so the readers of the
+  // result see one dim they can compare with others.
+  if (!axis_static) {
+    Dim sum(0);
     for (Value* v : n.inputs()) {
-      if (!v->shape().rank_known()) { count = 2; break; }
-      const Dim& d = v->shape()[static_cast<std::size_t>(axis)];
-      if (!d.is_static()) { only = &d; ++count; }
+      if (!v->shape().rank_known()) {
+        sum = Dim();
+        break;
+      }
+      sum = dim_add(sum, v->shape()[static_cast<std::size_t>(axis)]);
     }
-    if (count == 1) out[static_cast<std::size_t>(axis)] = *only;
+    out[static_cast<std::size_t>(axis)] = sum;
   }
   set_output(n, 0, dtype, Shape(out));
 }

@@ -54,6 +54,11 @@ struct RunContext {
   // The caller's buffers for the current step's outputs (a run with bound outputs), by output index: the
   // buffer and the output's name, null where none is bound.
   std::vector<std::pair<const Tensor*, const std::string*>> bound;
+  // The element strides of the current step's inputs that are views into a KV cache (runtime/kv_cache.hpp:
+  // their dims are the value's, their layout the cache buffer's), by input index; null for the others. Only
+  // kernels that read strides are given such inputs (DynamicModel::kv_pairs).
+  std::vector<const Dims*> strides;
+  const Dims* strides_of(std::size_t i) const { return i < strides.size() ? strides[i] : nullptr; }
   Tensor alloc(DType t, Dims d) { return pool.tensor(t, std::move(d)); }
   // Storage for the step's output `i`: the caller's buffer where one is bound to it (checked: an Error
   // naming the output when it is too small), else the pool's.
@@ -619,6 +624,33 @@ class BatchedMatMulKernel : public Kernel {
 
 // A matrix per batch index read from a tensor with strides: the operand of an sgemm, which takes a row-major
 // matrix with a leading dimension, or its transpose.
+// A contiguous copy of `view` (its dims) whose elements lie at `strides` (in elements) from its data: a
+// view into a KV cache, for a kernel that reads only contiguous tensors.
+inline Tensor gather_strided(const Tensor& view, const Dims& strides) {
+  Tensor out = Tensor::uninitialized(view.dtype(), view.dims());
+  const std::size_t rank = view.rank(), width = dtype_size(view.dtype());
+  if (!out.numel() || rank == 0 || strides.size() != rank) return out.numel() ? view.clone() : out;
+  const std::int64_t inner = view.dims().back();
+  const std::int64_t rows = out.numel() / inner;
+  const char* src = static_cast<const char*>(view.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t rest = r, offset = 0;
+    for (std::size_t d = rank - 1; d-- > 0;) {
+      offset += (rest % view.dims()[d]) * strides[d];
+      rest /= view.dims()[d];
+    }
+    if (strides.back() == 1)
+      std::memcpy(dst + static_cast<std::size_t>(r * inner) * width, src + static_cast<std::size_t>(offset) * width,
+                  static_cast<std::size_t>(inner) * width);
+    else
+      for (std::int64_t j = 0; j < inner; ++j)
+        std::memcpy(dst + static_cast<std::size_t>(r * inner + j) * width,
+                    src + static_cast<std::size_t>(offset + j * strides.back()) * width, width);
+  }
+  return out;
+}
+
 struct MatrixView {
   Dims batch_strides;  // per batch dim, in elements
   std::int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 1;
@@ -632,9 +664,10 @@ struct MatrixView {
 
 // The logical operand [batch..., rows, cols] a Transpose with `perm` makes of a contiguous tensor of `src`
 // dims, read in place (no perm: the tensor itself).
-inline MatrixView matrix_view(const Dims& src, const std::vector<std::int64_t>& perm) {
+// `src_strides`: the tensor's element strides where it is not contiguous (a view into a KV cache).
+inline MatrixView matrix_view(const Dims& src, const std::vector<std::int64_t>& perm, const Dims* src_strides = nullptr) {
   const std::size_t rank = src.size();
-  const Dims st = row_major_strides(src);
+  const Dims st = src_strides ? *src_strides : row_major_strides(src);
   Dims dims(rank), strides(rank);
   for (std::size_t i = 0; i < rank; ++i) {
     const std::size_t from = perm.empty() ? i : static_cast<std::size_t>(perm[i]);
@@ -695,25 +728,27 @@ class AttentionKernel : public Kernel {
 
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     const bool has_mask = in.size() > 3 && !in[3].empty();
-    if (!all_f32(in, {0, 1, 2}) || (has_mask && !all_f32(in, {3}))) return fallback(in);
+    if (!all_f32(in, {0, 1, 2}) || (has_mask && !all_f32(in, {3}))) return fallback(ctx, in);
     const std::size_t rank = in[0].rank();
     for (std::size_t i = 0; i < 3; ++i)
-      if (in[i].rank() != rank || (!in_perm_[i].empty() && in_perm_[i].size() != rank)) return fallback(in);
-    if (rank < 2 || (!out_perm_.empty() && out_perm_.size() != rank)) return fallback(in);
+      if (in[i].rank() != rank || (!in_perm_[i].empty() && in_perm_[i].size() != rank) ||
+          (ctx.strides_of(i) && ctx.strides_of(i)->size() != rank))
+        return fallback(ctx, in);
+    if (rank < 2 || (!out_perm_.empty() && out_perm_.size() != rank)) return fallback(ctx, in);
     const Dims qd = permuted(in[0].dims(), in_perm_[0]);
     const Dims kd = permuted(in[1].dims(), in_perm_[1]);
     const Dims vd = permuted(in[2].dims(), in_perm_[2]);
     for (std::size_t i = 0; i + 2 < rank; ++i)
-      if (kd[i] != qd[i] || vd[i] != qd[i]) return fallback(in);
+      if (kd[i] != qd[i] || vd[i] != qd[i]) return fallback(ctx, in);
     const std::int64_t Sq = qd[rank - 2], D = qd[rank - 1], Sk = kd[rank - 1], Dv = vd[rank - 1];
-    if (kd[rank - 2] != D || vd[rank - 2] != Sk) return fallback(in);
+    if (kd[rank - 2] != D || vd[rank - 2] != Sk) return fallback(ctx, in);
     Dims scores = qd;
     scores.back() = Sk;
     Dims mask_strides;
     if (has_mask) {
-      if (in[3].rank() > rank) return fallback(in);
+      if (in[3].rank() > rank) return fallback(ctx, in);
       Dims b;
-      if (!broadcast_shape(in[3].dims(), scores, b) || b != scores) return fallback(in);
+      if (!broadcast_shape(in[3].dims(), scores, b) || b != scores) return fallback(ctx, in);
       mask_strides = broadcast_strides(in[3].dims(), scores);
     }
     Dims out = qd;  // logical [batch..., Sq, Dv]
@@ -728,9 +763,11 @@ class AttentionKernel : public Kernel {
     }
     Tensor y = ctx.alloc_output(0, DType::Float32, dest);
     if (y.numel() == 0) return {y};
-    const MatrixView q = matrix_view(in[0].dims(), in_perm_[0]);
-    const MatrixView k = matrix_view(in[1].dims(), in_perm_[1]);
-    const MatrixView v = matrix_view(in[2].dims(), in_perm_[2]);
+    const MatrixView q = matrix_view(in[0].dims(), in_perm_[0], ctx.strides_of(0));
+    const MatrixView k = matrix_view(in[1].dims(), in_perm_[1], ctx.strides_of(1));
+    const MatrixView v = matrix_view(in[2].dims(), in_perm_[2], ctx.strides_of(2));
+    for (const MatrixView* m : {&q, &k, &v})
+      if (m->col_stride != 1 && m->row_stride != 1) return fallback(ctx, in);  // not an sgemm operand
     const std::int64_t ldc = std::max(out_strides[rank - 2], std::max<std::int64_t>(Dv, 1));
     const Dims batch_dims(qd.begin(), qd.end() - 2);
     const std::int64_t batch = numel_of(batch_dims);
@@ -783,12 +820,14 @@ class AttentionKernel : public Kernel {
  private:
   // The reference kernel on the operands as the graph gives them: the absorbed Transposes applied first
   // (and after, to the output) by their own reference kernels.
-  std::vector<Tensor> fallback(const std::vector<Tensor>& in) const {
-    if (!absorbed_) return reference(in);
-    const auto& transpose = reference::kernel_table().at("Transpose");
+  std::vector<Tensor> fallback(RunContext& ctx, const std::vector<Tensor>& in) const {
     std::vector<Tensor> args = in;
+    for (std::size_t i = 0; i < args.size(); ++i)  // views into a KV cache, made contiguous first
+      if (const Dims* st = ctx.strides_of(i)) args[i] = gather_strided(in[i], *st);
+    if (!absorbed_) return reference(args);
+    const auto& transpose = reference::kernel_table().at("Transpose");
     for (std::size_t i = 0; i < 3 && i < args.size(); ++i)
-      if (in_transpose_[i]) args[i] = transpose(*in_transpose_[i], {in[i]}).at(0);
+      if (in_transpose_[i]) args[i] = transpose(*in_transpose_[i], {args[i]}).at(0);
     std::vector<Tensor> out = reference(args);
     if (out_transpose_) out[0] = transpose(*out_transpose_, {out[0]}).at(0);
     return out;
