@@ -6,7 +6,7 @@ bench/node_modules, and the two models of `/usr/bin/python3 scripts/make_models.
 hf_bert_pt,gpt2_kv_pt`):
     /usr/bin/python3 bench/dynamic_shapes.py [--build build] [--models-dir models] [--threads 2] [--rounds 3]
         [--workload encoder,decode] [--requests 200] [--prompt 32] [--steps 64] [--repeats 3]
-        [--cache-size N] [--timeout S] [--json FILE]
+        [--cache-size N] [--kv cache|feed] [--timeout S] [--json FILE]
 
 Two workloads, batch 1, the same for both engines (the driver writes them as a JSON spec that both read):
   encoder  models/torch/hf_bert_pt (MiniLM-sized, inputs input_ids and attention_mask [1, L]): a stream of
@@ -30,7 +30,9 @@ argmax after it). Ondine's compile time (the ondine.compile call) and ONNX Runti
 reported apart and counted in nothing else; a shape compiled on first use is counted in the run that uses it.
 Correctness, in the first round: the encoder output of request 0 against ONNX Runtime's (written by
 bench/ort_run.mjs), max |diff|, and the decode tokens of every repeat of both engines compared.
---requests 20 --steps 8 make a short run; --cache-size passes ondine.compile's cache_size (default: the
+--kv cache (default) decodes with Ondine's KV cache (Model.kv_cache(prompt + steps): the pasts stay in its
+buffers, each step appends its positions in place); --kv feed feeds the presents back as pasts, as ONNX
+Runtime is run. --requests 20 --steps 8 make a short run; --cache-size passes ondine.compile's cache_size (default: the
 module's); --timeout ends an engine's run after S seconds (it is then reported as failed); --json FILE writes
 every measurement.
 """
@@ -96,26 +98,31 @@ def ondine_decode(m, spec):
     prompt, steps, repeats = spec["prompt"], spec["steps"], spec["repeats"]
     layers = sum(1 for name, _, _ in m.inputs if name.startswith("past_key_"))
     pasts = [p for p in spec.get("report_pasts", report_pasts(prompt, steps)) if prompt <= p < prompt + steps]
+    kv_cache = m.kv_cache(prompt + steps) if spec.get("kv") == "cache" else None
     runs = []
     for _ in range(repeats):
         compiled_before = m.compilations
         feeds = {"input_ids": (1 + (np.arange(prompt, dtype=np.int64) * 7) % 7999).reshape(1, prompt)}
-        for i in range(layers):
-            feeds[f"past_key_{i}"] = np.zeros((1, 12, 0, 64), dtype=np.float32)
-            feeds[f"past_value_{i}"] = np.zeros((1, 12, 0, 64), dtype=np.float32)
+        if kv_cache:
+            kv_cache.reset()  # a new sequence; the buffers stay
+        else:
+            for i in range(layers):
+                feeds[f"past_key_{i}"] = np.zeros((1, 12, 0, 64), dtype=np.float32)
+                feeds[f"past_value_{i}"] = np.zeros((1, 12, 0, 64), dtype=np.float32)
         t0 = time.perf_counter()
-        out = m.run(feeds)
+        out = m.run(feeds, kv_cache=kv_cache)
         prompt_ms = (time.perf_counter() - t0) * 1e3
         tokens, token_ms = [], []
         for _ in range(steps):
             token = int(np.argmax(out["logits"][0, -1]))
             tokens.append(token)
             feeds["input_ids"] = np.array([[token]], dtype=np.int64)
-            for i in range(layers):
-                feeds[f"past_key_{i}"] = out[f"present_key_{i}"]
-                feeds[f"past_value_{i}"] = out[f"present_value_{i}"]
+            if not kv_cache:
+                for i in range(layers):
+                    feeds[f"past_key_{i}"] = out[f"present_key_{i}"]
+                    feeds[f"past_value_{i}"] = out[f"present_value_{i}"]
             t0 = time.perf_counter()
-            out = m.run(feeds)
+            out = m.run(feeds, kv_cache=kv_cache)
             token_ms.append((time.perf_counter() - t0) * 1e3)
         runs.append({"prompt_ms": prompt_ms, "p50_ms": percentile(token_ms, 50), "p90_ms": percentile(token_ms, 90),
                      "at_past_ms": {str(p): token_ms[p - prompt] for p in pasts}, "token_ms": token_ms,
@@ -288,6 +295,7 @@ def main():
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache-size", type=int, default=None)
+    p.add_argument("--kv", choices=["cache", "feed"], default="cache")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--engine", choices=["ondine"], help=argparse.SUPPRESS)  # one engine run: the driver's child
@@ -328,7 +336,7 @@ def main():
                 spec = {"mode": "encoder", "model": model, "lengths": lengths}
             else:
                 spec = {"mode": "decode", "model": model, "prompt": a.prompt, "steps": a.steps, "repeats": a.repeats,
-                        "report_pasts": report_pasts(a.prompt, a.steps)}
+                        "report_pasts": report_pasts(a.prompt, a.steps), "kv": a.kv}
             spec_path = os.path.join(tmp, f"{w}.spec.json")
             with open(spec_path, "w") as f:
                 json.dump(spec, f)
@@ -379,6 +387,7 @@ def main():
                 rounds = [(flatten_decode(d), flatten_decode(o)) for d, o in raw]
                 pasts = spec["report_pasts"]
                 print(f"### decode: gpt2_kv_pt, batch 1, prompt {a.prompt} tokens then {a.steps} steps of one token, "
+                      f"Ondine's KV cache {'in place (Model.kv_cache)' if a.kv == 'cache' else 'fed back as pasts'}, "
                       f"threads {a.threads}; per round the median of {a.repeats} decode(s), then the median of "
                       f"{a.rounds} round(s)\n")
                 print(table([(f"prompt ({a.prompt} tokens, empty past) (ms)", "prompt_ms", 2),

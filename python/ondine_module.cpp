@@ -226,9 +226,14 @@ struct Model {
     return cache->run(inputs);
   }
 
-  // With outputs written into the caller's buffers (runtime/output_binding.hpp).
+  // With outputs written into the caller's buffers (runtime/output_binding.hpp), and with a KV cache
+  // (runtime/kv_cache.hpp) where one is given.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
-                                    const std::map<std::string, Tensor>& bound) const {
+                                    const std::map<std::string, Tensor>& bound, runtime::KvCache* kv = nullptr) const {
+    if (kv) {
+      if (fixed || !cache) throw Error("a KV cache needs the shape-free plan; this model runs one fixed plan");
+      return cache->run(inputs, bound, *kv);
+    }
     if (fixed) {
       check_inputs(graph, inputs);
       runtime::check_output_bindings(graph, inputs, bound);
@@ -242,14 +247,33 @@ struct Model {
   std::string precision() const { return int8 ? "int8" : lower::precision_name(options.precision); }
 };
 
-// Runs with the GIL released; the outputs in the model's order (name, array).
-std::vector<std::pair<std::string, py::array>> run_model(const Model& m, py::handle feeds) {
+// The KvCache given as kv_cache=, or null for None.
+runtime::KvCache* kv_cache_of(py::handle kv) {
+  if (kv.is_none()) return nullptr;
+  if (!py::isinstance<runtime::KvCache>(kv))
+    throw py::type_error("kv_cache must be an ondine.KvCache (Model.kv_cache(capacity)), got " +
+                         std::string(py::str(kv.get_type().attr("__name__"))));
+  return kv.cast<runtime::KvCache*>();
+}
+
+// An output a KV cache keeps (not returned by a run with that cache).
+bool kept_in_cache(const runtime::KvCache* kv, const std::string& name) {
+  if (!kv) return false;
+  for (const auto& p : kv->pairs())
+    if (p.present == name) return true;
+  return false;
+}
+
+// Runs with the GIL released; the outputs in the model's order (name, array); with a KV cache, those it
+// keeps are left out.
+std::vector<std::pair<std::string, py::array>> run_model(const Model& m, py::handle feeds, py::handle kv_cache = py::none()) {
+  runtime::KvCache* kv = kv_cache_of(kv_cache);
   std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);
   std::map<std::string, Tensor> outputs;
   {
     py::gil_scoped_release release;
     try {
-      outputs = m.run(inputs);
+      outputs = kv ? m.run(inputs, {}, kv) : m.run(inputs);
     } catch (Error& e) {
       e.in_file(m.source);
       throw;
@@ -257,6 +281,7 @@ std::vector<std::pair<std::string, py::array>> run_model(const Model& m, py::han
   }
   std::vector<std::pair<std::string, py::array>> out;
   for (const Value* o : m.graph.outputs()) {
+    if (kept_in_cache(kv, o->name())) continue;
     auto it = outputs.find(o->name());
     if (it == outputs.end()) throw Error("the compiled model has no output '" + o->name() + "'").in_file(m.source);
     out.emplace_back(o->name(), to_array(std::move(it->second), o->name()));
@@ -268,7 +293,8 @@ std::vector<std::pair<std::string, py::array>> run_model(const Model& m, py::han
 // C-contiguous, writeable and of the output's dtype, with at least as many elements as the output (a
 // larger one holds it in its first elements: a KV cache allocated for the longest sequence). Returns every
 // output; the bound ones as views of the given arrays with the output's shape.
-py::dict run_into(const Model& m, py::handle feeds, py::handle buffers) {
+py::dict run_into(const Model& m, py::handle feeds, py::handle buffers, py::handle kv_cache) {
+  runtime::KvCache* kv = kv_cache_of(kv_cache);
   if (!py::isinstance<py::dict>(buffers))
     throw py::type_error("the output buffers must be a dict {output name: array}, got " +
                          std::string(py::str(buffers.get_type().attr("__name__"))));
@@ -304,7 +330,7 @@ py::dict run_into(const Model& m, py::handle feeds, py::handle buffers) {
   {
     py::gil_scoped_release release;
     try {
-      outputs = m.run(inputs, bound);
+      outputs = m.run(inputs, bound, kv);
     } catch (Error& e) {
       e.in_file(m.source);
       throw;
@@ -312,6 +338,7 @@ py::dict run_into(const Model& m, py::handle feeds, py::handle buffers) {
   }
   py::dict out;
   for (const Value* o : m.graph.outputs()) {
+    if (kept_in_cache(kv, o->name())) continue;
     auto it = outputs.find(o->name());
     if (it == outputs.end()) throw Error("the compiled model has no output '" + o->name() + "'").in_file(m.source);
     if (auto a = arrays.find(o->name()); a != arrays.end()) {
@@ -327,9 +354,9 @@ py::dict run_into(const Model& m, py::handle feeds, py::handle buffers) {
   return out;
 }
 
-py::dict run_dict(const Model& m, py::handle feeds) {
+py::dict run_dict(const Model& m, py::handle feeds, py::handle kv_cache) {
   py::dict out;
-  for (auto& [name, arr] : run_model(m, feeds)) out[py::str(name)] = arr;
+  for (auto& [name, arr] : run_model(m, feeds, kv_cache)) out[py::str(name)] = arr;
   return out;
 }
 
@@ -731,6 +758,24 @@ PYBIND11_MODULE(ondine, mod) {
     }
   });
 
+  py::class_<runtime::KvCache>(mod, "KvCache",
+                               "A decoder's past/present tensors in buffers of a fixed capacity (Model.kv_cache): "
+                               "each run with it appends the step's positions in place")
+      .def_property_readonly("length", &runtime::KvCache::length, "positions held (the next step's past length)")
+      .def_property_readonly("capacity", &runtime::KvCache::capacity, "positions it can hold")
+      .def_property_readonly("pairs", [](const runtime::KvCache& c) {
+             py::list out;
+             for (const auto& p : c.pairs()) out.append(py::make_tuple(p.past, p.present));
+             return out;
+           }, "[(past input, present output)]")
+      .def("reset", &runtime::KvCache::reset, "forget the sequence: the next run starts with empty pasts")
+      .def("present", [](const runtime::KvCache& c, const std::string& name) {
+             return to_array(c.present(name), name);
+           }, py::arg("name"), "a copy of a present output (or past input) as the model computes it: length positions")
+      .def("__repr__", [](const runtime::KvCache& c) {
+        return "<ondine.KvCache " + std::to_string(c.pairs().size()) + " pairs, " + std::to_string(c.length()) + "/" +
+               std::to_string(c.capacity()) + " positions>";
+      });
   py::class_<Model, std::shared_ptr<Model>>(mod, "Model",
                                             "A compiled model: compile() or load() make one. Thread-safe: run it "
                                             "from several threads at once.")
@@ -750,10 +795,26 @@ PYBIND11_MODULE(ondine, mod) {
                              "<why>'")
       .def_property_readonly("error_bound", [](const Model& m) { return m.bound; },
                              "precision bf16/auto with max_error: the error, and the nodes kept fp32")
-      .def("run", &run_dict, py::arg("input_feed"), "run({name: array}) -> {output name: array}")
+      .def("run", &run_dict, py::arg("input_feed"), py::kw_only(), py::arg("kv_cache") = py::none(),
+           "run({name: array}) -> {output name: array}; kv_cache=Model.kv_cache(...): the cache gives the past_* "
+           "inputs and keeps the present_* outputs (not returned), each step appending its positions in place")
       .def("run", &run_list, py::arg("output_names"), py::arg("input_feed"),
            "run(output_names, {name: array}) -> [array], in that order; None: every output")
-      .def("run_into", &run_into, py::arg("input_feed"), py::arg("outputs"),
+      .def("kv_cache", [](const Model& m, std::int64_t capacity, py::object dims) {
+             if (m.fixed || !m.cache) throw Error("a KV cache needs the shape-free plan; this model runs one fixed plan");
+             std::map<std::string, std::int64_t> d;
+             if (!dims.is_none()) d = dims.cast<std::map<std::string, std::int64_t>>();
+             try {
+               return m.cache->make_kv_cache(capacity, d);
+             } catch (Error& e) {
+               e.in_file(m.source);
+               throw;
+             }
+           }, py::arg("capacity"), py::kw_only(), py::arg("dims") = py::none(),
+           "kv_cache(capacity, dims={'batch': 1}) -> KvCache: buffers of `capacity` positions for the model's "
+           "past/present pairs (a decoder's KV cache), for run(..., kv_cache=) and run_into(..., kv_cache=)")
+      .def("run_into", &run_into, py::arg("input_feed"), py::arg("outputs"), py::kw_only(),
+           py::arg("kv_cache") = py::none(),
            "run_into({name: array}, {output name: array}) -> {output name: array}: the named outputs written into "
            "the given arrays (C-contiguous, writeable, the output's dtype, at least its size; returned as views of "
            "them with the output's shape), as ONNX Runtime's IOBinding")

@@ -477,6 +477,47 @@ def test_run_into_decodes_with_a_kv_cache_in_the_callers_buffers():
     assert m.compilations == 0
 
 
+def test_kv_cache_decodes_without_copying_the_past():
+    # The same greedy decode with a KV cache: the pasts come from it, each step appends its positions in
+    # place; the tokens are PyTorch's, the cache's presents those of a run that feeds them back.
+    d = os.path.join(TORCH, "gpt2_kv")
+    m = ondine.compile(os.path.join(d, "model.onnx"), threads=2)
+    prompt, tokens = np.load(os.path.join(d, "decode.prompt.npy")), np.load(os.path.join(d, "decode.tokens.npy"))
+    cache = m.kv_cache(64)
+    assert cache.capacity == 64 and cache.length == 0
+    assert ("past_key_0", "present_key_0") in cache.pairs
+    logits = np.empty((1, 8, 100), np.float32)
+    feeds = {"input_ids": prompt}
+    plain = {"input_ids": prompt, **{name: np.zeros((1, 4, 0, 16), np.float32)
+                                     for name, _, _ in m.inputs if name.startswith("past_")}}
+    for step in range(len(tokens)):
+        out = m.run_into(feeds, {"logits": logits}, kv_cache=cache) if step % 2 else m.run(feeds, kv_cache=cache)
+        assert list(out) == ["logits"]
+        want = m.run(plain)
+        assert rel_error(out["logits"], want["logits"]) < 1e-5
+        assert cache.length == 8 + step
+        assert rel_error(cache.present("present_value_1"), want["present_value_1"]) < 1e-6
+        token = int(out["logits"][0, -1].argmax())
+        assert token == tokens[step], f"step {step}"
+        feeds = {"input_ids": np.array([[token]], np.int64)}
+        plain = {"input_ids": feeds["input_ids"],
+                 **{"past_" + k[len("present_"):]: v for k, v in want.items() if k.startswith("present_")}}
+    assert m.compilations == 0
+    cache.reset()
+    assert cache.length == 0
+    full = m.kv_cache(8)
+    m.run({"input_ids": prompt}, kv_cache=full)
+    with pytest.raises(ondine.Error, match=r"holds 8 positions: 8 cached and 1 new"):
+        m.run({"input_ids": np.array([[1]], np.int64)}, kv_cache=full)
+    with pytest.raises(ondine.Error, match="'past_key_0' comes from the KV cache"):
+        m.run({"input_ids": prompt, "past_key_0": np.zeros((1, 4, 0, 16), np.float32)}, kv_cache=cache)
+    with pytest.raises(TypeError, match="kv_cache must be an ondine.KvCache"):
+        m.run({"input_ids": prompt}, kv_cache={})
+    encoder = ondine.compile(os.path.join(TORCH, "hf_bert", "model.onnx"), threads=1)
+    with pytest.raises(ondine.Error, match="no KV cache pairs"):
+        encoder.kv_cache(16)
+
+
 def test_run_into_refuses_buffers_it_cannot_write():
     d = os.path.join(TORCH, "gpt2_kv")
     m = ondine.compile(os.path.join(d, "model.onnx"), threads=1)
