@@ -132,6 +132,19 @@ TEST_CASE("shape-free kernels: layer norm, softmax, transpose and activations at
   check_against_reference(g, {{{1, 3, 40}}, {{2, 9, 40}}, {{1, 1, 40}}, {{2, 20000, 40}}});
 }
 
+TEST_CASE("shape-free kernels: Split by sizes and into equal parts at changing shapes", "[lower][shape-free]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("b"), Dim::named("s"), 48});
+  Value* sizes = g.add_constant("sizes", Tensor::from_vector<std::int64_t>({2}, {16, 32}));
+  Node* by_sizes = g.add_node("Split", {x, sizes}, {"a0", "a1"}, {{"axis", std::int64_t{2}}}, "by_sizes");
+  Node* equal = g.add_node("Split", {by_sizes->output(1)}, {"b0", "b1"}, {{"axis", std::int64_t{-1}}}, "equal");
+  g.add_output(by_sizes->output(0));
+  g.add_output(equal->output(0));
+  g.add_output(equal->output(1));
+  infer_shapes(g);
+  check_against_reference(g, {{{1, 2, 48}}, {{3, 7, 48}}, {{2, 0, 48}}, {{1, 5000, 48}}});
+}
+
 TEST_CASE("shape-free kernels: matrix products by constant weights and of two activations", "[lower][shape-free]") {
   // The fused forms (bias, residual Sum, GELU) come from the default passes; fewer than 8 rows take the
   // weight-streaming loop, more the run-time-rows matmul, and shapes repeat.

@@ -123,6 +123,9 @@ inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
       if (n.opset() < 4) return nullptr;  // axis optional before opset 4: the reference kernel's rule
       return std::make_unique<ConcatKernel>(n);
     };
+    t["Split"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<SplitKernel>(n);
+    };
     t["Gather"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       if (n.attr_int("axis", 0) != 0) return nullptr;
       return std::make_unique<GatherRowsKernel>(n);
@@ -563,6 +566,9 @@ class DynamicModel {
     }
     absorb_attention_transposes();
     find_kv_pairs();
+    dnnl::stream stream(engine_);
+    for (const Step& s : steps_)
+      if (s.kernel) s.kernel->warm_up(stream);
     // Each value goes back to the pool after its last reader; the graph's outputs are kept.
     std::unordered_map<int, std::size_t> last_use;
     for (std::size_t i = 0; i < steps_.size(); ++i)

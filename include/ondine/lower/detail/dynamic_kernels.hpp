@@ -75,6 +75,9 @@ class Kernel {
   // The node's outputs for inputs of any shape (omitted optional inputs are empty tensors).
   virtual std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const = 0;
   virtual std::string implementation() const = 0;
+  // Runs once when the plan is built, so that the first call does not pay for what oneDNN prepares on a
+  // primitive's first execution (its gemm kernels are generated then: tens of milliseconds once per process).
+  virtual void warm_up(dnnl::stream&) const {}
   // Calls that took the reference kernel because the kernel does not take their case.
   std::size_t reference_calls() const { return reference_calls_.load(); }
 
@@ -513,6 +516,54 @@ class ConcatKernel : public Kernel {
   std::int64_t axis_;
 };
 
+// Split(x[, sizes]) along an axis: each output's rows copied into a tensor of the pool (a fused QKV
+// projection split into Q, K and V). The sizes as the reference kernel reads them (ir/infer/tensor_ops.hpp:
+// the second input, the `split` attribute, equal or opset 18's num_outputs parts), with its errors.
+class SplitKernel : public Kernel {
+ public:
+  explicit SplitKernel(const Node& n) : Kernel(n), axis_(n.attr_int("axis", 0)) {}
+  std::string implementation() const override { return "ondine:row copy"; }
+  std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
+    namespace ops = ::ondine::infer::detail_tensor_ops;
+    if (in.empty() || in[0].kind() != Tensor::Kind::Dense || in[0].dtype() == DType::String || in[0].rank() == 0)
+      return reference(in);
+    const Tensor& x = in[0];
+    const auto rank = static_cast<std::int64_t>(x.rank());
+    const auto ax = static_cast<std::size_t>(infer::normalize_axis(node_, axis_, rank));
+    const std::int64_t extent = x.dims()[ax];
+    const ops::IntParam given = ops::split_param(node_, in.size() > 1 && !in[1].empty() ? &in[1] : nullptr);
+    const std::vector<std::int64_t> sizes = ops::split_sizes(node_, extent, given.values, node_.num_outputs());
+    const std::size_t width = dtype_size(x.dtype());
+    const std::int64_t outer = numel_of(Dims(x.dims().begin(), x.dims().begin() + static_cast<std::ptrdiff_t>(ax)));
+    const std::size_t inner =
+        static_cast<std::size_t>(numel_of(Dims(x.dims().begin() + static_cast<std::ptrdiff_t>(ax) + 1, x.dims().end()))) * width;
+    const std::size_t in_row = static_cast<std::size_t>(extent) * inner;
+    std::vector<Tensor> out;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      Dims d = x.dims();
+      d[ax] = sizes[k];
+      out.push_back(ctx.alloc_output(k, x.dtype(), d));
+    }
+    const char* src = static_cast<const char*>(x.raw());
+    parallel_rows(outer, static_cast<std::int64_t>(in_row / 4), [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t o = begin; o < end; ++o) {
+        std::size_t col = 0;
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          const std::size_t row = static_cast<std::size_t>(sizes[k]) * inner;
+          if (row)
+            std::memcpy(static_cast<char*>(out[k].raw()) + static_cast<std::size_t>(o) * row,
+                        src + static_cast<std::size_t>(o) * in_row + col, row);
+          col += row;
+        }
+      }
+    });
+    return out;
+  }
+
+ private:
+  std::int64_t axis_;
+};
+
 // Gather on axis 0 by int64 / int32 indices (an embedding lookup): one row copy per index. An index out of
 // range goes to the reference kernel, whose error names the node and the index.
 class GatherRowsKernel : public Kernel {
@@ -880,6 +931,16 @@ class DenseMatMulKernel : public Kernel {
   std::string implementation() const override {
     return "oneDNN matmul, rows at run time (" + (runtime_ ? runtime_impl_ : std::string("none")) +
            "); fewer than " + std::to_string(kFewRows) + " rows: ondine:weight-streaming loop";
+  }
+  // The run-time-rows matmul on kFewRows rows of zeros (the least it runs on).
+  void warm_up(dnnl::stream& stream) const override {
+    if (!runtime_ || K_ == 0 || N_ == 0) return;
+    std::vector<float> src(static_cast<std::size_t>(kFewRows * K_), 0.0f), dst(static_cast<std::size_t>(kFewRows * N_));
+    memory a(plain_md({kFewRows, K_}), engine_, src.data()), y(plain_md({kFewRows, N_}), engine_, dst.data());
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, plain_weights_}, {DNNL_ARG_DST, y}};
+    if (spec_.bias) args.emplace(DNNL_ARG_BIAS, bias_);
+    runtime_->execute(stream, args);
+    stream.wait();
   }
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     if (!all_f32(in, {0}) || in[0].rank() < 1 || in[0].dims().back() != K_) return reference(in);
