@@ -1403,6 +1403,7 @@ struct DimRange {
 struct ShapeBenchArgs {
   std::map<std::string, DimRange> ranges;  // --dim NAME=LO:HI
   int decode_steps = 0;                    // --decode STEPS (0: none)
+  std::string kv_cache = "auto";           // --kv-cache auto|in-place|feed
   lower::ShapePlan shape_plan = lower::ShapePlan::Auto;
   bool shape_plan_given = false, warmup_given = false, runs_given = false, max_error_given = false;
 };
@@ -1877,10 +1878,31 @@ int bench_decode(const std::string& path, const Graph& g, const std::map<std::st
   // every step, and again in later decodes for the lengths it evicted.
   lower::ShapeCache cache(g.clone(), cache_options(threads, pipeline, args, std::move(packed), precision_line));
   const double ready_ms = elapsed_ms(t0);
+  // In place: the pasts live in a runtime::KvCache of prompt + steps positions (the shape-free plan, every
+  // past of the model one of its pairs); fed: each step's presents are the next step's pasts.
+  std::optional<runtime::KvCache> kv_cache;
+  {
+    const lower::DynamicModel* plan = cache.shape_free();
+    std::string why;
+    if (!plan) why = "the model compiles one plan per shape";
+    else {
+      const auto pairs = plan->kv_pairs();
+      for (auto& [past, present] : m.kv)
+        if (std::none_of(pairs.begin(), pairs.end(), [&](const runtime::KvPair& p) { return p.past == past->name(); }))
+          why = "the past '" + past->name() + "' is read by more than a Concat and attention";
+    }
+    if (args.kv_cache == "in-place" && !why.empty())
+      throw Error("--kv-cache in-place: " + why + " (--kv-cache feed runs it)").in_file(path);
+    if (args.kv_cache != "feed" && why.empty()) {
+      std::map<std::string, std::int64_t> dims;
+      if (!m.batch_dim.empty()) dims[m.batch_dim] = batch;
+      kv_cache = cache.make_kv_cache(prompt + steps, dims);
+    }
+  }
   auto timed_run = [&](const std::map<std::string, Tensor>& in, std::map<std::string, Tensor>& out) {
     auto start = std::chrono::steady_clock::now();
     try {
-      out = cache.run(in);
+      out = kv_cache ? cache.run(in, {}, *kv_cache) : cache.run(in);
     } catch (Error& e) {
       e.in_file(path);
       throw;
@@ -1898,10 +1920,12 @@ int bench_decode(const std::string& path, const Graph& g, const std::map<std::st
     Decode d;
     std::map<std::string, Tensor> in, out;
     in[m.tokens->name()] = prompt_ids;
-    for (auto& [past, present] : m.kv) {
-      std::vector<std::int64_t> dims = dims_of(past, prompt, 0);
-      in[past->name()] = Tensor(past->dtype(), dims);
-    }
+    if (kv_cache) kv_cache->reset();
+    else
+      for (auto& [past, present] : m.kv) {
+        std::vector<std::int64_t> dims = dims_of(past, prompt, 0);
+        in[past->name()] = Tensor(past->dtype(), dims);
+      }
     step_inputs(in, prompt, 0);
     d.prompt_ms = timed_run(in, out);
     progress.update(++done, total_runs);
@@ -1909,6 +1933,7 @@ int bench_decode(const std::string& path, const Graph& g, const std::map<std::st
     for (int step = 0; step < steps; ++step) {
       in[m.tokens->name()] = next_tokens(out, step);
       for (auto& [p, present] : m.kv) {
+        if (kv_cache) break;
         const Tensor& t = out.at(present);
         if (t.dims().size() < 3 || t.dims()[2] != past)
           throw Error("--decode: the output '" + present + "' has shape " + dims_str(t.dims()) + " after " +
@@ -1949,7 +1974,8 @@ int bench_decode(const std::string& path, const Graph& g, const std::map<std::st
     per_step.push_back(med([&](const Decode& d) { return d.token_ms[s]; }));
 
   std::string kv_text = std::to_string(m.kv.size()) + " past" + (m.kv.size() == 1 ? "" : "s") + " (" +
-                        m.kv.front().first->name() + " <- " + m.kv.front().second + (m.kv.size() > 1 ? ", ..." : "") + ")";
+                        m.kv.front().first->name() + " <- " + m.kv.front().second + (m.kv.size() > 1 ? ", ..." : "") + "), " +
+                        (kv_cache ? "in place (capacity " + std::to_string(kv_cache->capacity()) + ")" : std::string("fed back"));
   const std::string next = m.logits.empty() ? "1 + step % 100 (no output's last dim is the vocabulary)"
                                             : "argmax of '" + m.logits + "'";
   print_cache_header(path, cache, threads, "", pipeline, args, ready_ms, *precision_line);
@@ -1973,6 +1999,7 @@ int bench_decode(const std::string& path, const Graph& g, const std::map<std::st
     nlohmann::json pairs = nlohmann::json::object();
     for (auto& [past, present] : m.kv) pairs[past->name()] = present;
     j["kv"] = pairs;
+    j["kv_cache"] = kv_cache ? "in-place" : "feed";
     j["next_token"] = m.logits.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.logits);
     j["prompt_ms"] = prompt_ms;
     j["token_p50_ms"] = p50;
@@ -1996,6 +2023,7 @@ int cmd_bench(const std::string& path, const std::vector<std::int64_t>& batch_li
   std::vector<std::string> specs = dim_specs;
   shape_args.ranges = take_dim_ranges(specs);
   const bool through_cache = shape_args.decode_steps > 0 || !shape_args.ranges.empty();
+  if (shape_args.kv_cache != "auto" && shape_args.decode_steps == 0) throw UsageError("--kv-cache applies to --decode");
   if (through_cache) {
     const std::string mode = shape_args.decode_steps > 0 ? "--decode" : "a --dim NAME=LO:HI range";
     if (shape_args.decode_steps > 0 && !shape_args.ranges.empty())
@@ -2295,6 +2323,11 @@ int main(int argc, char** argv) {
       "decode with the model's KV cache (past_* inputs fed by present_* outputs): the prompt (--dim SEQ=N, default "
       "32) with empty pasts, then STEPS runs of one token each; prompt and per-token times");
   bench_decode_opt->check(CLI::PositiveNumber);
+  bench->add_option("--kv-cache", shape_bench_args.kv_cache,
+                    "with --decode: in-place (the pasts in buffers of prompt + STEPS positions that each step appends "
+                    "to: runtime::KvCache), feed (each step's presents fed back as the next pasts), or auto (default: "
+                    "in place where the shape-free plan holds every past)")
+      ->check(CLI::IsMember({"auto", "in-place", "feed"}));
   std::string shape_plan = "auto";
   auto* bench_shape_plan_opt =
       bench->add_option("--shape-plan", shape_plan,

@@ -337,6 +337,11 @@ expect 0 'tokens: +p50 [0-9.]+ ms, p90 [0-9.]+ ms' -- "$ondine" bench "$kv" --de
 expect 0 'steps: +first .*\(past 6\), middle .*\(past 8\), last .*\(past 10\)' -- "$ondine" bench "$kv" --decode 5 --dim seq=6
 expect 0 'next token: argmax of .logits.' -- "$ondine" bench "$kv" --decode 2 --dim seq=3 --batch 2 --runs 2 --warmup 0
 expect 0 '"token_p90_ms"' -- "$ondine" bench "$kv" --decode 3 --dim seq=4 --json /dev/stdout
+expect 0 'KV cache: .* in place \(capacity 9\)' -- "$ondine" bench "$kv" --decode 5 --dim seq=4 --threads 1
+expect 0 'KV cache: .* fed back' -- "$ondine" bench "$kv" --decode 3 --dim seq=4 --kv-cache feed
+expect 1 '--kv-cache in-place: the model compiles one plan per shape' -- \
+  "$ondine" bench "$kv" --decode 2 --dim seq=4 --kv-cache in-place --shape-plan per-shape
+expect 2 '--kv-cache applies to --decode' -- "$ondine" bench "$bert" --dim seq=4:8 --kv-cache feed
 expect 1 'hf_bert/model\.onnx: --decode needs a model with a KV cache: inputs named past_\*' -- "$ondine" bench "$bert" --decode 3
 expect 2 'NAME=LO:HI' -- "$ondine" bench "$bert" --dim seq=9:4
 expect 2 '--batch is not combined with a --dim range' -- "$ondine" bench "$bert" --dim seq=4:8 --batch 2
