@@ -112,6 +112,10 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    (3 levels of 8 to 32 channels and a 64-channel bottleneck: Conv 3x3 + BatchNorm + ReLU pairs,
                    MaxPool 2x2, ConvTranspose 2x2 stride 2, the skip Concat, a 1x1 head). Cases 32x32 (batch 1),
                    48x64 (batch 2); bench copy unet_pt: 4 levels of 32 to 256 channels, 512 at the bottom, 256x256.
+  unet_fp16        the unet (its own seed) converted to float16 after export as packages ship such models
+                   (to_float16: float16 weights and activations, float32 "image" and "mask" behind Casts, as
+                   onnxconverter-common's keep_io_types writes); PyTorch's float32 outputs saved, within 2e-2.
+                   Bench copy unet_fp16_pt at unet_pt's size.
 Each model is checked with check() (onnx.checker on the file, strict shape inference that must keep the
 declared output dims), then exported a second time from case 1's inputs, which must give the same graph (no
 size of the tracing example baked in as a constant). onnx.reference runs the model on every case when the
@@ -471,6 +475,75 @@ class TorchSpec:
         self.nms_inputs = None  # a module whose batched_nms' inputs are saved as case<K>.nms.*.npy
         self.peak_range = (0.1, 100.0)  # plausible max |output| of a seeded model (catches dead or exploding ones)
         self.after_export = None  # f(module, model, model_dir) -> ok: more test data beside the cases
+        self.float16 = False  # the export converted to float16 as packages ship it (to_float16), float32 I/O kept
+        self.tolerance = 1e-4  # max error / max |output| a runtime may have against PyTorch (--verify)
+
+
+def to_float16(model):
+    """The model in float16 as onnxconverter-common's convert_float_to_float16(model, keep_io_types=True) writes
+    it (the converter packages such as background removers and web demos ship): float32 initializers, Constant
+    values and ConstantOfShape values become float16, Cast to float32 becomes Cast to float16, every float32
+    value_info float16, and the graph's float32 inputs and outputs stay float32 behind a Cast. Inputs that ONNX
+    types as float32 whatever the data (Resize's scales) keep float32."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    keep32 = set()
+    for node in g.node:
+        if node.op_type in ("Resize", "Upsample") and len(node.input) > 2:
+            keep32.add(node.input[2] if node.op_type == "Resize" else node.input[1])
+
+    def narrow(tensor):
+        return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float16), tensor.name)
+
+    for i, init in enumerate(g.initializer):
+        if init.data_type == TensorProto.FLOAT and init.name not in keep32:
+            g.initializer[i].CopyFrom(narrow(init))
+    for node in g.node:
+        for attr in node.attribute:
+            if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT and \
+                    not any(o in keep32 for o in node.output):
+                attr.t.CopyFrom(narrow(attr.t))
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
+                attr.i = TensorProto.FLOAT16
+    for vi in g.value_info:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT and vi.name not in keep32:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    casts = []
+    for inp in g.input:
+        if inp.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        narrow_name = inp.name + "_float16"
+        for node in g.node:
+            for k, name in enumerate(node.input):
+                if name == inp.name:
+                    node.input[k] = narrow_name
+        casts.append(helper.make_node("Cast", [inp.name], [narrow_name], name=inp.name + "_cast16",
+                                      to=TensorProto.FLOAT16))
+    for out in g.output:
+        if out.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        narrow_name = out.name + "_float16"
+        for node in g.node:
+            for k, name in enumerate(node.output):
+                if name == out.name:
+                    node.output[k] = narrow_name
+            for k, name in enumerate(node.input):
+                if name == out.name:
+                    node.input[k] = narrow_name
+        g.node.append(helper.make_node("Cast", [narrow_name], [out.name], name=out.name + "_cast32",
+                                       to=TensorProto.FLOAT))
+    for k, cast in enumerate(casts):
+        g.node.insert(k, cast)
+    return model
+
+
+def float16_spec(spec):
+    """A builder's spec exported, then converted to float16 (to_float16)."""
+    spec.float16 = True
+    spec.tolerance = 2e-2
+    spec.doc += "; converted to float16 (float32 inputs and outputs, as onnxconverter-common's keep_io_types)"
+    return spec
 
 
 def token_cases(rng, vocab, shapes, name="input_ids"):
@@ -1568,6 +1641,7 @@ TORCH_MODELS = {
     "convnext_blocks": torch_convnext_blocks,
     "token_pool": torch_token_pool,
     "unet": torch_unet,
+    "unet_fp16": lambda rng, bench=False: float16_spec(torch_unet(rng, bench)),
 }
 
 
@@ -1576,7 +1650,7 @@ TORCH_MODELS = {
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
                "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head",
-               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv"}
+               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv", "unet_fp16_pt": "unet_fp16"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 
@@ -1659,6 +1733,9 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
                 [v.SerializeToString() for v in getattr(retraced.graph, field)]:
             print(f"{path}: graph.{field} changes when traced with case 1's shapes: the export is not dynamic")
             return False
+    if spec.float16:
+        model = to_float16(model)
+        onnx.save(model, path)
     inferred = check(model, path)  # onnx.checker on the file and strict shape inference, declared outputs kept
     print(f"{path}: opset {spec.opset}, {len(model.graph.node)} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "
           f"exported in {exported:.1f} s, checker ok, "
@@ -1721,7 +1798,7 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
                 got = results[output_name]
                 error = (float(np.abs(got.astype(np.float64) - expected).max() / np.abs(expected).max())
                          if got.shape == expected.shape else float("inf"))
-                good = error <= 1e-4
+                good = error <= spec.tolerance
                 ok &= good
                 print(f"  case{index} {runtime} {output_name} shape {list(got.shape)}: max error / max|x| "
                       f"{error:.2g}{'' if good else '  <-- MISMATCH'}")

@@ -93,7 +93,7 @@ graph = helper.make_graph(nodes, "convrelu", [io("x")], [io("y")], [w, b])
 save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
 PY
 cr=$work/convrelu.onnx
-expect 0 'pipeline: qoperator-to-qdq,remove-identity,.*fuse' -- "$ondine" compile "$cr" --print-passes
+expect 0 'pipeline: widen-float16,qoperator-to-qdq,remove-identity,.*fuse' -- "$ondine" compile "$cr" --print-passes
 expect 0 'fuse +[0-9.]+ +[0-9]+ -> [0-9]+ +[1-9]' -- "$ondine" compile "$cr" --print-passes
 expect 0 'ondine\.FusedConv +0 +1' -- "$ondine" compile "$cr" --print-passes
 expect 0 'Relu +1 +0' -- "$ondine" compile "$cr" --print-passes
@@ -113,7 +113,7 @@ expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$work/opt.onnx"
 expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$work/opt.onnx" --check --dim batch=2 --passes none
 expect 0 'check: y max_abs_err .* ok' -- "$ondine" run "$work/opt.onnx" --check
 # The pipeline on the other commands.
-expect 0 'passes: +qoperator-to-qdq.*\(3 -> [0-9]+ nodes\)' -- "$ondine" inspect "$cr" --passes default
+expect 0 'passes: +widen-float16,qoperator-to-qdq.*\(3 -> [0-9]+ nodes\)' -- "$ondine" inspect "$cr" --passes default
 expect 0 'ondine\.FusedConv +1' -- "$ondine" inspect "$cr" --passes default
 expect 0 'Conv +1' -- "$ondine" inspect "$cr"
 expect 0 'benchmark: .*passes=none' -- "$ondine" run "$cr" --passes none

@@ -35,11 +35,13 @@
 #include "ondine/passes/scatter_rows.hpp"
 #include "ondine/passes/scatter_slices.hpp"
 #include "ondine/passes/unroll_loops.hpp"
+#include "ondine/passes/widen_float16.hpp"
 
 namespace ondine {
 
 // The pipeline for inference: clean up, fold, fuse into what oneDNN runs as one primitive, then
-// decide layouts. Order matters: BN folds into a Conv before the Conv takes its post-ops (and into a
+// decide layouts. Order matters: widen-float16 runs first, so that every later pass and the lowering see a
+// float16 model in float32 (and remove-identity drops the Casts it leaves as identities); BN folds into a Conv before the Conv takes its post-ops (and into a
 // ConvTranspose before deconv-as-conv turns it into a Conv, whose activation fuse then takes); Gelu and
 // LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse (GroupNorm there too, before
 // fuse could take its affine Mul/Add); fuse-qdq runs before
@@ -54,14 +56,15 @@ namespace ondine {
 // runs between two fold-constants: a trip count computed from shapes is folded first, and the unrolled
 // iterations' reads of the iteration number, and the sequence elements they build, fold after.
 inline const char* default_pipeline() {
-  return "qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
 inline PassRegistry& pass_registry() {
   static PassRegistry registry = [] {
     PassRegistry r;
-    r.add<DeadCodeElimination>()
+    r.add<WidenFloat16>()
+        .add<DeadCodeElimination>()
         .add<FoldConstants>()
         .add<RemoveIdentity>()
         .add<UnrollLoops>()

@@ -8,7 +8,7 @@
 //   Cast(x, to = dtype(x))               -> x
 //   Reshape/Flatten/Squeeze/Unsqueeze/Expand(x) -> x   when x has a static shape and y's shape is the same
 //                                               (an Expand to x's own shape: PyTorch's `+=` into a slice)
-// Preconditions: x and y have the same dtype and shape as inferred; y is not a graph output that x
+// Preconditions: x and y have the same dtype and shape as inferred (a Cast: the dtype); y is not a graph output that x
 // could not stand in for. A graph output keeps its name (rewrite::replace_value renames x to it), so
 // when x is itself a graph input or another graph output the node stays: x cannot take a second
 // name, and the output needs a producer of its own (an Identity from an input to an output is the
@@ -44,7 +44,9 @@ inline Value* passed_through(const Node& n) {
     if (!dropout_is_identity(n)) return nullptr;
     return x;
   }
-  if (op == "Cast") return same_type && x->shape() == y->shape() ? x : nullptr;  // Cast to its own dtype
+  // A Cast to its own dtype (its output's shape is its input's, however each was written: a declared
+  // output shape may name a dim the inferred one writes as an expression).
+  if (op == "Cast") return same_type ? x : nullptr;
   if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze" || op == "Expand")
     // A reshape to the shape it already has: the same elements in the same order.
     return same_type && x->shape().is_static() && x->shape() == y->shape() ? x : nullptr;
