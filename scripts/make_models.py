@@ -509,15 +509,18 @@ def to_float16(model):
     for vi in g.value_info:
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT and vi.name not in keep32:
             vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    def rename(names, old, new):
+        for k, name in enumerate(names):
+            if name == old:
+                names[k] = new
+
     casts = []
     for inp in g.input:
         if inp.type.tensor_type.elem_type != TensorProto.FLOAT:
             continue
         narrow_name = inp.name + "_float16"
         for node in g.node:
-            for k, name in enumerate(node.input):
-                if name == inp.name:
-                    node.input[k] = narrow_name
+            rename(node.input, inp.name, narrow_name)
         casts.append(helper.make_node("Cast", [inp.name], [narrow_name], name=inp.name + "_cast16",
                                       to=TensorProto.FLOAT16))
     for out in g.output:
@@ -525,12 +528,8 @@ def to_float16(model):
             continue
         narrow_name = out.name + "_float16"
         for node in g.node:
-            for k, name in enumerate(node.output):
-                if name == out.name:
-                    node.output[k] = narrow_name
-            for k, name in enumerate(node.input):
-                if name == out.name:
-                    node.input[k] = narrow_name
+            rename(node.output, out.name, narrow_name)
+            rename(node.input, out.name, narrow_name)
         g.node.append(helper.make_node("Cast", [narrow_name], [out.name], name=out.name + "_cast32",
                                        to=TensorProto.FLOAT))
     for k, cast in enumerate(casts):

@@ -458,10 +458,12 @@ class DynamicModel {
                          " positions: " + std::to_string(length) + " cached and " + std::to_string(added) +
                          " new do not fit (make the cache with a larger capacity)");
     const detail::Dims& dims = buffer.dims();
-    const std::int64_t outer = detail::dyn::numel_of(detail::Dims(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(axis)));
-    const std::size_t position =
-        static_cast<std::size_t>(detail::dyn::numel_of(detail::Dims(dims.begin() + static_cast<std::ptrdiff_t>(axis) + 1, dims.end()))) *
-        dtype_size(buffer.dtype());
+    std::int64_t outer = 1, inner = 1;  // positions before the axis; elements of one position
+    for (std::size_t d = 0; d < dims.size(); ++d) {
+      if (d < axis) outer *= dims[d];
+      else if (d > axis) inner *= dims[d];
+    }
+    const std::size_t position = static_cast<std::size_t>(inner) * dtype_size(buffer.dtype());
     char* base = static_cast<char*>(buffer.raw());
     std::int64_t at = length;
     for (std::size_t i = 1; i < args.size(); ++i) {
@@ -496,7 +498,8 @@ class DynamicModel {
           s.outputs.size() != 1)
         continue;
       const int past = s.inputs[0], present = s.outputs[0];
-      if (past < 0 || present < 0 || !graph_inputs.count(past) || output_count[present] != 1 || output_count.count(past))
+      if (past < 0 || present < 0 || !graph_inputs.count(past) || output_count[present] != 1 ||
+          output_count.count(past))
         continue;
       const Value* pv = values_[static_cast<std::size_t>(past)];
       if (pv->dtype() != DType::Float32 || !pv->shape().rank_known() || pv->shape().rank() == 0) continue;
@@ -508,13 +511,14 @@ class DynamicModel {
       for (auto [step, operand] : readers[past])
         ok = ok && ((step == c && operand == 0) || op_of(step) == "Shape");
       for (std::size_t k = 1; k < s.inputs.size(); ++k) ok = ok && s.inputs[k] != past && s.inputs[k] >= 0;
-      for (auto [step, operand] : readers[present])
-        ok = ok && (op_of(step) == "Shape" ||
-                    (dynamic_cast<detail::dyn::AttentionKernel*>(steps_[step].kernel.get()) && (operand == 1 || operand == 2)));
+      for (auto [step, operand] : readers[present]) {
+        const bool attention = dynamic_cast<detail::dyn::AttentionKernel*>(steps_[step].kernel.get()) != nullptr;
+        ok = ok && (op_of(step) == "Shape" || (attention && (operand == 1 || operand == 2)));
+      }
       if (!ok) continue;
       s.kv = static_cast<int>(kv_slots_.size());
-      kv_slots_.push_back({{pv->name(), values_[static_cast<std::size_t>(present)]->name(), static_cast<std::size_t>(axis)},
-                           past, present});
+      const std::string present_name = values_[static_cast<std::size_t>(present)]->name();
+      kv_slots_.push_back({{pv->name(), present_name, static_cast<std::size_t>(axis)}, past, present});
       kv_step_.push_back(c);
     }
   }

@@ -96,8 +96,8 @@ struct WidenFloat16 {
     // Inputs: their readers read a float32 copy.
     for (Value* in : std::vector<Value*>(g.inputs())) {
       if (in->dtype() != DType::Float16 || !in->has_uses()) continue;
-      Node* cast = g.add_node("Cast", {in}, {g.unique_name(in->name() + ".float32")}, {{"to", Attribute{d::kOnnxFloat}}},
-                              g.unique_name(in->name() + ".float32"));
+      const std::string wide_name = g.unique_name(in->name() + ".float32");
+      Node* cast = g.add_node("Cast", {in}, {wide_name}, {{"to", Attribute{d::kOnnxFloat}}}, wide_name);
       Value* wide = cast->output(0);
       wide->set_dtype(DType::Float32);
       wide->set_shape(in->shape());
