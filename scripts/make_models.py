@@ -116,6 +116,10 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    (to_float16: float16 weights and activations, float32 "image" and "mask" behind Casts, as
                    onnxconverter-common's keep_io_types writes); PyTorch's float32 outputs saved, within 2e-2.
                    Bench copy unet_fp16_pt at unet_pt's size.
+  unet_dynq        the unet (its own seed) with its convolutions dynamically quantized as ONNX Runtime's
+                   quantize_dynamic writes CNNs (quantize_dynamic_convs: DynamicQuantizeLinear, ConvInteger with
+                   uint8 weights and zero points, Cast, Mul by the scales, the bias Add); PyTorch's float32 outputs
+                   saved, within 0.1 (8-bit rounding). Bench copy unet_dynq_pt.
 Each model is checked with check() (onnx.checker on the file, strict shape inference that must keep the
 declared output dims), then exported a second time from case 1's inputs, which must give the same graph (no
 size of the tracing example baked in as a constant). onnx.reference runs the model on every case when the
@@ -476,6 +480,7 @@ class TorchSpec:
         self.peak_range = (0.1, 100.0)  # plausible max |output| of a seeded model (catches dead or exploding ones)
         self.after_export = None  # f(module, model, model_dir) -> ok: more test data beside the cases
         self.float16 = False  # the export converted to float16 as packages ship it (to_float16), float32 I/O kept
+        self.dynamic_quant = False  # the export's convolutions dynamically quantized (quantize_dynamic_convs)
         self.tolerance = 1e-4  # max error / max |output| a runtime may have against PyTorch (--verify)
 
 
@@ -535,6 +540,69 @@ def to_float16(model):
     for k, cast in enumerate(casts):
         g.node.insert(k, cast)
     return model
+
+
+def quantize_dynamic_convs(model):
+    """The model's Conv layers dynamically quantized as ONNX Runtime's quantize_dynamic writes them for CNNs (the
+    ConvInteger form): per input, DynamicQuantizeLinear (uint8, scale and zero point from the run's min and max);
+    per Conv with a constant weight, the weight as uint8 with one asymmetric scale and zero point (range widened to
+    hold 0), ConvInteger(x_q, w_q, x_zp, w_zp) with the Conv's attributes, Cast to float, Mul by x_scale * w_scale,
+    and the bias added as [1, C, 1, ...]. Other layers (ConvTranspose, pooling) stay float."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    quantized_inputs = {}
+    nodes = []
+    for node in g.node:
+        if node.op_type != "Conv" or node.input[1] not in inits:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        if x not in quantized_inputs:
+            names = [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"]
+            nodes.append(helper.make_node("DynamicQuantizeLinear", [x], names, name=f"{x}_QuantizeLinear"))
+            quantized_inputs[x] = names
+        xq, xs, xzp = quantized_inputs[x]
+        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
+        lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+        scale = (hi - lo) / 255.0 if hi > lo else 1.0
+        zero = int(np.clip(round(-lo / scale), 0, 255))
+        wq = np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8)
+        base = node.name or node.output[0]
+        g.initializer.extend([numpy_helper.from_array(wq, f"{base}_W_quantized"),
+                              numpy_helper.from_array(np.array(scale, np.float32), f"{base}_W_scale"),
+                              numpy_helper.from_array(np.array(zero, np.uint8), f"{base}_W_zero_point")])
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(helper.make_node("ConvInteger", [xq, f"{base}_W_quantized", xzp, f"{base}_W_zero_point"],
+                                      [f"{base}_output_quantized"], name=f"{base}_quant", **attrs))
+        nodes.append(helper.make_node("Cast", [f"{base}_output_quantized"], [f"{base}_output_cast"],
+                                      name=f"{base}_cast", to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("Mul", [xs, f"{base}_W_scale"], [f"{base}_scales"], name=f"{base}_scales_mul"))
+        scaled = node.output[0] if len(node.input) < 3 else f"{base}_output_scaled"
+        nodes.append(helper.make_node("Mul", [f"{base}_output_cast", f"{base}_scales"], [scaled],
+                                      name=f"{base}_output_scale_mul"))
+        if len(node.input) >= 3 and node.input[2]:
+            bias = numpy_helper.to_array(inits[node.input[2]])
+            rank = len(w.shape)
+            g.initializer.append(numpy_helper.from_array(bias.reshape((1, -1) + (1,) * (rank - 2)), f"{base}_bias_reshaped"))
+            nodes.append(helper.make_node("Add", [scaled, f"{base}_bias_reshaped"], [node.output[0]],
+                                          name=f"{base}_bias_add"))
+    del g.node[:]
+    g.node.extend(nodes)
+    used = {i for n in g.node for i in n.input}
+    kept = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    return model
+
+
+def dynamic_quant_spec(spec):
+    """A builder's spec exported, then its convolutions dynamically quantized (quantize_dynamic_convs)."""
+    spec.dynamic_quant = True
+    spec.tolerance = 0.1  # 8-bit activations and weights of a seeded net: 2.5-4.8% of the largest output
+    spec.doc += "; convolutions dynamically quantized (ConvInteger, uint8 weights, as quantize_dynamic writes CNNs)"
+    return spec
 
 
 def float16_spec(spec):
@@ -1641,6 +1709,7 @@ TORCH_MODELS = {
     "token_pool": torch_token_pool,
     "unet": torch_unet,
     "unet_fp16": lambda rng, bench=False: float16_spec(torch_unet(rng, bench)),
+    "unet_dynq": lambda rng, bench=False: dynamic_quant_spec(torch_unet(rng, bench)),
 }
 
 
@@ -1649,7 +1718,8 @@ TORCH_MODELS = {
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
                "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head",
-               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv", "unet_fp16_pt": "unet_fp16"}
+               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv", "unet_fp16_pt": "unet_fp16",
+               "unet_dynq_pt": "unet_dynq"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 
@@ -1734,6 +1804,9 @@ def write_torch_model(name, out_dir, seed, verify, bench=False):
             return False
     if spec.float16:
         model = to_float16(model)
+        onnx.save(model, path)
+    if spec.dynamic_quant:
+        model = quantize_dynamic_convs(model)
         onnx.save(model, path)
     inferred = check(model, path)  # onnx.checker on the file and strict shape inference, declared outputs kept
     print(f"{path}: opset {spec.opset}, {len(model.graph.node)} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "

@@ -100,8 +100,10 @@ def test_pytorch_export_matches_pytorch(torch_models, model, case):
     assert set(got) == set(want)
     for name in want:
         assert got[name].dtype == want[name].dtype, name
-        # A float16 export (weights rounded to float16) against PyTorch's float32: within float16's precision.
-        assert rel_error(got[name], want[name]) < (2e-2 if model.endswith("_fp16") else 1e-4), name
+        # A float16 export (weights rounded to float16) or a dynamically quantized one (8-bit activations and
+        # weights) against PyTorch's float32: within what the conversion loses.
+        tolerance = 2e-2 if model.endswith("_fp16") else 0.1 if model.endswith("_dynq") else 1e-4
+        assert rel_error(got[name], want[name]) < tolerance, name
     # run(output_names, feeds) in ONNX Runtime's order conventions: the same arrays
     names = [o[0] for o in m.outputs]
     listed = m.run(None, feeds)
