@@ -62,7 +62,8 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "mobilenetv2_pt": ("image", "image", 0), "convnext_pt": ("image", "image", 0),
           "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512),
           "roihead_pt": ("image", "roi", 800), "resnet18_pt": ("image", "image", 0),
-          "unet_pt": ("image", "mask", 256), "unet_fp16_pt": ("image", "mask", 256)}
+          "unet_pt": ("image", "mask", 256), "unet_fp16_pt": ("image", "mask", 256),
+          "unet_dynq_pt": ("image", "mask", 256)}
 
 
 def model_path(models_dir, model):

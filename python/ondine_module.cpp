@@ -436,7 +436,7 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
   m->options.passes = passes;
   m->options.precision = p;
   m->int8 = precision_given == "int8";
-  m->options.int8_7bit_weights = m->int8;  // int8 wherever the CPU can: 7-bit weights without VNNI
+  // CompileOptions' default: int8 wherever the CPU can (7-bit weights without VNNI).
   if (dims) m->dims = *dims;
   {
     py::gil_scoped_release release;

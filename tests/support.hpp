@@ -127,6 +127,53 @@ inline std::vector<quant::Sample> random_samples(const Graph& g, std::size_t cou
   return out;
 }
 
+// A dynamically quantized convolution as ONNX Runtime's quantize_dynamic writes it for CNNs:
+// DynamicQuantizeLinear(x) -> ConvInteger(xq, W, xz, W_zp) -> Cast -> Mul(xs * w_scale) -> Add(bias
+// [1, M, 1, 1]) -> Relu, x [2, 32, 9, 9], W [M=12, 32/group, 3, 3]. `uint8_weights`: W uint8 around
+// zero points 113..131 (their centred values beyond int8), else int8 with zero point 0.
+struct DynamicConvSpec {
+  bool uint8_weights = false, per_channel = false, relu = true;
+  std::int64_t group = 1, stride = 1, pad = 1;
+};
+inline Graph dynamic_conv_graph(const DynamicConvSpec& spec) {
+  Graph g;
+  const std::int64_t m = 12, c = 32;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, c, 9, 9});
+  Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "x_quantize");
+  dql->set_opset(11);
+  std::mt19937 rng(17);
+  const std::vector<std::int64_t> wd{m, c / spec.group, 3, 3};
+  Tensor w(spec.uint8_weights ? DType::UInt8 : DType::Int8, wd);
+  std::vector<int> zero(spec.per_channel ? m : 1);
+  for (std::size_t i = 0; i < zero.size(); ++i) zero[i] = spec.uint8_weights ? 113 + static_cast<int>((i * 7) % 19) : 0;
+  for (std::int64_t i = 0; i < w.numel(); ++i) {
+    int v = spec.uint8_weights ? static_cast<int>(rng() % 256) : static_cast<int>(rng() % 255) - 127;
+    if (spec.uint8_weights) w.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(v);
+    else w.data<std::int8_t>()[i] = static_cast<std::int8_t>(v);
+  }
+  Tensor wz(w.dtype(), spec.per_channel ? std::vector<std::int64_t>{m} : std::vector<std::int64_t>{});
+  for (std::size_t i = 0; i < zero.size(); ++i)
+    if (spec.uint8_weights) wz.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(zero[i]);
+    else wz.data<std::int8_t>()[i] = 0;
+  std::map<std::string, Attribute> attrs{{"kernel_shape", std::vector<std::int64_t>{3, 3}},
+                                         {"pads", std::vector<std::int64_t>{spec.pad, spec.pad, spec.pad, spec.pad}},
+                                         {"strides", std::vector<std::int64_t>{spec.stride, spec.stride}},
+                                         {"group", spec.group}};
+  Value* acc = g.add_node("ConvInteger", {dql->output(0), g.add_constant("w", w), dql->output(2), g.add_constant("wz", wz)},
+                          {"acc"}, attrs, "conv")->output(0);
+  Value* accf = g.add_node("Cast", {acc}, {"accf"}, {{"to", std::int64_t{1}}}, "cast")->output(0);
+  Tensor ws(DType::Float32, spec.per_channel ? std::vector<std::int64_t>{1, m, 1, 1} : std::vector<std::int64_t>{});
+  for (std::int64_t i = 0; i < ws.numel(); ++i) ws.data<float>()[i] = 0.002f * static_cast<float>(1 + i % 5);
+  Value* s = g.add_node("Mul", {dql->output(1), g.add_constant("ws", ws)}, {"s"}, {}, "scales")->output(0);
+  Value* y = g.add_node("Mul", {accf, s}, {"scaled"}, {}, "rescale")->output(0);
+  Tensor b(DType::Float32, {1, m, 1, 1});
+  for (std::int64_t i = 0; i < m; ++i) b.data<float>()[i] = 0.05f * static_cast<float>(i) - 0.3f;
+  y = g.add_node("Add", {g.add_constant("b", b), y}, {"biased"}, {}, "bias")->output(0);
+  if (spec.relu) y = g.add_node("Relu", {y}, {"y"}, {}, "relu")->output(0);
+  g.add_output(y);
+  return g;
+}
+
 #if __has_include("ondine/onnx/import.hpp")
 // models/<file> imported, or nullopt with a warning when it has not been generated (the tests that use
 // it then skip: scripts/make_models.py --out models writes it).

@@ -123,6 +123,15 @@ std::size_t count(const Graph& g, const std::string& op_key) {
   return c;
 }
 
+// The file's own int8 weights on every CPU: these tests check the kernels against the reference, so a
+// CPU without VNNI keeps 8-bit-weight layers float rather than requantizing them to 7 bits (the default,
+// tested in "int8 by default without VNNI").
+lower::CompileOptions exact_weights() {
+  lower::CompileOptions o;
+  o.int8_7bit_weights = false;
+  return o;
+}
+
 // The graph after the passes compile runs first (fuse-qdq through the default pipeline).
 Graph optimized(const Graph& g) {
   Graph c = g.clone();
@@ -140,7 +149,7 @@ CompiledModel check_int8(const Graph& g, double step, double steps = 1.0, double
   unsigned seed = 11;
   for (Value* in : g.inputs()) inputs[in->name()] = random_input(in->shape().sizes(), seed++);
   auto want = ReferenceExecutor(g).run(inputs);
-  CompiledModel m = lower::compile(g);
+  CompiledModel m = lower::compile(g, exact_weights());
   auto got = m.run(inputs);
   for (auto& [name, w] : want) {
     const Tensor& o = got.at(name);
@@ -267,7 +276,7 @@ TEST_CASE("int8 depthwise conv and a float32 output (no Q after the conv)") {
   infer_shapes(b.g);
   auto in = random_input({1, 16, 9, 9}, 3);
   auto want = ReferenceExecutor(b.g).run({{"x", in}}).at(f->name());
-  auto got = lower::compile(b.g).run({{"x", in}}).at(f->name());
+  auto got = lower::compile(b.g, exact_weights()).run({{"x", in}}).at(f->name());
   double worst = 0, mag = 0;
   for (std::int64_t i = 0; i < want.numel(); ++i) {
     mag = std::max(mag, std::abs(want.at_double(static_cast<std::size_t>(i))));
@@ -447,7 +456,7 @@ TEST_CASE("a 3-channel image input is quantized channels-last in one step, equal
     for (int i = 0; i < 40; ++i) p[i * 7] = 0.25f * static_cast<float>(2 * i - 41);  // ties: x / 0.5 = i - 20.5
     p[3] = 1e6f, p[5] = -1e6f, p[11] = 64.0f, p[12] = -64.25f;                           // saturation both ways
     auto want = ReferenceExecutor(b.g).run({{"x", in}});
-    CompiledModel m = lower::compile(b.g);
+    CompiledModel m = lower::compile(b.g, exact_weights());
     auto got = m.run({{"x", in}});
     const Tensor& r = want.begin()->second;
     const Tensor& o = got.at(want.begin()->first);
@@ -529,7 +538,7 @@ TEST_CASE("a model quantized by quant::QuantizeQDQ (8-bit and 7-bit weights) com
     // difference in any of the pooled features moves every logit a little).
     auto in = random_input({1, 8, 12, 12}, 5);
     auto want = ReferenceExecutor(b.g).run({{"x", in}}).at(y->name());
-    CompiledModel m = lower::compile(b.g);
+    CompiledModel m = lower::compile(b.g, exact_weights());
     auto got = m.run({{"x", in}}).at(y->name());
     double worst = 0, mag = 0;
     for (std::int64_t i = 0; i < want.numel(); ++i) {
@@ -548,7 +557,7 @@ TEST_CASE("a model quantized by quant::QuantizeQDQ (8-bit and 7-bit weights) com
 
 // Without VNNI, oneDNN's int8 kernels add u8 x s8 products in pairs into int16 and saturate past
 // 255 * 64 * 2; the compiler then keeps layers with larger weights, or with s8 activations, in float.
-TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights and s8 sources stay float, 7-bit weights fuse",
+TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights requantized to 7 bits by default (or kept float), s8 sources stay float",
           "[any-isa]") {
   for (int max_w : {127, 64}) {
     for (DType t : {DType::UInt8, DType::Int8}) {
@@ -593,15 +602,17 @@ TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights and s8 sources s
         }
       CHECK(b.g.find_value("w")->constant().data<std::int8_t>()[5] == max_w);  // the file's weights unchanged
       if (!lower::effective_isa().int8_vnni && t == DType::UInt8) {
-        // CompileOptions::int8_7bit_weights (--precision int8) on this CPU: int8, within 10% of the file's numbers
-        lower::CompileOptions o;
-        o.int8_7bit_weights = true;
-        CompiledModel m = lower::compile(b.g, o);
+        // int8 by default without VNNI: CompileOptions::int8_7bit_weights requantizes the layer's weights,
+        // within 10% of the file's numbers; exact_weights() keeps it float, an fp32 island.
+        CompiledModel m = lower::compile(b.g);
         auto in = random_input({1, 16, 9, 9}, 9);
         Tensor want = ReferenceExecutor(b.g).run({{"x", in}}).begin()->second;
         Tensor got = m.run({{"x", in}}).begin()->second;
         CHECK(lower::int8_plan(m).islands.empty());
+        CHECK(lower::int8_plan(m).int8_steps >= 1);
         CHECK(test::relative_error(got, want) <= 0.1);
+        CompiledModel exact = lower::compile(b.g, exact_weights());
+        CHECK(lower::int8_plan(exact).islands.empty() == (max_w <= 64));
       }
       CHECK(count(optimized(b.g), "ondine.QConv") == 1);  // without the limits: always
       PassManager bad = make_pass_manager();
@@ -705,7 +716,7 @@ TEST_CASE("int8 plan: tiny int8 convs between float ops are predicted slower tha
   }
   b.g.add_output(y);
   infer_shapes(b.g);
-  CompiledModel m = lower::compile(b.g);
+  CompiledModel m = lower::compile(b.g, exact_weights());
   lower::Int8Plan plan = lower::int8_plan(m, test_rates());
   INFO(steps_text(m) << plan.text());
   CHECK(plan.int8_steps == 4);
@@ -721,7 +732,7 @@ TEST_CASE("int8 plan: a float model has none") {
   QBuilder b;
   b.g.add_output(b.op("Relu", {b.input("x", {1, 4})}));
   infer_shapes(b.g);
-  lower::Int8Plan plan = lower::int8_plan(lower::compile(b.g), test_rates());
+  lower::Int8Plan plan = lower::int8_plan(lower::compile(b.g, exact_weights()), test_rates());
   CHECK(plan.empty());
   CHECK(plan.text().empty());
   CHECK_FALSE(plan.slower());
@@ -731,9 +742,10 @@ TEST_CASE("int8 plan: a float model has none") {
 
 // --- dynamic quantization (quantize-dynamic, ONNX Runtime's quantize_dynamic) ---------------------------
 // Compiled against the reference executor on the same quantized graph: DynamicQuantizeLinear is
-// Ondine's own kernel, bit for bit the reference's; DynQMatMul is a oneDNN int8 matmul whose float32
-// rescale is the reference's operations, so the bound is float rounding (1e-6 of max |reference|).
-// Without VNNI, 8-bit weights stay on the reference kernels and 7-bit ones (reduce-range) compile.
+// Ondine's own kernel, bit for bit the reference's; DynQMatMul and DynQConv are oneDNN primitives whose
+// float32 rescale is the reference's operations, so the bound is float rounding (1e-6 of max
+// |reference|). They run in int8 where that is exact (VNNI, or 7-bit weights from reduce-range), else
+// in float32 on the centred integers.
 namespace test_lower_int8 {
 namespace {
 
@@ -791,14 +803,62 @@ TEST_CASE("dynamic quantization compiled: DynamicQuantizeLinear and DynQMatMul e
         CHECK(worst <= 1e-6 * top);
       }
       CHECK(steps_with(m, "DynamicQuantizeLinear", "ondine_dynamic_quantize") == 3);
-      std::size_t compiled = 0;
-      for (auto& s : m.steps()) compiled += s.op == "DynQMatMul" && s.implementation != "reference";
-      CHECK(compiled == (vnni || reduce_range ? 4u : 0u));
+      std::size_t compiled = 0, int8 = 0;
+      for (auto& s : m.steps()) {
+        compiled += s.op == "DynQMatMul" && s.implementation != "reference";
+        int8 += s.op == "DynQMatMul" && s.detail.rfind("src u8", 0) == 0;
+      }
+      CHECK(compiled == 4u);
+      CHECK(int8 == (vnni || reduce_range ? 4u : 0u));
       // inspect --compiled's report: the products int8, each DynamicQuantizeLinear a conversion.
       lower::Int8Plan plan = lower::int8_plan(m);
       CHECK(plan.int8_steps == 4);
       CHECK(plan.summary.find("3 Q/DQ left unfused: DynQ 'x/dynamic_quantize'") != std::string::npos);
     }
+}
+
+TEST_CASE("dynamic quantization compiled: DynQConv equals the reference, int8 where exact (shifted weights compensated), else float32",
+          "[any-isa]") {
+  const bool vnni = lower::effective_isa().int8_vnni;
+  for (bool uint8_weights : {false, true})
+    for (bool per_channel : {false, true})
+      for (std::int64_t group : {1, 2})
+        for (std::int64_t pad : {0, 1}) {
+          test::DynamicConvSpec spec;
+          spec.uint8_weights = uint8_weights;
+          spec.per_channel = per_channel;
+          spec.group = group;
+          spec.stride = group;
+          spec.pad = pad;
+          INFO("uint8 " << uint8_weights << ", per channel " << per_channel << ", group " << group << ", pad " << pad
+                        << ", isa " << lower::effective_isa().name);
+          Graph g = test::dynamic_conv_graph(spec);
+          infer_shapes(g);
+          // Inputs centred off zero: a zero point far from 0, whose padding must add nothing.
+          std::map<std::string, Tensor> inputs{{"x", random_input({2, 32, 9, 9}, 31, -0.5f, 3.0f)}};
+          const Tensor want = ReferenceExecutor(g).run(inputs).at("y");
+          CompiledModel m = lower::compile(g);
+          const Tensor got = m.run(inputs).at("y");
+          REQUIRE(got.dims() == want.dims());
+          double worst = 0, top = 0;
+          for (std::int64_t i = 0; i < want.numel(); ++i) {
+            top = std::max(top, std::abs(want.at_double(static_cast<std::size_t>(i))));
+            worst = std::max(worst, std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i))));
+          }
+          CHECK(top > 0.1);
+          CHECK(worst <= 1e-6 * top);
+          std::size_t conv = 0, int8 = 0, shifted = 0;
+          for (auto& s : m.steps()) {
+            conv += s.op == "DynQConv" && s.implementation != "reference";
+            int8 += s.op == "DynQConv" && s.detail.rfind("src u8", 0) == 0;
+            shifted += s.op == "DynQConv" && s.detail.find("shifted into s8") != std::string::npos;
+          }
+          CHECK(conv == 1);
+          // Weights up to 127 need VNNI; uint8 weights around zero points 113..131 centre beyond int8 and
+          // are shifted back into it, compensated.
+          CHECK(int8 == (vnni ? 1u : 0u));
+          CHECK(shifted == (vnni && uint8_weights ? 1u : 0u));
+        }
 }
 
 TEST_CASE("DynamicQuantizeLinear compiled: bit for bit the reference, an all-zero input, NaN and Inf named", "[any-isa]") {
@@ -865,7 +925,7 @@ TEST_CASE("dynamic quantization of models/bert.onnx (when generated) compiles to
   REQUIRE(same.nbytes() == want.nbytes());
   CHECK(std::memcmp(same.raw(), want.raw(), want.nbytes()) == 0);
 
-  CompiledModel m = lower::compile(g);
+  CompiledModel m = lower::compile(g, exact_weights());
   auto got = m.run({{"input_ids", ids}}).at("last_hidden_state");
   double dot = 0, na = 0, nb = 0, worst = 0, top = 0;
   for (std::int64_t i = 0; i < want.numel(); ++i) {
@@ -878,8 +938,12 @@ TEST_CASE("dynamic quantization of models/bert.onnx (when generated) compiles to
   INFO("cosine " << cosine << ", max abs error " << worst << " of max |reference| " << top);
   CHECK(cosine >= 0.9995);
   CHECK(worst <= 5e-2 * top);
-  std::size_t int8 = 0;
-  for (auto& s : m.steps()) int8 += s.op == "DynQMatMul" && s.implementation != "reference";
+  std::size_t int8 = 0, compiled = 0;
+  for (auto& s : m.steps()) {
+    compiled += s.op == "DynQMatMul" && s.implementation != "reference";
+    int8 += s.op == "DynQMatMul" && s.detail.rfind("src u8", 0) == 0;
+  }
+  CHECK(compiled == 24u);
   CHECK(int8 == (vnni ? 24u : 0u));
 }
 #endif

@@ -443,7 +443,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 TEST_CASE("fuse-dynamic-qmatmul: MatMulInteger -> Cast -> Mul -> Add? -> act* becomes one ondine.DynQMatMul, same numbers",
           "[qoperator][dynamic]") {
-  CHECK(std::string(default_pipeline()).find("fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,") != std::string::npos);
+  CHECK(std::string(default_pipeline()).find("fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,") != std::string::npos);
   for (bool per_channel : {true, false}) {
     INFO("per channel " << per_channel);
     Graph g;
@@ -480,30 +480,121 @@ TEST_CASE("fuse-dynamic-qmatmul: MatMulInteger -> Cast -> Mul -> Add? -> act* be
   }
 }
 
-TEST_CASE("fuse-dynamic-qmatmul must not fire: a weight zero point, uint8 weights, a shared or read-out product",
+// The graph of the must-not-fire and centring cases: DynamicQuantizeLinear -> MatMulInteger(W, W_zp) ->
+// Cast -> Mul(xs * ws), W [8, 3].
+Graph dynamic_matmul_graph(const Tensor& w, const Tensor& wz, const Tensor& ws) {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{4, 8});
+  Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "dql");
+  dql->set_opset(11);
+  Value* acc = g.add_node("MatMulInteger", {dql->output(0), g.add_constant("w", w), dql->output(2), g.add_constant("wz", wz)},
+                          {"acc"}, {}, "mmi")->output(0);
+  Value* accf = g.add_node("Cast", {acc}, {"accf"}, {{"to", std::int64_t{1}}}, "cast")->output(0);
+  Value* s = g.add_node("Mul", {dql->output(1), g.add_constant("ws", ws)}, {"s"}, {}, "scale")->output(0);
+  g.add_output(g.add_node("Mul", {accf, s}, {"y"}, {}, "rescale")->output(0));
+  return g;
+}
+
+TEST_CASE("fuse-dynamic-qmatmul centres uint8 weights and weight zero points: int8 when they fit, else int16; same numbers",
           "[qoperator][dynamic]") {
-  for (int variant = 0; variant < 4; ++variant) {
+  struct Case {
+    Tensor w, wz;
+    DType centred;
+  };
+  Tensor ws = Tensor::from_vector<float>({3}, {0.1f, 0.2f, 0.3f});
+  for (Case& c : std::vector<Case>{
+           {random_int<std::int8_t>({8, 3}, 1, -100, 100), Tensor::from_vector<std::int8_t>({3}, {0, 1, -2}), DType::Int8},
+           {random_int<std::uint8_t>({8, 3}, 1, 0, 255), Tensor::from_vector<std::uint8_t>({}, {128}), DType::Int8},
+           {random_int<std::uint8_t>({8, 3}, 1, 0, 255), Tensor::from_vector<std::uint8_t>({3}, {113, 131, 128}), DType::Int16},
+           {random_int<std::int8_t>({8, 3}, 1, -127, 127), Tensor::from_vector<std::int8_t>({}, {5}), DType::Int16}}) {
+    INFO(dtype_name(c.w.dtype()) << " weights, zero points " << c.wz.numel());
+    Graph g = dynamic_matmul_graph(c.w, c.wz, ws);
+    infer_shapes(g);
+    Graph f = g.clone();
+    REQUIRE(make_pass_manager("fuse-dynamic-qmatmul").run(f));
+    REQUIRE(f.count_ops("DynQMatMul") == 1);
+    CHECK(f.count_ops("MatMulInteger") == 0);
+    for (Node* n : f.nodes())
+      if (n->op_type() == "DynQMatMul") CHECK(n->input(3)->dtype() == c.centred);
+    std::map<std::string, Tensor> feed{{"x", random_float({4, 8}, 5)}};
+    auto a = ReferenceExecutor(g).run(feed), b = ReferenceExecutor(f).run(feed);
+    CHECK(max_abs_diff(a.at("y"), b.at("y")) == 0.0);
+  }
+}
+
+TEST_CASE("fuse-dynamic-qmatmul must not fire: a scale along rows, a shared or read-out product", "[qoperator][dynamic]") {
+  for (int variant = 0; variant < 3; ++variant) {
     INFO("variant " << variant);
-    Graph g;
-    Value* x = g.add_input("x", DType::Float32, Shape{4, 8});
-    Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "dql");
-    dql->set_opset(11);
-    Tensor w = variant == 1 ? random_int<std::uint8_t>({8, 3}, 1, 0, 255) : random_int<std::int8_t>({8, 3}, 1, -127, 127);
-    Tensor wz = variant == 0 ? Tensor::from_vector<std::int8_t>({3}, {0, 1, 0})
-                : variant == 1 ? Tensor(DType::UInt8, {3}) : Tensor(DType::Int8, {3});
-    Value* acc = g.add_node("MatMulInteger", {dql->output(0), g.add_constant("w", w), dql->output(2), g.add_constant("wz", wz)},
-                            {"acc"}, {}, "mmi")->output(0);
-    Value* accf = g.add_node("Cast", {acc}, {"accf"}, {{"to", std::int64_t{1}}}, "cast")->output(0);
-    Value* s = g.add_node("Mul", {dql->output(1), g.add_constant("ws", Tensor::from_vector<float>({3}, {0.1f, 0.2f, 0.3f}))},
-                          {"s"}, {}, "scale")->output(0);
-    Value* y = g.add_node("Mul", {accf, s}, {"y"}, {}, "rescale")->output(0);
-    g.add_output(y);
-    if (variant == 2) g.add_output(accf);                                                 // the float product read out
-    if (variant == 3) g.add_output(g.add_node("Neg", {acc}, {"n"}, {}, "neg")->output(0));  // the int32 product shared
+    Tensor w = random_int<std::int8_t>({8, 3}, 1, -127, 127);
+    // [4, 1]: one scale per row of the product, not per column: not a weight scale.
+    Tensor ws = variant == 0 ? Tensor::from_vector<float>({4, 1}, {0.1f, 0.2f, 0.3f, 0.4f})
+                             : Tensor::from_vector<float>({3}, {0.1f, 0.2f, 0.3f});
+    Graph g = dynamic_matmul_graph(w, Tensor(DType::Int8, {3}), ws);
+    if (variant == 1) g.add_output(g.find_value("accf"));                                                 // read out
+    if (variant == 2) g.add_output(g.add_node("Neg", {g.find_value("acc")}, {"n"}, {}, "neg")->output(0));  // shared
     infer_shapes(g);
     Graph f = g.clone();
     CHECK_FALSE(make_pass_manager("fuse-dynamic-qmatmul").run(f));
     CHECK(f.count_ops("MatMulInteger") == 1);
+  }
+}
+
+// --- fuse-dynamic-qconv -----------------------------------------------------------------------------
+
+TEST_CASE("fuse-dynamic-qconv: ConvInteger -> Cast -> Mul -> Add -> Relu becomes one ondine.DynQConv, same numbers",
+          "[qoperator][dynamic]") {
+  for (bool uint8_weights : {false, true})
+    for (bool per_channel : {false, true})
+      for (std::int64_t group : {1, 2}) {
+        INFO("uint8 " << uint8_weights << ", per channel " << per_channel << ", group " << group);
+        test::DynamicConvSpec spec;
+        spec.uint8_weights = uint8_weights;
+        spec.per_channel = per_channel;
+        spec.group = group;
+        spec.stride = group;
+        Graph g = test::dynamic_conv_graph(spec);
+        infer_shapes(g);
+        Graph f = g.clone();
+        PassManager pm = make_pass_manager("fuse-dynamic-qconv");
+        pm.run(f);
+        REQUIRE(f.count_ops("DynQConv") == 1);
+        for (const char* op : {"ConvInteger", "Cast", "Mul", "Add", "Relu"}) CHECK(f.count_ops(op) == 0);
+        CHECK(f.count_ops("DynamicQuantizeLinear") == 1);
+        for (Node* n : f.nodes())
+          if (n->op_type() == "DynQConv") {
+            CHECK(n->input(3)->dtype() == (uint8_weights ? DType::Int16 : DType::Int8));
+            CHECK(n->attr_int("group", 1) == group);
+            CHECK(n->attr_floats("w_scale").size() == (per_channel ? 12u : 1u));
+            CHECK(fused::read_activations(*n).size() == 1);
+          }
+        REQUIRE(f.outputs().size() == 1);
+        CHECK(f.outputs()[0]->name() == "y");
+        std::map<std::string, Tensor> feed{{"x", random_float({2, 32, 9, 9}, 5, -2.0f, 3.0f)}};
+        auto a = ReferenceExecutor(g).run(feed), b = ReferenceExecutor(f).run(feed);
+        REQUIRE(a.at("y").dims() == b.at("y").dims());
+        CHECK(max_abs_diff(a.at("y"), b.at("y")) == 0.0);  // the same float32 operations
+      }
+}
+
+TEST_CASE("fuse-dynamic-qconv must not fire: a scale along width, a float product read out, a computed weight",
+          "[qoperator][dynamic]") {
+  for (int variant = 0; variant < 3; ++variant) {
+    INFO("variant " << variant);
+    test::DynamicConvSpec spec;
+    spec.relu = false;
+    Graph g = test::dynamic_conv_graph(spec);
+    if (variant == 0) {  // ws [12] broadcasts along the last axis (width), not the channels
+      Tensor t(DType::Float32, {9});
+      for (std::int64_t i = 0; i < 9; ++i) t.data<float>()[i] = 0.01f;
+      g.find_value("s")->producer()->set_input(1, g.add_constant("ws_w", t));
+    }
+    if (variant == 1) g.add_output(g.find_value("accf"));
+    if (variant == 2) g.find_value("acc")->producer()->set_input(1, g.add_input("w_in", DType::Int8, Shape{12, 32, 3, 3}));
+    g.remove_dead_values();
+    infer_shapes(g);
+    Graph f = g.clone();
+    CHECK_FALSE(make_pass_manager("fuse-dynamic-qconv").run(f));
+    CHECK(f.count_ops("ConvInteger") == 1);
   }
 }
 

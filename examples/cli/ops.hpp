@@ -53,6 +53,7 @@ inline const std::map<std::string, std::string>& int8_rewrites() {
       {"QLinearConv", "ondine.QConv (qoperator-to-qdq, then fuse-qdq)"},
       {"QLinearMatMul", "ondine.QMatMul (qoperator-to-qdq, then fuse-qdq)"},
       {"MatMulInteger", "ondine.DynQMatMul (fuse-dynamic-qmatmul), else reference"},
+      {"ConvInteger", "ondine.DynQConv (fuse-dynamic-qconv), else reference"},
       {"DynamicQuantizeLinear", "Ondine's quantize kernel"},
       {"QuantizeLinear", "oneDNN reorder"},
       {"DequantizeLinear", "oneDNN reorder"}};

@@ -3,7 +3,7 @@
 // to those values (shape_inputs, bind_shape_inputs).
 //
 // FLOPs count a multiply-add as 2. Conv/ConvTranspose/MatMul/Gemm and their integer and fused forms
-// (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/Fused*), the
+// (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, ondine.QConv/QMatMul/DynQMatMul/DynQConv/Fused*), the
 // recurrent ops (LSTM, GRU, RNN, ondine.QLSTM: their gate products per step) and ondine.Attention (its two
 // products) are counted exactly from shapes; other ops as one FLOP per output element (they are
 // bandwidth-bound and small next to the matmuls).
@@ -176,12 +176,12 @@ inline std::optional<double> node_flops(const Node& n) {
   // the integer forms what the float op does (a multiply-add is 2 operations of either kind).
   const std::string key = n.op_key();
   const bool conv_like = key == "ondine.FusedConv" || key == "ondine.QConv" || key == "ConvInteger" ||
-                         key == "QLinearConv";
+                         key == "QLinearConv" || key == "ondine.DynQConv";
   const bool matmul_like = key == "ondine.FusedMatMul" || key == "ondine.QMatMul" || key == "ondine.DynQMatMul" ||
                            key == "MatMulInteger" || key == "QLinearMatMul";
   const std::string op = conv_like ? "Conv" : matmul_like ? "MatMul" : key == "ondine.FusedGemm" ? "Gemm" : key;
   if (op == "Conv" || op == "ConvTranspose") {
-    const Value* w = n.input(key == "QLinearConv" ? 3 : 1);
+    const Value* w = n.input(key == "QLinearConv" || key == "ondine.DynQConv" ? 3 : 1);
     if (!w || !w->shape().is_static() || w->shape().rank() < 3) return std::nullopt;
     auto ws = w->shape().sizes();
     double per_output = 1;  // multiply-adds per output element: (Cin/groups) * kernel volume

@@ -59,7 +59,7 @@ inline std::string onednn_version() {
 inline bool has_int8_layers(const Graph& g) {
   for (const Node* n : g.nodes()) {
     const std::string& key = n->op_key();
-    if (key == "ondine.QConv" || key == "ondine.QMatMul" || key == "ondine.QPool" || key == "ondine.DynQMatMul" ||
+    if (key == "ondine.QConv" || key == "ondine.QMatMul" || key == "ondine.QPool" || key == "ondine.DynQMatMul" || key == "ondine.DynQConv" ||
         key == "ondine.QLSTM" || key == "QuantizeLinear" || key == "DynamicQuantizeLinear" || key == "QLinearConv" ||
         key == "QLinearMatMul" || key == "ConvInteger" || key == "MatMulInteger")
       return true;

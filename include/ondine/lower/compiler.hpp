@@ -186,8 +186,12 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["ondine.QLSTM"] = {lower_recurrent, "oneDNN int8 lstm_forward", "as LSTM, or peepholes"};
     t["DynamicQuantizeLinear"] = {lower_dynamic_quantize_linear, "Ondine's min/max and quantize kernel (AVX-512 or plain)",
                                   "not float32"};
-    t["ondine.DynQMatMul"] = {lower_dyn_qmatmul, "oneDNN int8 matmul with run-time scales",
+    t["ondine.DynQMatMul"] = {lower_dyn_qmatmul,
+                              "oneDNN matmul with run-time scales (int8 where exact, else float32 on the centred integers)",
                               "weights computed at run time, or post-ops oneDNN cannot express exactly"};
+    t["ondine.DynQConv"] = {lower_dyn_qconv,
+                            "oneDNN convolution with run-time scales (int8 where exact, else float32 on the centred integers)",
+                            "weights computed at run time, or post-ops oneDNN cannot express exactly"};
     t["QuantizeLinear"] = {lower_qdq_reorder, "oneDNN reorder with scales",
                            "scale or zero point computed at run time or per axis, not float32 <-> 8-bit, or scale <= 0"};
     t["DequantizeLinear"] = t["QuantizeLinear"];

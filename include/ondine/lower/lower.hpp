@@ -31,7 +31,7 @@ inline const bool pass_layer_registered =
 // pipeline for a compiled model outside compile() (`ondine compile -o MODEL.ondine --target ...`) sets
 // them with this.
 inline bool set_isa_pass_options(PassManager& pm, const IsaInfo& target = effective_isa(),
-                                 bool int8_7bit_weights = false) {
+                                 bool int8_7bit_weights = true) {
   if (target.int8_vnni) return false;
   limit_int8_fusion(pm, int8_7bit_weights);
   return true;

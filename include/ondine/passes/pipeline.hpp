@@ -21,6 +21,7 @@
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/fold_pad.hpp"
 #include "ondine/passes/fuse_attention.hpp"
+#include "ondine/passes/fuse_dynamic_qconv.hpp"
 #include "ondine/passes/fuse_dynamic_qmatmul.hpp"
 #include "ondine/passes/fuse_gelu.hpp"
 #include "ondine/passes/fuse_groupnorm.hpp"
@@ -47,8 +48,9 @@ namespace ondine {
 // fuse could take its affine Mul/Add); fuse-qdq runs before
 // fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
 // qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form;
-// fuse-dynamic-qmatmul finds dynamically quantized matrix products (ONNX Runtime's quantize_dynamic,
-// or "quantize-dynamic,default") after fuse-gelu, so that it takes their Gelu too; fuse-attention runs
+// fuse-dynamic-qmatmul and fuse-dynamic-qconv find dynamically quantized matrix products and
+// convolutions (ONNX Runtime's quantize_dynamic, or "quantize-dynamic,default") after fuse-gelu, so
+// that they take their Gelu too, and before fuse, which would take their bias Add; fuse-attention runs
 // after fold-constants (a causal mask built from the sequence length is a constant by then) and before
 // fuse, which would otherwise take the scores' scale or mask as post-ops of a plain MatMul;
 // pointwise-as-conv runs after fuse-gelu and fuse-layernorm (its detours are LayerNorm, MatMul, Gelu) and
@@ -56,7 +58,7 @@ namespace ondine {
 // runs between two fold-constants: a trip count computed from shapes is folded first, and the unrolled
 // iterations' reads of the iteration number, and the sequence elements they build, fold after.
 inline const char* default_pipeline() {
-  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -81,6 +83,7 @@ inline PassRegistry& pass_registry() {
         .add<FusePostOps>()
         .add<FuseQdq>()
         .add<FuseDynamicQMatMul>()
+        .add<FuseDynamicQConv>()
         .add<QOperatorToQdq>()
         .add<CancelTransposes>()
         .add<AssignLayouts>();

@@ -85,35 +85,57 @@ inline std::vector<Tensor> qmatmul(const Node& n, const std::vector<Tensor>& inp
   return {finish(n, a, acc.dims(), nn::to_doubles(acc), w.dims()[1], 1, nn::input_or_empty(inputs, 2), Tensor())};
 }
 
-// In float32 like the MatMulInteger -> Cast -> Mul -> Add it stands for (so the two agree bit for bit).
-inline std::vector<Tensor> dyn_qmatmul(const Node& n, const std::vector<Tensor>& inputs) {
-  const Tensor& x = nn::required(n, inputs, 0);
+// In float32 like the MatMulInteger/ConvInteger -> Cast -> Mul -> Add they stand for (so the two agree
+// bit for bit). `acc`: the exact integer products, channels at `axis`.
+inline Tensor dyn_finish(const Node& n, const std::vector<Tensor>& inputs, const Tensor& acc, std::size_t axis) {
   const Tensor& x_scale = nn::required(n, inputs, 1);
-  const Tensor& x_zero = nn::required(n, inputs, 2);
-  const Tensor& w = nn::required(n, inputs, 3);
   const Tensor& bias = nn::input_or_empty(inputs, 4);
-  if (x.dtype() != DType::UInt8 || x_zero.dtype() != DType::UInt8 || x_scale.dtype() != DType::Float32 ||
-      x_scale.numel() != 1 || x_zero.numel() != 1)
-    throw n.error("A and A_zero_point must be uint8 and A_scale one float32");
-  if (w.dtype() != DType::Int8 || w.rank() != 2) throw n.error("W must be int8 of rank 2");
   std::vector<float> w_scale = n.attr_floats("w_scale", {1.0f});
   std::vector<fused::Activation> activations = fused::read_activations(n);
-  std::int64_t cols = w.dims()[1];
-  if (!bias.empty() && (bias.dtype() != DType::Float32 || bias.numel() != cols)) throw n.error("bias must be float32 [N]");
-  if (w_scale.size() != 1 && static_cast<std::int64_t>(w_scale.size()) != cols) throw n.error("w_scale must have 1 or N entries");
-  Tensor acc = nn::matmul(n, {centered(x, x_zero.data<std::uint8_t>()[0]), centered(w, 0)}).at(0);
+  const std::int64_t channels = acc.dims()[axis];
+  std::int64_t inner = 1;
+  for (std::size_t i = axis + 1; i < acc.rank(); ++i) inner *= acc.dims()[i];
+  if (!bias.empty() && (bias.dtype() != DType::Float32 || bias.numel() != channels))
+    throw n.error("bias must be float32 with one value per output channel");
+  if (w_scale.size() != 1 && static_cast<std::int64_t>(w_scale.size()) != channels)
+    throw n.error("w_scale must have 1 entry or one per output channel");
   const float a_scale = x_scale.data<float>()[0];
   std::vector<double> v = nn::to_doubles(acc);
   Tensor y(DType::Float32, acc.dims());
   float* out = y.data<float>();
   for (std::size_t i = 0; i < v.size(); ++i) {
-    std::size_t c = i % static_cast<std::size_t>(cols);
+    auto c = static_cast<std::size_t>((static_cast<std::int64_t>(i) / inner) % channels);
     float scale = a_scale * w_scale[w_scale.size() == 1 ? 0 : c];
     float r = static_cast<float>(static_cast<std::int32_t>(v[i])) * scale;
     if (!bias.empty()) r += bias.data<float>()[c];
     out[i] = activations.empty() ? r : static_cast<float>(fused::apply(activations, r));
   }
-  return {y};
+  return y;
+}
+
+inline void check_dynamic_inputs(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& x = nn::required(n, inputs, 0);
+  const Tensor& x_scale = nn::required(n, inputs, 1);
+  const Tensor& x_zero = nn::required(n, inputs, 2);
+  const Tensor& w = nn::required(n, inputs, 3);
+  if (x.dtype() != DType::UInt8 || x_zero.dtype() != DType::UInt8 || x_scale.dtype() != DType::Float32 ||
+      x_scale.numel() != 1 || x_zero.numel() != 1)
+    throw n.error("A and A_zero_point must be uint8 and A_scale one float32");
+  if (w.dtype() != DType::Int8 && w.dtype() != DType::Int16) throw n.error("W must be int8 or int16");
+}
+
+inline std::vector<Tensor> dyn_qmatmul(const Node& n, const std::vector<Tensor>& inputs) {
+  check_dynamic_inputs(n, inputs);
+  const Tensor& w = inputs[3];
+  if (w.rank() != 2) throw n.error("W must have rank 2");
+  Tensor acc = nn::matmul(n, {centered(inputs[0], inputs[2].data<std::uint8_t>()[0]), centered(w, 0)}).at(0);
+  return {dyn_finish(n, inputs, acc, acc.rank() - 1)};
+}
+
+inline std::vector<Tensor> dyn_qconv(const Node& n, const std::vector<Tensor>& inputs) {
+  check_dynamic_inputs(n, inputs);
+  Tensor acc = nn::conv(n, {centered(inputs[0], inputs[2].data<std::uint8_t>()[0]), centered(inputs[3], 0)}).at(0);
+  return {dyn_finish(n, inputs, acc, 1)};
 }
 
 inline std::vector<Tensor> qpool(const Node& n, const std::vector<Tensor>& inputs) {
@@ -141,6 +163,7 @@ inline void register_quantized_kernels(KernelTable& table) {
   table[d + "QMatMul"] = k::qmatmul;
   table[d + "QPool"] = k::qpool;
   table[d + "DynQMatMul"] = k::dyn_qmatmul;
+  table[d + "DynQConv"] = k::dyn_qconv;
 }
 
 }  // namespace ondine::reference

@@ -18,11 +18,14 @@
 // QPool: y = q(pool(dq(x))).
 //
 //   ondine.DynQMatMul (A, A_scale, A_zero_point, W, B?)   A u8 [..., K] with its runtime scale (float
-//                    scalar) and zero point (u8 scalar), as DynamicQuantizeLinear writes them; W s8
-//                    [K, N]; B float [N]. Attributes w_scale (1 or N) and the activation chain.
-//   y = act(float(sum((a - A_zero_point) * w)) * (A_scale * w_scale[c]) + B[c])   Output float32 [..., N]
-//       (float32 products, as the MatMulInteger -> Cast -> Mul(A_scale * w_scale) -> Add it replaces
-//       computes them; act as the FusedMatMul's)
+//                    scalar) and zero point (u8 scalar), as DynamicQuantizeLinear writes them; W the
+//                    centred weights (their zero point subtracted) [K, N], int8, or int16 when they do
+//                    not fit int8; B float [N]. Attributes w_scale (1 or N) and the activation chain.
+//   ondine.DynQConv  (A, A_scale, A_zero_point, W, B?)   the same for a convolution: Conv's attributes,
+//                    A u8 [N, C, ...], W int8 or int16 [M, C/group, k...], B float [M], w_scale 1 or M.
+//   y = act(float(sum((a - A_zero_point) * w)) * (A_scale * w_scale[c]) + B[c])   Output float32
+//       (float32 products, as the MatMulInteger/ConvInteger -> Cast -> Mul(A_scale * w_scale) -> Add it
+//       replaces computes them; padding adds nothing, as ConvInteger's; act as the FusedMatMul's)
 //   ondine.QLSTM: the int8 LSTM, defined with LSTM in ir/infer/rnn.hpp.
 // The reference kernels (reference/quantized.hpp) compute exactly this; the
 // oneDNN lowering (lower/detail/quantized.hpp) computes it with float rescaling (within 1 step).
@@ -148,7 +151,8 @@ inline void infer_qmatmul(Node& n) {
   set_output(n, 0, a.output_type, Shape(out));
 }
 
-inline void infer_dyn_qmatmul(Node& n) {
+// The operands DynQMatMul and DynQConv share; returns w_scale.
+inline std::vector<float> check_dynamic_operands(Node& n) {
   fused::read_activations(n);  // checks the chain
   std::vector<float> w_scale = n.attr_floats("w_scale", {1.0f});
   for (float s : w_scale)
@@ -160,10 +164,45 @@ inline void infer_dyn_qmatmul(Node& n) {
   if (x.dtype() != DType::Undefined && x.dtype() != DType::UInt8) throw n.error("A must be uint8");
   if (x_scale.dtype() != DType::Undefined && x_scale.dtype() != DType::Float32) throw n.error("A_scale must be float32");
   if (x_zero.dtype() != DType::Undefined && x_zero.dtype() != DType::UInt8) throw n.error("A_zero_point must be uint8");
-  if (w.dtype() != DType::Undefined && w.dtype() != DType::Int8) throw n.error("W must be int8");
+  if (w.dtype() != DType::Undefined && w.dtype() != DType::Int8 && w.dtype() != DType::Int16)
+    throw n.error("W must be int8 or int16");
   for (const Value* v : {&x_scale, &x_zero})
     if (v->shape().rank_known() && v->shape().numel().value_or(1) != 1)
       throw n.error("'" + v->name() + "' must hold one value, not " + v->shape().str());
+  return w_scale;
+}
+
+inline void infer_dyn_qconv(Node& n) {
+  std::vector<float> w_scale = check_dynamic_operands(n);
+  Value& x = required_input(n, 0);
+  Value& w = required_input(n, 3);
+  if (!x.shape().rank_known() || !w.shape().rank_known()) return set_output(n, 0, DType::Float32, Shape::unknown());
+  const Shape &xs = x.shape(), &ws = w.shape();
+  if (xs.rank() < 3 || ws.rank() != xs.rank()) throw n.error("A and W must have one rank >= 3");
+  std::size_t spatial = xs.rank() - 2;
+  std::vector<std::int64_t> kernel(spatial, -1);
+  for (std::size_t i = 0; i < spatial; ++i)
+    if (ws[i + 2].is_static()) kernel[i] = ws[i + 2].value;
+    else return set_output(n, 0, DType::Float32, Shape::unknown());
+  std::int64_t group = n.attr_int("group", 1);
+  if (group <= 0) throw n.error("group must be positive");
+  if (xs[1].is_static() && ws[1].is_static() && xs[1].value != ws[1].value * group)
+    throw n.error("A has " + std::to_string(xs[1].value) + " channels; W wants " + std::to_string(ws[1].value) + " x group " +
+                  std::to_string(group));
+  std::vector<Dim> out{xs[0], ws[0]};
+  detail_nn::Window win = detail_nn::read_window(n, kernel);
+  for (std::size_t i = 0; i < spatial; ++i) out.push_back(detail_nn::window_output_dim(n, win, i, xs[i + 2]));
+  if (ws[0].is_static() && w_scale.size() != 1 && static_cast<std::int64_t>(w_scale.size()) != ws[0].value)
+    throw n.error("w_scale has " + std::to_string(w_scale.size()) + " entries for " + std::to_string(ws[0].value) +
+                  " output channels");
+  detail_nn::check_vector(n, n.input(4), ws[0], "bias");
+  set_output(n, 0, DType::Float32, Shape(out));
+}
+
+inline void infer_dyn_qmatmul(Node& n) {
+  std::vector<float> w_scale = check_dynamic_operands(n);
+  Value& x = required_input(n, 0);
+  Value& w = required_input(n, 3);
   if (!x.shape().rank_known() || !w.shape().rank_known()) return set_output(n, 0, DType::Float32, Shape::unknown());
   if (x.shape().rank() < 2 || w.shape().rank() != 2) throw n.error("A must have rank >= 2 and W rank 2");
   std::vector<Dim> out = x.shape().dims();
@@ -206,6 +245,7 @@ inline void register_quantized_infer(InferTable& table) {
   table[d + "QMatMul"] = infer_qmatmul;
   table[d + "QPool"] = infer_qpool;
   table[d + "DynQMatMul"] = infer_dyn_qmatmul;
+  table[d + "DynQConv"] = infer_dyn_qconv;
 }
 
 }  // namespace ondine::infer

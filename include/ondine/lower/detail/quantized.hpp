@@ -441,7 +441,8 @@ enum class StepKind { Int8, Conversion, Move, Float };
 inline StepKind step_kind(const std::string& op) {
   static const std::set<std::string> moves{"Reorder", "Copy", "View", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                                            "Identity", "Transpose", "Concat", "Dropout"};
-  if (op == "QConv" || op == "QMatMul" || op == "QPool" || op == "DynQMatMul" || op == "QLSTM") return StepKind::Int8;
+  if (op == "QConv" || op == "QMatMul" || op == "QPool" || op == "DynQMatMul" || op == "DynQConv" || op == "QLSTM")
+    return StepKind::Int8;
   if (op == "QuantizeLinear" || op == "DequantizeLinear" || op == "DynamicQuantizeLinear") return StepKind::Conversion;
   return moves.count(op) ? StepKind::Move : StepKind::Float;
 }
