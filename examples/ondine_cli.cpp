@@ -55,6 +55,7 @@ extern char** environ;
 #include "ondine/lower/artifact.hpp"
 #include "ondine/lower/lower.hpp"
 #include "ondine/lower/shape_cache.hpp"
+#include "ondine/lower/tune.hpp"
 #include "ondine/ondine.hpp"
 #include "cli/compare.hpp"
 #include "cli/header.hpp"
@@ -122,7 +123,7 @@ std::string artifact_summary(const artifact::Info& a, std::size_t variants = 1) 
      << " by Ondine " << a.ondine_version << " with oneDNN " << a.onednn_version << "; running its variant for "
      << a.isa << (variants > 1 ? " (of " + std::to_string(variants) + ")" : std::string()) << ", " << a.precision
      << (a.keep_fp32.empty() ? "" : " (" + std::to_string(a.keep_fp32.size()) + " kept fp32)")
-     << (a.requires_vnni ? " (needs VNNI)" : "") << ", threads "
+     << (a.requires_vnni ? " (needs VNNI)" : "") << (a.tuned.empty() ? "" : ", tuned " + a.tuned) << ", threads "
      << (a.threads > 0 ? std::to_string(a.threads) : std::string("default")) << ", passes "
      << (a.passes.empty() ? "none" : a.passes) << "; " << a.file_bytes << " bytes, weights " << a.weight_bytes
      << " bytes mapped";
@@ -273,6 +274,9 @@ inline void keep_precision_line(std::string& kept, const std::string& line) {
 lower::Precision g_precision = lower::Precision::Fp32;
 bool g_precision_given = false;  // --precision on the command line (else an artifact's own applies)
 bool g_int8 = false;             // --precision int8 (g_precision is then Fp32: the float layers' precision)
+// --exact-int8-weights: without VNNI, QDQ layers with 8-bit weights stay float (CompileOptions::int8_7bit_weights).
+bool g_exact_int8_weights = false;
+bool g_tune = false;  // --tune: time the compiler's alternatives here (lower/tune.hpp) and keep the fastest
 std::vector<std::string> g_keep_fp32;
 
 // The precision as the command line names it (int8 is fp32 for the float layers).
@@ -484,7 +488,7 @@ lower::CompileOptions tool_compile_options(int threads, const std::string& passe
   opts.conv_layout = g_conv_layout;
   opts.conv_algorithm = g_conv_algorithm;
   opts.matmul_kernel = g_matmul_kernel;
-  opts.int8_7bit_weights = g_int8;  // --precision int8: int8 wherever this CPU can (7-bit weights without VNNI)
+  opts.int8_7bit_weights = !g_exact_int8_weights;  // int8 wherever this CPU can (7-bit weights without VNNI)
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
   opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
     if (!n) return compiling->clear();
@@ -525,7 +529,22 @@ Engine make_engine(const Graph& g, bool use_reference, int threads, const std::s
       keep_precision_line(*precision_line, line);
     };
   std::shared_ptr<CompiledModel> model;
-  if (lower::resolved_precision(g_precision) == lower::Precision::Fp32 && g_precision == lower::Precision::Auto) {
+  if (g_tune) {
+    lower::TuneOptions t;
+    t.tune_int8_weights = !g_exact_int8_weights;
+    if (sample) t.inputs = *sample;
+    auto line = std::make_shared<ondine::cli::ProgressLine>("tuning");
+    t.progress = [line](const std::string& what) { line->update(0, std::nullopt, what); };
+    if (!g_precision_given) opts.precision = lower::Precision::Auto;  // the precision is tuned unless given
+    lower::TuneResult r = lower::tune(g, opts, t);
+    line->clear();
+    model = std::make_shared<CompiledModel>(lower::compile(g, r.options));
+    char took[64];
+    std::snprintf(took, sizeof took, " in %.1f s", r.seconds);
+    std::string text = r.text();
+    text.insert(text.find(':'), r.from_cache ? "" : took);
+    engine.precision = text.substr(0, text.size() - 1) + (precision_line->empty() ? "" : "\n" + *precision_line);
+  } else if (lower::resolved_precision(g_precision) == lower::Precision::Fp32 && g_precision == lower::Precision::Auto) {
     model = std::make_shared<CompiledModel>(lower::compile(g, opts));
     engine.precision = "precision: auto is fp32 here (" + lower::bf16_not_faster_reason(lower::effective_isa()) + ")";
   } else if (g_max_error && sample && !g_int8) {  // int8: --max-error bounded the quantization
@@ -1072,6 +1091,8 @@ int compile_variants(const std::string& path, const CompileArgs& args, const std
         g_precision == lower::Precision::Bf16 && !isa.bf16_native ? lower::Precision::Fp32 : g_precision;
     if (g_precision_given)
       argv.insert(argv.end(), {"--precision", g_int8 ? std::string("int8") : std::string(lower::precision_name(precision))});
+    if (g_exact_int8_weights) argv.push_back("--exact-int8-weights");
+    if (g_tune) argv.push_back("--tune");  // each variant timed here, under its ISA
     if (precision != lower::Precision::Fp32) {
       for (const std::string& k : g_keep_fp32) argv.insert(argv.end(), {"--keep-fp32", k});
       if (g_max_error) {
@@ -1192,7 +1213,7 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     return compile_variants(path, args, targets);
   }
   const lower::IsaInfo target = targets.empty() ? here : targets[0];
-  if (to_artifact) lower::set_isa_pass_options(pm, target, g_int8);
+  if (to_artifact) lower::set_isa_pass_options(pm, target, !g_exact_int8_weights);
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   quantize_for_int8(g, path, target);
@@ -1251,6 +1272,32 @@ int cmd_compile(const std::string& path, const CompileArgs& args) {
     info.ondine_version = ondine::version;
     // oneDNN packs for the ISA it runs: a target above this CPU's gets its weights packed at first load.
     const bool can_pack = lower::isa_runs_on(target.isa, here.isa);
+    if (g_tune && target.isa == here.isa) {  // --tune: this CPU's kernel choices, stored and applied at load
+      Graph bound = g.clone();
+      std::map<std::string, std::int64_t> dims = parse_dims(args.dims);
+      for (const std::string& symbol : symbolic_dims(bound)) dims.emplace(symbol, 1);
+      bind_dims(bound, dims);
+      lower::CompileOptions opts;
+      opts.threads = args.threads;
+      opts.passes = "none";
+      opts.precision = precision;
+      opts.keep_fp32 = keep_fp32;
+      opts.conv_layout = g_conv_layout;
+      opts.conv_algorithm = g_conv_algorithm;
+      opts.matmul_kernel = g_matmul_kernel;
+      lower::TuneOptions t;
+      t.tune_int8_weights = false;  // the graph's int8 layers are fused already
+      auto line = std::make_shared<ondine::cli::ProgressLine>("tuning");
+      t.progress = [line](const std::string& what) { line->update(0, std::nullopt, what); };
+      lower::TuneResult r = lower::tune(bound, opts, t);
+      line->clear();
+      for (const lower::TuneDecision& d : r.decisions)
+        if (d.knob != "precision" && d.why != "set by the caller")
+          info.tuned += (info.tuned.empty() ? "" : ",") + d.knob + "=" + d.value;
+      std::cout << r.text();
+    } else if (g_tune) {
+      std::cout << "tune:    not for " << target.name << " (it runs here as " << here.name << "): its built-in choices\n";
+    }
     if (!can_pack)
       info.unpacked = "compiled on a CPU without " + target.name + " (it had " + here.name + ")";
     const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims), can_pack);
@@ -2168,6 +2215,10 @@ int main(int argc, char** argv) {
   inspect->add_flag("--compiled", compiled, "compile it and show the ISA, each step's oneDNN implementation, the memory plan");
   std::string precision = "fp32";  // --precision of inspect, compile, run, bench
   std::vector<CLI::Option*> precision_opts;
+  const std::string exact_weights_help =
+      "on a CPU without VNNI, keep a quantized model's layers with 8-bit weights in float, exactly as the file says "
+      "(default: their weights requantized to 7 bits, which these CPUs' int8 kernels compute exactly, and run int8)";
+
   precision_opts.push_back(inspect->add_option("--precision", precision,
                                                "with --compiled: fp32 (default), bf16 or auto, as run and bench take "
                                                "it (an artifact: its own unless given)")
@@ -2365,6 +2416,19 @@ int main(int argc, char** argv) {
   auto* ops = ondine::cli::add_ops_command(app, ops_args);
 
   try {
+    for (CLI::App* sub : {inspect, compile, run, bench})
+      sub->add_flag("--exact-int8-weights", g_exact_int8_weights, exact_weights_help);
+    compile->add_flag("--tune", g_tune,
+                      "with -o MODEL.ondine: time the kernel alternatives (conv layout and algorithm, Linear kernel) "
+                      "for this CPU's variant at the packing dims and store the fastest in the artifact, which its "
+                      "loader applies (a --conv-layout, --conv-algorithm or --matmul-kernel given at load wins)");
+    for (CLI::App* sub : {run, bench})
+      sub->add_flag("--tune", g_tune,
+                    "time the compiler's alternatives for this model on this CPU (conv layout and algorithm, Linear "
+                    "kernel, the precision unless --precision is given, 7-bit or exact int8 weights without VNNI) and "
+                    "keep the fastest; decisions are cached per model and machine (ONDINE_TUNE_CACHE, else "
+                    "~/.cache/ondine/tune.txt), so the next --tune compiles once. A --conv-layout, --conv-algorithm or "
+                    "--matmul-kernel given is kept");
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) ? 2 : 0;

@@ -217,6 +217,7 @@ struct Model {
   std::vector<std::string> bound_kept;        // the nodes the bound kept fp32 (save() stores them)
   bool bound_chose_fp32 = false;              // auto under the bound chose fp32
   bool int8 = false;                          // precision='int8': a quantized model, float layers fp32
+  std::string tuned;                          // tune=True: the tuner's decisions (lower::TuneResult::text)
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const {
     if (fixed) {
@@ -415,7 +416,7 @@ lower::ShapePlan parse_shape_plan(const std::string& s) {
 std::shared_ptr<Model> compile(const std::string& path, const std::optional<std::string>& precision_given,
                                std::optional<std::map<std::string, std::int64_t>> dims, int threads,
                                const std::string& passes, std::optional<double> max_error, py::object samples,
-                               std::size_t cache_size, const std::string& shape_plan) {
+                               std::size_t cache_size, const std::string& shape_plan, bool tune) {
   const lower::Precision p = parse_precision(precision_given.value_or("fp32"));
   const lower::ShapePlan plan = parse_shape_plan(shape_plan);
   make_pass_manager(passes);  // a bad pipeline is an error now, not at the first run
@@ -427,6 +428,9 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
     if (dims || max_error || !samples.is_none())
       throw Error("dims, max_error and samples are for ONNX models; an artifact keeps its symbolic dims and "
                   "specialises per call").in_file(path);
+    if (tune)
+      throw Error("tune=True is for ONNX models; an artifact keeps the choices it was compiled with "
+                  "(`ondine compile MODEL.onnx --tune -o MODEL.ondine` tunes them)").in_file(path);
     return load(path, threads, precision_given, cache_size, shape_plan);
   }
   auto m = std::make_shared<Model>();
@@ -450,6 +454,7 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
   }
   if (m->int8) check_int8_model(m->graph, path);
   const bool bounded = max_error || !samples.is_none();
+  if (bounded && tune) throw Error("tune=True and max_error bound the precision two ways: give one").in_file(path);
   if (bounded) {
     // lower::compile_bf16_within: bf16, nodes kept fp32 worst first until the outputs on the samples are
     // within max_error of fp32 (`ondine run --precision bf16 --max-error E` does the same on its inputs).
@@ -482,8 +487,16 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
     m->bound_chose_fp32 = r.chose_fp32;
     return m;
   }
+  if (tune && !symbolic_dims(m->graph).empty())
+    throw Error("tune=True times one shape: bind the symbolic dims with dims={...}").in_file(path);
   py::gil_scoped_release release;
   try {
+    if (tune) {  // lower/tune.hpp: the compiler's alternatives timed here; the precision too unless given
+      if (!precision_given) m->options.precision = lower::Precision::Auto;
+      lower::TuneResult r = lower::tune(m->graph, m->options);
+      m->options = r.options;
+      m->tuned = r.text();
+    }
     m->cache = std::make_unique<lower::ShapeCache>(m->graph.clone(), m->options, cache_size);
     // Static shapes compile now, so compile() reports what cannot compile (ONNX Runtime's sessions do the
     // same); symbolic ones compile per input shape on first use.
@@ -793,6 +806,8 @@ PYBIND11_MODULE(ondine, mod) {
                              [](const Model& m) { return m.cache ? m.cache->shape_plan_reason() : std::string("one shape"); },
                              "how shapes are run: 'shape-free: ...' (compiled once for any shape) or 'one plan per shape: "
                              "<why>'")
+      .def_property_readonly("tuned", [](const Model& m) { return m.tuned; },
+                             "compile(..., tune=True): each kernel choice the tuner kept, with its timings ('' without)")
       .def_property_readonly("error_bound", [](const Model& m) { return m.bound; },
                              "precision bf16/auto with max_error: the error, and the nodes kept fp32")
       .def("run", &run_dict, py::arg("input_feed"), py::kw_only(), py::arg("kv_cache") = py::none(),
@@ -856,13 +871,15 @@ PYBIND11_MODULE(ondine, mod) {
   mod.def("compile", &compile, py::arg("path"), py::kw_only(), py::arg("precision") = py::none(),
           py::arg("dims") = py::none(), py::arg("threads") = 0, py::arg("passes") = "default",
           py::arg("max_error") = py::none(), py::arg("samples") = py::none(), py::arg("cache_size") = 8,
-          py::arg("shape_plan") = "auto",
+          py::arg("shape_plan") = "auto", py::arg("tune") = false,
           "Compile an ONNX model (or load an artifact). precision: 'fp32' (default; an artifact: its own), 'bf16' "
           "(native bf16 CPUs), 'auto', or 'int8' (a quantized model, ondine.quantize: its int8 layers, fp32 "
           "elsewhere; a float model is refused); "
           "dims binds symbolic dims (others specialise per call); threads 0: OpenMP's default; passes: a "
           "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound. "
-          "shape_plan: 'auto' (symbolic dims of a transformer: compiled once for any shape), 'per-shape', 'shape-free'.");
+          "shape_plan: 'auto' (symbolic dims of a transformer: compiled once for any shape), 'per-shape', 'shape-free'. "
+          "tune=True (static shapes): time the compiler's alternatives on this CPU and keep the fastest (Model.tuned "
+          "says what), cached per model and machine (ONDINE_TUNE_CACHE).");
   mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = py::none(),
           py::arg("cache_size") = 8, py::arg("shape_plan") = "auto",
           "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`); precision: the artifact's own "

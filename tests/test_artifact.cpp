@@ -378,6 +378,40 @@ TEST_CASE("artifact: a bf16 variant stores its bf16 packings and the nodes kept 
   CHECK(test::rel_error(model.run(in).at("logits"), ReferenceExecutor(reference_graph).run(in).at("logits")) < 3e-2);
 }
 
+TEST_CASE("artifact: the tuner's kernel choices are stored, applied at load unless the caller sets them, and "
+          "an unknown one is refused naming the file",
+          "[artifact][tune]") {
+  Graph g = optimised("gated_encoder");
+  const std::string path = tmp_path("tuned.ondine");
+  artifact::Info info = lower::artifact_info(g, "gated_encoder", "default", 2);
+  info.tuned = "conv_layout=any,conv_algorithm=direct,matmul_kernel=gemm";
+  lower::save_artifact(g, path, info);
+  artifact::Artifact a = lower::load_artifact(path);
+  CHECK(a.info.tuned == info.tuned);
+  lower::CompileOptions loaded = lower::artifact_options({}, a);
+  CHECK(loaded.conv_layout == lower::ConvLayout::Any);
+  CHECK(loaded.conv_algorithm == lower::ConvAlgorithm::Direct);
+  CHECK(loaded.matmul_kernel == lower::MatMulKernel::Gemm);
+  lower::CompileOptions mine;
+  mine.conv_algorithm = lower::ConvAlgorithm::Winograd;  // the caller's wins
+  CHECK(lower::artifact_options(mine, a).conv_algorithm == lower::ConvAlgorithm::Winograd);
+  // Without choices (every artifact written before them): the built-in rules.
+  info.tuned.clear();
+  lower::save_artifact(g, path, info);
+  CHECK(lower::artifact_options({}, lower::load_artifact(path)).conv_layout == lower::ConvLayout::Auto);
+
+  info.tuned = "conv_algorithm=fft";
+  lower::save_artifact(g, path, info);
+  try {
+    lower::load_artifact(path);
+    FAIL("an unknown tuned choice loaded");
+  } catch (const Error& e) {
+    std::string what = e.what();
+    CHECK(what.find("conv_algorithm=fft") != std::string::npos);
+    CHECK(what.find(path) != std::string::npos);
+  }
+}
+
 TEST_CASE("artifact: a packing's source is looked up among the constants only", "[artifact]") {
   // A source the lowering derived and freed leaves a dangling address, which another packing's bytes may
   // reuse (seen with oneDNN capped at AVX2): it must not be taken for that packing's bytes, but stay a

@@ -165,6 +165,22 @@ def test_bf16_within_bound(images):
     assert rel_error(bounded.run({"input": images[:8]})["logits"], fp32) <= 0.01
 
 
+def test_tune(tmp_path, monkeypatch, images):
+    """tune=True: the knobs the MNIST CNN has, timed here; the tuned plan computes what the default one does;
+    the second compile takes the decisions from the cache file; symbolic dims and artifacts are refused."""
+    monkeypatch.setenv("ONDINE_TUNE_CACHE", str(tmp_path / "tune.txt"))
+    plain = ondine.compile(MNIST, dims={"batch": 8}).run({"input": images[:8]})["logits"]
+    tuned = ondine.compile(MNIST, dims={"batch": 8}, tune=True)
+    assert "conv_layout" in tuned.tuned and "(from the cache)" not in tuned.tuned
+    assert rel_error(tuned.run({"input": images[:8]})["logits"], plain) <= 1e-2  # bf16 may win, within its bound
+    again = ondine.compile(MNIST, dims={"batch": 8}, tune=True)
+    assert "(from the cache)" in again.tuned
+    assert (tmp_path / "tune.txt").read_text().startswith("ondine-tune 1\n")
+    assert ondine.compile(MNIST, dims={"batch": 8}).tuned == ""
+    with pytest.raises(ondine.Error, match="bind the symbolic dims"):
+        ondine.compile(MNIST, tune=True)
+
+
 def test_bf16_artifact(tmp_path, images):
     try:
         bf16 = ondine.compile(MNIST, precision="bf16", dims={"batch": 8})

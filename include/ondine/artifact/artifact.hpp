@@ -75,6 +75,7 @@ struct Info {
   bool requires_vnni = false;  // int8 layers with 8-bit weights: refused on CPUs without VNNI
   std::string unpacked;        // why the variant stores no packed weights ("" when it does)
   std::vector<std::string> keep_fp32;  // precision bf16: the nodes (names, globs) that stay float32
+  std::string tuned;  // the tuner's kernel choices, applied at load ("conv_layout=any,conv_algorithm=direct")
   std::size_t packings = 0;                        // filled by read(): the variant's packed weights
   std::uint64_t file_bytes = 0, weight_bytes = 0;  // filled by read()
 };
@@ -602,7 +603,8 @@ inline void write_variants(const std::vector<VariantData>& variants, const std::
     auto target = fb::CreateTarget(w.fbb, w.fbb.CreateString(info.isa), info.threads, w.fbb.CreateString(info.precision),
                                    w.fbb.CreateString(info.passes), info.requires_vnni,
                                    info.unpacked.empty() ? 0 : w.fbb.CreateString(info.unpacked),
-                                   info.keep_fp32.empty() ? 0 : w.fbb.CreateVectorOfStrings(info.keep_fp32));
+                                   info.keep_fp32.empty() ? 0 : w.fbb.CreateVectorOfStrings(info.keep_fp32),
+                                   info.tuned.empty() ? 0 : w.fbb.CreateString(info.tuned));
     stored.push_back(fb::CreateVariant(w.fbb, target, graph, packed_vec, dims_vec, w.take_data_hash()));
   }
   auto signature = w.signature(*variants.front().graph);
@@ -734,6 +736,7 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
     info.unpacked = detail::Reader::str(t->unpacked());
     if (t->keep_fp32())
       for (const flatbuffers::String* k : *t->keep_fp32()) info.keep_fp32.push_back(detail::Reader::str(k));
+    info.tuned = detail::Reader::str(t->tuned());
     info.packings = v->packings() ? v->packings()->size() : 0;
     info.file_bytes = size;
     info.weight_bytes = weight_bytes;

@@ -129,6 +129,38 @@ inline void prepare_for_passes(Graph& g) {
   detail::inline_constant_captures(g);
 }
 
+// Sets the kernel choices an artifact stores (Info::tuned: "conv_layout=any,conv_algorithm=direct", what
+// lower::tune decided when it was compiled) on `options`, where the caller left them Auto: a caller's
+// setting wins. Names of other decisions (precision: the variant's own) are skipped; a value this version
+// does not know is an Error, as a target ISA it does not know is.
+inline void apply_tuned(const std::string& tuned, CompileOptions& options) {
+  std::size_t begin = 0;
+  while (begin < tuned.size()) {
+    std::size_t end = tuned.find(',', begin);
+    if (end == std::string::npos) end = tuned.size();
+    const std::string item = tuned.substr(begin, end - begin);
+    begin = end + 1;
+    const std::size_t eq = item.find('=');
+    const std::string knob = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    auto bad = [&] { return Error("tuned kernel choice '" + item + "' is not one this Ondine knows"); };
+    if (knob == "conv_layout") {
+      const ConvLayout l = value == "auto" ? ConvLayout::Auto : value == "any" ? ConvLayout::Any
+                           : value == "blocked" ? ConvLayout::ChannelBlocked : throw bad();
+      if (options.conv_layout == ConvLayout::Auto) options.conv_layout = l;
+    } else if (knob == "conv_algorithm") {
+      const ConvAlgorithm a = value == "auto" ? ConvAlgorithm::Auto : value == "direct" ? ConvAlgorithm::Direct
+                              : value == "winograd" ? ConvAlgorithm::Winograd : throw bad();
+      if (options.conv_algorithm == ConvAlgorithm::Auto) options.conv_algorithm = a;
+    } else if (knob == "matmul_kernel") {
+      const MatMulKernel k = value == "auto" ? MatMulKernel::Auto : value == "gemm" ? MatMulKernel::Gemm
+                             : value == "conv1x1" ? MatMulKernel::Conv1x1 : throw bad();
+      if (options.matmul_kernel == MatMulKernel::Auto) options.matmul_kernel = k;
+    } else if (knob != "precision" && knob != "int8_weights") {
+      throw bad();
+    }
+  }
+}
+
 // Whether this CPU and this oneDNN may run the artifact `a` (read from `path`): an Error naming it if not.
 inline void check_loadable(const artifact::Artifact& a, const std::string& path) {
   const std::string here = onednn_version();
@@ -146,6 +178,12 @@ inline void check_loadable(const artifact::Artifact& a, const std::string& path)
     throw Error("its variant " + a.info.isa + " runs in bf16, which needs native bf16; this CPU has " +
                 effective_isa().name + ": recompile the model with precision fp32 or auto")
         .in_file(path);
+  try {
+    CompileOptions probe;
+    apply_tuned(a.info.tuned, probe);
+  } catch (Error& e) {
+    throw e.in_file(path);
+  }
 }
 // The artifact at `path`, read, checked (artifact::read), its best variant for this CPU chosen
 // (choose_variant) and checked against this CPU and this oneDNN.
@@ -163,12 +201,13 @@ inline artifact::Artifact load_artifact_memory(const void* data, std::size_t siz
 
 // The weights of `optimised` packed as compile() packs them here, for an artifact: symbolic dims bound to
 // `dims` (others to 1), `threads` threads, float layers in `precision` but those `keep_fp32` names (bf16
-// weights are packed as bf16). `dims` gets the bindings used.
+// weights are packed as bf16), the kernels `tuned` chose (apply_tuned). `dims` gets the bindings used.
 inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int threads,
                                                     std::map<std::string, std::int64_t>& dims,
                                                     std::shared_ptr<PackedWeights>& keep,
                                                     Precision precision = Precision::Fp32,
-                                                    const std::vector<std::string>& keep_fp32 = {}) {
+                                                    const std::vector<std::string>& keep_fp32 = {},
+                                                    const std::string& tuned = "") {
   Graph bound = optimised.clone();
   std::map<std::string, std::int64_t> used;  // the graph's own symbols: given, else 1
   for (const std::string& symbol : symbolic_dims(optimised)) {
@@ -182,6 +221,7 @@ inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int 
   options.passes = "none";
   options.precision = precision;
   options.keep_fp32 = keep_fp32;
+  apply_tuned(tuned, options);
   keep = std::make_shared<PackedWeights>();
   options.packed_weights = keep;
   compile(std::move(bound), options);
@@ -228,6 +268,7 @@ inline CompileOptions artifact_options(CompileOptions options) {
 }
 inline CompileOptions artifact_options(CompileOptions options, const artifact::Artifact& a) {
   options.passes = "none";
+  apply_tuned(a.info.tuned, options);  // (check_loadable checked it parses)
   options.packed_weights = preload_packings(a);
   options.precision = artifact_precision(a.info);
   options.keep_fp32.insert(options.keep_fp32.end(), a.info.keep_fp32.begin(), a.info.keep_fp32.end());
@@ -244,7 +285,7 @@ inline std::string save_artifact(const Graph& optimised, const std::string& path
   std::vector<artifact::Packing> packings;
   if (packed) {
     try {
-      packings = make_packings(optimised, info.threads, dims, keep, artifact_precision(info), info.keep_fp32);
+      packings = make_packings(optimised, info.threads, dims, keep, artifact_precision(info), info.keep_fp32, info.tuned);
       info.unpacked.clear();
     } catch (const Error& e) {
       info.unpacked = std::string("compiling at the packing dims failed: ") + e.what();

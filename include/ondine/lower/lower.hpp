@@ -14,6 +14,7 @@
 #include "ondine/lower/compiler.hpp"
 #include "ondine/lower/error_bound.hpp"
 #include "ondine/lower/isa.hpp"
+#include "ondine/lower/tune.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/quant/qdq.hpp"
 #include "ondine/quant/quantize_dynamic.hpp"

@@ -1255,7 +1255,8 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_PASSES = 10,
     VT_REQUIRES_VNNI = 12,
     VT_UNPACKED = 14,
-    VT_KEEP_FP32 = 16
+    VT_KEEP_FP32 = 16,
+    VT_TUNED = 18
   };
   const flatbuffers::String *isa() const {
     return GetPointer<const flatbuffers::String *>(VT_ISA);
@@ -1278,6 +1279,9 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *keep_fp32() const {
     return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_KEEP_FP32);
   }
+  const flatbuffers::String *tuned() const {
+    return GetPointer<const flatbuffers::String *>(VT_TUNED);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_ISA) &&
@@ -1293,6 +1297,8 @@ struct Target FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyOffset(verifier, VT_KEEP_FP32) &&
            verifier.VerifyVector(keep_fp32()) &&
            verifier.VerifyVectorOfStrings(keep_fp32()) &&
+           VerifyOffset(verifier, VT_TUNED) &&
+           verifier.VerifyString(tuned()) &&
            verifier.EndTable();
   }
 };
@@ -1322,6 +1328,9 @@ struct TargetBuilder {
   void add_keep_fp32(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> keep_fp32) {
     fbb_.AddOffset(Target::VT_KEEP_FP32, keep_fp32);
   }
+  void add_tuned(flatbuffers::Offset<flatbuffers::String> tuned) {
+    fbb_.AddOffset(Target::VT_TUNED, tuned);
+  }
   explicit TargetBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -1341,8 +1350,10 @@ inline flatbuffers::Offset<Target> CreateTarget(
     flatbuffers::Offset<flatbuffers::String> passes = 0,
     bool requires_vnni = false,
     flatbuffers::Offset<flatbuffers::String> unpacked = 0,
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> keep_fp32 = 0) {
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> keep_fp32 = 0,
+    flatbuffers::Offset<flatbuffers::String> tuned = 0) {
   TargetBuilder builder_(_fbb);
+  builder_.add_tuned(tuned);
   builder_.add_keep_fp32(keep_fp32);
   builder_.add_unpacked(unpacked);
   builder_.add_passes(passes);
@@ -1361,12 +1372,14 @@ inline flatbuffers::Offset<Target> CreateTargetDirect(
     const char *passes = nullptr,
     bool requires_vnni = false,
     const char *unpacked = nullptr,
-    const std::vector<flatbuffers::Offset<flatbuffers::String>> *keep_fp32 = nullptr) {
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *keep_fp32 = nullptr,
+    const char *tuned = nullptr) {
   auto isa__ = isa ? _fbb.CreateString(isa) : 0;
   auto precision__ = precision ? _fbb.CreateString(precision) : 0;
   auto passes__ = passes ? _fbb.CreateString(passes) : 0;
   auto unpacked__ = unpacked ? _fbb.CreateString(unpacked) : 0;
   auto keep_fp32__ = keep_fp32 ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*keep_fp32) : 0;
+  auto tuned__ = tuned ? _fbb.CreateString(tuned) : 0;
   return ondine::artifact::fb::CreateTarget(
       _fbb,
       isa__,
@@ -1375,7 +1388,8 @@ inline flatbuffers::Offset<Target> CreateTargetDirect(
       passes__,
       requires_vnni,
       unpacked__,
-      keep_fp32__);
+      keep_fp32__,
+      tuned__);
 }
 
 struct Packing FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
