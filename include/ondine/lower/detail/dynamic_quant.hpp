@@ -519,27 +519,15 @@ inline bool lower_dyn_qmatmul(Lowering& L, const Node& n) {
 }
 
 inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
-  namespace geo = ::ondine::infer::detail_nn;
   if (!dyn_operands_ok(n)) return false;
   const Value *x = n.input(0), *x_scale = n.input(1), *x_zero = n.input(2), *w = n.input(3),
               *b = n.num_inputs() > 4 ? n.input(4) : nullptr;
   const Value* y = n.output(0);
   Dims xd = x->shape().sizes(), wd = w->shape().sizes(), yd = y->shape().sizes();
+  const std::optional<ConvGeometry> geometry = conv_geometry(n, xd, wd, yd);
+  if (!geometry) return false;
+  const auto& [group, oc, kernel, dilates, weight_dims, win, r] = *geometry;
   const std::size_t rank = xd.size();
-  if (rank < 3 || rank > 5 || wd.size() != rank || yd.size() != rank) return false;
-  std::int64_t group = n.attr_int("group", 1), oc = wd[0];
-  if (group <= 0 || xd[1] != wd[1] * group || oc % group != 0 || yd[1] != oc) return false;
-  Dims kernel(wd.begin() + 2, wd.end()), spatial(xd.begin() + 2, xd.end());
-  geo::Window win = geo::read_window(n, kernel);
-  geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
-  if (r.out != Dims(yd.begin() + 2, yd.end())) return false;
-  Dims dilates = win.dilations;
-  for (auto& d : dilates) d -= 1;
-  Dims weight_dims = wd;
-  if (group > 1) {
-    weight_dims = {group, oc / group, wd[1]};
-    weight_dims.insert(weight_dims.end(), kernel.begin(), kernel.end());
-  }
   std::string why;
   bool int8 = dynq::exact_in_int8(w->constant(), why);
   // Weights beyond int8 in a 2-D convolution, with VNNI: shifted into int8 and compensated. Not with

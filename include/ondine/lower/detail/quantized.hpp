@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -164,8 +165,39 @@ inline bool prefer_jit_int8_1x1(const Dims& kernel, const Dims& strides) {
   return amd_vnni;
 }
 
-inline bool lower_qconv(Lowering& L, const Node& n) {
+// A convolution's geometry for oneDNN: the window resolved against the source, the dilations as oneDNN
+// counts them (minus 1), the weights' dims with the group split out. Empty when the dims of x, w and y do
+// not agree (rank 3 to 5, channels, output size).
+struct ConvGeometry {
+  std::int64_t group = 1, out_channels = 0;
+  Dims kernel, dilates, weight_dims;
+  ::ondine::infer::detail_nn::Window win;
+  ::ondine::infer::detail_nn::ResolvedWindow r;
+};
+inline std::optional<ConvGeometry> conv_geometry(const Node& n, const Dims& xd, const Dims& wd, const Dims& yd) {
   namespace geo = ::ondine::infer::detail_nn;
+  const std::size_t rank = xd.size();
+  if (rank < 3 || rank > 5 || wd.size() != rank || yd.size() != rank) return std::nullopt;
+  ConvGeometry c;
+  c.group = n.attr_int("group", 1);
+  c.out_channels = wd[0];
+  if (c.group <= 0 || xd[1] != wd[1] * c.group || c.out_channels % c.group != 0 || yd[1] != c.out_channels)
+    return std::nullopt;
+  c.kernel.assign(wd.begin() + 2, wd.end());
+  c.win = geo::read_window(n, c.kernel);
+  c.r = geo::resolve_window(n, c.win, Dims(xd.begin() + 2, xd.end()));
+  if (c.r.out != Dims(yd.begin() + 2, yd.end())) return std::nullopt;
+  c.dilates = c.win.dilations;
+  for (auto& d : c.dilates) d -= 1;
+  c.weight_dims = wd;
+  if (c.group > 1) {
+    c.weight_dims = {c.group, c.out_channels / c.group, wd[1]};
+    c.weight_dims.insert(c.weight_dims.end(), c.kernel.begin(), c.kernel.end());
+  }
+  return c;
+}
+
+inline bool lower_qconv(Lowering& L, const Node& n) {
   using namespace quant;
   const Value* x = n.input(0);
   const Value* w = n.input(1);
@@ -177,21 +209,9 @@ inline bool lower_qconv(Lowering& L, const Node& n) {
   if (b && (!b->is_constant() || b->dtype() != DType::Float32)) return false;
   if (s && (!int8_dtype(s->dtype()) || a.output_type == DType::Float32 || !a.has_sum)) return false;
   Dims xd = x->shape().sizes(), wd = w->shape().sizes(), yd = y->shape().sizes();
-  std::size_t rank = xd.size();
-  if (rank < 3 || rank > 5 || wd.size() != rank || yd.size() != rank) return false;
-  std::int64_t group = n.attr_int("group", 1), oc = wd[0];
-  if (group <= 0 || xd[1] != wd[1] * group || oc % group != 0 || yd[1] != oc) return false;
-  Dims kernel(wd.begin() + 2, wd.end()), spatial(xd.begin() + 2, xd.end());
-  geo::Window win = geo::read_window(n, kernel);
-  geo::ResolvedWindow r = geo::resolve_window(n, win, spatial);
-  if (r.out != Dims(yd.begin() + 2, yd.end())) return false;
-  Dims dilates = win.dilations;
-  for (auto& d : dilates) d -= 1;
-  Dims weight_dims = wd;
-  if (group > 1) {
-    weight_dims = {group, oc / group, wd[1]};
-    weight_dims.insert(weight_dims.end(), kernel.begin(), kernel.end());
-  }
+  const std::optional<ConvGeometry> geometry = conv_geometry(n, xd, wd, yd);
+  if (!geometry) return false;
+  const auto& [group, oc, kernel, dilates, weight_dims, win, r] = *geometry;
 
   dnnl::post_ops ops;
   std::string post;
