@@ -172,7 +172,9 @@ def test_tune(tmp_path, monkeypatch, images):
     plain = ondine.compile(MNIST, dims={"batch": 8}).run({"input": images[:8]})["logits"]
     tuned = ondine.compile(MNIST, dims={"batch": 8}, tune=True)
     assert "conv_layout" in tuned.tuned and "(from the cache)" not in tuned.tuned
-    assert rel_error(tuned.run({"input": images[:8]})["logits"], plain) <= 1e-2  # bf16 may win, within its bound
+    # bf16 may win (its bound was measured on seeded inputs, these are digits); else the same numbers
+    bound = 3e-2 if "precision = bf16" in tuned.tuned else 1e-4
+    assert rel_error(tuned.run({"input": images[:8]})["logits"], plain) <= bound
     again = ondine.compile(MNIST, dims={"batch": 8}, tune=True)
     assert "(from the cache)" in again.tuned
     assert (tmp_path / "tune.txt").read_text().startswith("ondine-tune 1\n")
