@@ -338,7 +338,7 @@ inline std::vector<Knob> knobs_for(const Graph& g, const CompileOptions& base, c
   return knobs;
 }
 
-// Sets `o`'s knobs from a decisions string ("conv_layout=blocked,precision=bf16"); false when one does not parse.
+// Sets `o`'s knobs from a decisions string ("conv_layout=any,precision=bf16"); false when one does not parse.
 inline bool apply(const std::string& decisions, const std::vector<Knob>& knobs, CompileOptions& o,
                   std::vector<TuneDecision>& out) {
   std::istringstream in(decisions);
