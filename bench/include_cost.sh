@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Include cost: seconds to compile (g++ -O2 -c) a translation unit that includes one of Ondine's entry
-# headers and uses nothing, median of N runs (default 3). Goals (issue 20): ondine/ondine.hpp under 8 s,
+# headers and uses nothing, median of N runs (default 3). Goals: ondine/ondine.hpp under 8 s,
 # ondine/runtime.hpp under 3 s on the 2-core build machines. Run it on a quiet machine.
 #   bench/include_cost.sh [RUNS] [ONDINE]
 # With ONDINE (the built tool, e.g. build/examples/ondine) it also measures the header `ondine header` generates

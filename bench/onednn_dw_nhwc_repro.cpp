@@ -2,7 +2,7 @@
 // 1x1 convolution 16 -> 96 channels at 112x112 followed by a 3x3 stride-2 depthwise, fused, against the same two
 // convolutions run one after the other. In nChw16c the fused jit_1x1 kernel matches; in channels-last (nhwc,
 // the layout Ondine's convolutions use here) it does not: max |difference| 6 of max |output| 3.6 on an AVX-512
-// Zen 4 (2026-11-26), which is why the lowering does not fuse 1x1 + depthwise (docs/performance.md).
+// Zen 4, which is why the lowering fuses 1x1 + depthwise only channel-blocked (docs/performance.md).
 // Prints one line per layout; exit status 1 when a fused kernel differs by more than 1e-4.
 #include <algorithm>
 #include <cmath>

@@ -63,7 +63,7 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512),
           "roihead_pt": ("image", "roi", 800), "resnet18_pt": ("image", "image", 0),
           "unet_pt": ("image", "mask", 256), "unet_fp16_pt": ("image", "mask", 256),
-          "unet_dynq_pt": ("image", "mask", 256)}
+          "unet_dynq_pt": ("image", "mask", 256), "faceembed_pt": ("face", "face", 112)}
 
 
 def model_path(models_dir, model):
@@ -92,7 +92,7 @@ def write_input(model, batch, directory):
     frame [batch, 512] and LSTM state h, c [2, batch, 64]); returns ["name=file", ...]."""
     name, kind, seq = INPUTS[model]
     rng = np.random.default_rng(batch)
-    if kind in ("text", "segment", "mask"):  # [batch, 3, size, size] images in [0, 1] (a page, a street scene)
+    if kind in ("text", "segment", "mask", "face"):  # [batch, 3, size, size] images in [0, 1] (a page, a street scene)
         arrays = {name: rng.random((batch, 3, seq, seq), dtype=np.float32)}
     elif kind == "detector":  # one [3, 320, 320] image in [0, 1] (torchvision detectors take no batch dim)
         arrays = {name: rng.random((3, 320, 320), dtype=np.float32)}

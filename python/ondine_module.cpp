@@ -515,15 +515,16 @@ std::shared_ptr<Model> load(const std::string& path, int threads, const std::opt
   auto m = std::make_shared<Model>();
   m->source = path;
   m->options.threads = threads;
-  const std::optional<lower::Precision> given =
-      precision ? std::optional<lower::Precision>(parse_precision(*precision)) : std::nullopt;
+  // (a plain pair, not std::optional: GCC 12 warns falsely that the optional's value may be uninitialized)
+  const bool precision_given = precision.has_value();
+  const lower::Precision given = precision_given ? parse_precision(*precision) : lower::Precision::Fp32;
   py::gil_scoped_release release;
   artifact::Artifact a = lower::load_artifact(path);
   m->artifact = a.info;
   m->dims = a.packing_dims;
   m->graph = a.graph.clone();
   m->options = lower::artifact_options(m->options, a);
-  if (given) m->options.precision = *given;
+  if (precision_given) m->options.precision = given;
   m->options.shape_plan = plan;
   m->int8 = precision == "int8";
   if (m->int8) check_int8_model(a.graph, path);

@@ -1433,6 +1433,70 @@ def torch_unet(rng, bench=False):
                             "Conv-BN-ReLU pairs, MaxPool, ConvTranspose 2x2, skip Concat, 1x1 head")
 
 
+def torch_face_embedding(rng, bench=False):
+    import torch
+    from torch import nn
+
+    # MobileFaceNet (Chen et al. 2018), the shape face-recognition packages ship: Conv-BN-PReLU with one PReLU
+    # slope per channel, inverted-residual bottlenecks (1x1 expand + PReLU, depthwise 3x3 + PReLU, linear 1x1
+    # projection), a global depthwise 7x7 conv instead of pooling, a linear 1x1 to the embedding. Benchmark: the
+    # paper's widths on 112x112 faces (0.23 GFLOP); corpus: a quarter of them on 56x56.
+    k = 1 if bench else 4
+    size = 112 if bench else 56
+    # (expansion, channels, repeats, stride) per stage, the paper's table 1
+    stages = [(2, 64, 5, 2), (4, 128, 1, 2), (2, 128, 6, 1), (4, 128, 1, 2), (2, 128, 2, 1)]
+    if not bench:
+        stages = [(t, c, min(n, 2), s) for t, c, n, s in stages]
+
+    def conv_bn(cin, cout, kernel, stride=1, groups=1, prelu=True):
+        layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2 if kernel == 3 else 0, groups=groups, bias=False),
+                  nn.BatchNorm2d(cout)]
+        return nn.Sequential(*(layers + [nn.PReLU(cout)] if prelu else layers))
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, cout, expansion, stride):
+            super().__init__()
+            mid = cin * expansion
+            self.residual = stride == 1 and cin == cout
+            self.body = nn.Sequential(conv_bn(cin, mid, 1), conv_bn(mid, mid, 3, stride, groups=mid),
+                                      conv_bn(mid, cout, 1, prelu=False))
+
+        def forward(self, x):
+            return x + self.body(x) if self.residual else self.body(x)
+
+    class FaceEmbedding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            width = 64 // k
+            layers = [conv_bn(3, width, 3, 2), conv_bn(width, width, 3, groups=width)]
+            for t, c, n, s in stages:
+                for i in range(n):
+                    layers.append(Bottleneck(width, c // k, t, s if i == 0 else 1))
+                    width = c // k
+            layers.append(conv_bn(width, 512 // k, 1))
+            self.features = nn.Sequential(*layers)
+            side = -(-size // 16)  # four stride-2 layers, each rounding up
+            self.gdc = conv_bn(512 // k, 512 // k, side, groups=512 // k, prelu=False)  # global depthwise
+            self.embed = nn.Sequential(nn.Conv2d(512 // k, 128 // k, 1, bias=False), nn.BatchNorm2d(128 // k))
+
+        def forward(self, face):
+            return torch.flatten(self.embed(self.gdc(self.features(face))), 1)
+
+    module = FaceEmbedding()
+    spread_init(module, (nn.Conv2d,))
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.PReLU):  # slopes per channel around PReLU's 0.25, as trained ones are
+                m.weight.copy_(torch.from_numpy(rng.uniform(0.05, 0.5, m.weight.shape).astype(np.float32)))
+            if isinstance(m, Bottleneck) and m.residual:  # small residual branches, as trained ones start
+                m.body[-1][1].weight.uniform_(0.1, 0.3)
+    shapes = [(1, 3, size, size), (4, 3, size, size)]
+    cases = [{"face": rng.random(shape, dtype=np.float32)} for shape in shapes]
+    return TorchSpec(module, 13, ["face"], ["embedding"], {"face": {0: "batch"}, "embedding": {0: "batch"}},
+                     cases, f"MobileFaceNet-style face embedding ({size}x{size}): Conv-BN-PReLU per channel, "
+                            "inverted residuals, global depthwise conv, linear embedding")
+
+
 def torch_roi_box_head(rng, bench=False):
     import torch
     import torchvision
@@ -1708,6 +1772,7 @@ TORCH_MODELS = {
     "convnext_blocks": torch_convnext_blocks,
     "token_pool": torch_token_pool,
     "unet": torch_unet,
+    "face_embedding": torch_face_embedding,
     "unet_fp16": lambda rng, bench=False: float16_spec(torch_unet(rng, bench)),
     "unet_dynq": lambda rng, bench=False: dynamic_quant_spec(torch_unet(rng, bench)),
 }
@@ -1719,7 +1784,7 @@ TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vi
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
                "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head",
                "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv", "unet_fp16_pt": "unet_fp16",
-               "unet_dynq_pt": "unet_dynq"}
+               "unet_dynq_pt": "unet_dynq", "faceembed_pt": "face_embedding"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 

@@ -1438,6 +1438,58 @@ TEST_CASE("lower: a binary op stays its own step where it cannot be a post-op (m
   }
 }
 
+TEST_CASE("lower: a PRelu with a slope per channel runs in place on its conv's output, elsewhere on its input's "
+          "layout (1e-4)", "[lower][fusion]") {
+  // MobileFaceNet's layers (PyTorch's nn.PReLU(C): slopes [C, 1, 1]): Conv-BN-PReLU, the expansion 1x1 before a
+  // depthwise, a residual add then PReLU (IR-ResNet), a one-slope PReLU (a LeakyRelu), and one on a graph input.
+  for (const lower::ConvAlgorithm algorithm : {lower::ConvAlgorithm::Auto, lower::ConvAlgorithm::Winograd}) {
+    for (const lower::ConvLayout layout : {lower::ConvLayout::Auto, lower::ConvLayout::Any}) {
+      Builder b;
+      Value* x = b.input("x", {2, 16, 10, 10});
+      Value* y = b.op("PRelu", {b.batchnorm(b.conv(x, 16, 16, 3, {{"pads", Dims{1, 1, 1, 1}}}), 16),
+                                b.positive({16, 1, 1}, 0.05f, 0.5f)});
+      Value* expanded = b.op("PRelu", {b.conv(y, 24, 16, 1), b.positive({24, 1, 1}, 0.05f, 0.5f)});
+      Value* dw = b.conv(expanded, 24, 1, 3, {{"pads", Dims{1, 1, 1, 1}}, {"group", std::int64_t{24}}});
+      Value* projected = b.conv(b.op("PRelu", {dw, b.positive({24, 1, 1}, 0.05f, 0.5f)}), 16, 24, 1);
+      Value* residual = b.op("PRelu", {b.op("Add", {projected, y}), b.positive({1, 16, 1, 1}, 0.05f, 0.5f)});
+      b.g.add_output(b.op("PRelu", {residual, b.positive({1}, 0.1f, 0.2f)}));
+      b.g.add_output(b.op("PRelu", {x, b.positive({16, 1, 1}, 0.05f, 0.5f)}));
+      lower::CompileOptions opts;
+      opts.conv_algorithm = algorithm;
+      opts.conv_layout = layout;
+      CompiledModel m = check_graph(b.g, 1e-4, opts);
+      INFO(m.to_text());
+      std::size_t in_place = 0;
+      for (const auto& s : m.steps()) {
+        CHECK(s.implementation.rfind("ref", 0) != 0);
+        in_place += s.op == "PRelu" && s.detail.rfind("in place", 0) == 0;
+      }
+      CHECK(in_place == 4);                 // each conv's, the residual's after its sum
+      CHECK(count_op(m, "PRelu") == 6);     // + the one-slope one (eltwise relu) and the graph input's
+      CHECK(count_op(m, "Reorder") <= 2);   // no reorders around the PRelus (the input's and output's at most)
+    }
+  }
+}
+
+TEST_CASE("lower: PRelu stays its own step where a conv cannot take it (must not fire) (1e-4)",
+          "[lower][fusion][must-not-fire]") {
+  Builder b;
+  Value* x = b.input("x", {1, 16, 6, 6});
+  Value* c1 = b.conv(x, 16, 16, 1);
+  b.g.add_output(c1);  // also a graph output: the conv must write it as it is
+  b.g.add_output(b.op("PRelu", {c1, b.positive({16, 1, 1}, 0.05f, 0.5f)}));
+  Value* c2 = b.conv(x, 16, 16, 1);  // slopes along the width, not per channel
+  b.g.add_output(b.op("PRelu", {c2, b.positive({1, 1, 6}, 0.05f, 0.5f)}));
+  Value* c3 = b.conv(x, 16, 16, 1);  // slopes computed at run time
+  b.g.add_output(b.op("PRelu", {c3, b.input("slope", {16, 1, 1})}));
+  lower::CompileOptions opts;
+  opts.passes = "none";
+  CompiledModel m = check_graph(b.g, 1e-4, opts);
+  INFO(m.to_text());
+  CHECK(count_op(m, "PRelu") == 3);
+  for (const auto& s : m.steps()) CHECK(s.detail.rfind("in place", 0) == std::string::npos);
+}
+
 TEST_CASE("lower: activation chains that repeat an eltwise algorithm stay exact (oneDNN 2.6 injector bug) (1e-4)",
           "[lower][fusion]") {
   // conv -> HardSigmoid (linear, clip) -> Neg (linear again, other parameters): as one post-op chain

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "ondine/lower/lower.hpp"
+#include "ondine/lower/artifact.hpp"
+#include "ondine/lower/int8_plan.hpp"
 #include "ondine/lower/tune.hpp"
 #include "ondine/reference/executor.hpp"
 #include "support.hpp"
@@ -167,6 +169,164 @@ TEST_CASE("tune: an input with symbolic dims is an error naming it", "[tune]") {
   lower::TuneOptions t;
   t.cache_path = "none";
   CHECK_THROWS_WITH(lower::tune(g, {}, t), Catch::Contains("'tokens'") && Catch::Contains("bind its symbolic dims"));
+}
+
+// The choice each step reports (StepInfo::choice), by the step's op: the first step of that op with one.
+std::string choice_of(const CompiledModel& m, const std::string& op) {
+  for (const auto& s : m.steps())
+    if (s.op == op && !s.choice.empty()) return s.choice;
+  return "";
+}
+
+TEST_CASE("per-step report: each alternative taken says whether a heuristic, the tuner or an option chose it",
+          "[tune][report]") {
+  Graph g = conv_and_linear();
+  lower::CompileOptions options;
+  options.threads = 1;
+  const bool avx2 = lower::isa_runs_on(lower::CpuIsa::Avx2, lower::effective_isa().isa);
+
+  CompiledModel heuristic = lower::compile(g, options);
+  INFO(heuristic.to_text());
+  if (avx2) CHECK(choice_of(heuristic, "Conv").find("layout blocked (heuristic)") != std::string::npos);
+  CHECK(choice_of(heuristic, "MatMul").find("(heuristic)") != std::string::npos);
+  CHECK(heuristic.to_text().find("[layout ") != std::string::npos);  // to_text (inspect --compiled) shows it
+
+  lower::CompileOptions forced = options;
+  forced.conv_algorithm = lower::ConvAlgorithm::Direct;
+  forced.matmul_kernel = lower::MatMulKernel::Gemm;
+  CompiledModel by_option = lower::compile(g, forced);
+  INFO(by_option.to_text());
+  if (avx2) CHECK(choice_of(by_option, "Conv").find("direct (option)") != std::string::npos);
+  CHECK(choice_of(by_option, "MatMul") == "gemm (option)");
+
+  // As an artifact's stored decisions (or lower::tune) set them: "tuned"; a caller's own setting still wins.
+  lower::CompileOptions tuned = options;
+  lower::apply_tuned("conv_algorithm=winograd,matmul_kernel=gemm", tuned);
+  CHECK(tuned.choice_origins.at("conv_algorithm") == "tuned");
+  CompiledModel by_tuner = lower::compile(g, tuned);
+  INFO(by_tuner.to_text());
+  if (avx2) CHECK(choice_of(by_tuner, "Conv").find("winograd (tuned)") != std::string::npos);
+  CHECK(choice_of(by_tuner, "MatMul") == "gemm (tuned)");
+  lower::CompileOptions caller = forced;
+  lower::apply_tuned("conv_algorithm=winograd", caller);
+  CHECK(caller.conv_algorithm == lower::ConvAlgorithm::Direct);
+  CHECK(caller.choice_origins.count("conv_algorithm") == 0);
+
+  if (lower::effective_isa().bf16_native) {  // the precision per step, and a node kept float32
+    lower::CompileOptions bf16 = options;
+    bf16.precision = lower::Precision::Bf16;
+    bf16.keep_fp32 = {"MatMul*"};
+    CompiledModel m = lower::compile(g, bf16);
+    INFO(m.to_text());
+    CHECK(choice_of(m, "Conv").find("bf16 (option)") != std::string::npos);
+    CHECK(choice_of(m, "MatMul").find("fp32 (keep_fp32)") != std::string::npos);
+    bf16.precision = lower::Precision::Auto;
+    bf16.keep_fp32.clear();
+    if (lower::effective_isa().bf16_faster)
+      CHECK(choice_of(lower::compile(g, bf16), "Conv").find("bf16 (heuristic)") != std::string::npos);
+  }
+}
+
+TEST_CASE("peak rates: measured on this CPU once, kept in the tune cache, a corrupt file measured over",
+          "[tune][int8]") {
+  const std::string path = temp_path("tune_cache_peak.txt");
+  lower::PeakRates measured = lower::measure_peak_rates(path, /*store_under_load=*/true);
+  INFO(measured.source);
+  CHECK(measured.source.rfind("measured here", 0) == 0);  // "under load, not cached" while other tests run
+  CHECK(measured.fp32 > 1e9);  // any CPU oneDNN runs on: over a GFLOP/s on one core
+  CHECK(measured.int8 > 1e9);
+  const std::string stored = read_all(path);
+  CHECK(stored.find("\npeak;cpu=") != std::string::npos);
+  CHECK(stored.find(";isa=" + std::string(lower::effective_isa().name) + "\tfp32=") != std::string::npos);
+
+  // A second process reads them (a planted value shows it is not measured again); the tuner's own entries stay.
+  const std::string key = stored.substr(stored.find("peak;"), stored.find('\t', stored.find("peak;")) - stored.find("peak;"));
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "ondine-tune 1\n" << key << "\tfp32=123.0,int8=456.0\n";
+  }
+  lower::PeakRates cached = lower::measure_peak_rates(path);
+  CHECK(cached.fp32 == Approx(123e9));
+  CHECK(cached.int8 == Approx(456e9));
+  CHECK(cached.source == "measured here, cached in " + path);
+  CHECK(lower::int8_plan(lower::compile(conv_and_linear()), cached).rates.fp32 == Approx(123e9));
+
+  {  // another CPU's entry is not read; a file that does not parse is measured over and rewritten
+    std::ofstream out(path, std::ios::trunc);
+    out << "ondine-tune 1\npeak;cpu=Some Other CPU;isa=avx2\tfp32=1.0,int8=1.0\n";
+  }
+  CHECK(lower::measure_peak_rates(path, true).source.rfind("measured here", 0) == 0);
+  CHECK(lower::measure_peak_rates(path, true).source == "measured here, cached in " + path);  // this CPU's now
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "not a cache\n";
+  }
+  CHECK(lower::measure_peak_rates(path, true).source.rfind("measured here", 0) == 0);
+  CHECK(read_all(path).rfind("ondine-tune 1\n", 0) == 0);
+  CHECK(lower::measure_peak_rates("none").source.rfind("measured here", 0) == 0);
+}
+
+TEST_CASE("tune per step: a node's own algorithm or precision, stored as decisions naming the node", "[tune][report]") {
+  namespace tn = lower::detail::tune;
+  CHECK(tn::decode_name(tn::encode_name("a,b=c@d%e\tf")) == "a,b=c@d%e\tf");
+  CHECK(tn::encode_name("a,b") == "a%2Cb");
+  Graph g = conv_and_linear();
+  std::vector<std::string> convs;
+  for (Node* n : g.topo_order())
+    if (n->op_type() == "Conv") {  // unique names, one with the characters decisions separate on
+      n->set_name(convs.empty() ? "stem,conv=1@a" : "conv2");
+      convs.push_back(n->name());
+    }
+  REQUIRE(convs.size() == 2);
+  auto step_choice = [](const CompiledModel& m, const std::string& name) {
+    for (const auto& s : m.steps())
+      if (s.name == name && !s.choice.empty()) return s.choice;
+    return std::string();
+  };
+  lower::CompileOptions options;
+  options.threads = 1;
+  lower::CompileOptions o = options;
+  lower::apply_tuned("conv_algorithm@" + tn::encode_name(convs[0]) + "=winograd,conv_algorithm@" +
+                         tn::encode_name(convs[1]) + "=direct,matmul_kernel=gemm",
+                     o);
+  CHECK(o.conv_algorithm == lower::ConvAlgorithm::Auto);  // the model-wide setting stays the heuristic's
+  CHECK(o.conv_algorithm_per_node.size() == 2);
+  CompiledModel m = lower::compile(g, o);
+  INFO(m.to_text());
+  if (lower::isa_runs_on(lower::CpuIsa::Avx2, lower::effective_isa().isa)) {
+    CHECK(step_choice(m, convs[0]).find("winograd (tuned)") != std::string::npos);
+    CHECK(step_choice(m, convs[1]).find("direct (tuned)") != std::string::npos);
+  }
+  const auto inputs = tn::seeded_inputs(g, {});
+  CHECK(tn::relative_error(m.run(inputs), ReferenceExecutor(g).run(inputs)) < 1e-4);
+  CHECK_THROWS_WITH(lower::apply_tuned("conv_algorithm@x=sideways", o), Catch::Contains("conv_algorithm@x=sideways"));
+  CHECK_THROWS(lower::apply_tuned("layout@x=any", o));
+
+  if (lower::effective_isa().bf16_native) {  // one layer kept float32 by the tuner
+    lower::CompileOptions b = options;
+    b.precision = lower::Precision::Bf16;
+    lower::apply_tuned("precision@" + tn::encode_name(convs[0]) + "=fp32", b);
+    CompiledModel mb = lower::compile(g, b);
+    INFO(mb.to_text());
+    CHECK(step_choice(mb, convs[0]).find("fp32 (tuned)") != std::string::npos);
+    CHECK(step_choice(mb, convs[1]).find("bf16 (option)") != std::string::npos);
+  }
+
+  // The cache keeps per-step decisions: a second tune applies them without timing anything.
+  lower::TuneOptions t;
+  t.cache_path = temp_path("tune_cache_per_step.txt");
+  t.runs = 1;
+  lower::TuneResult first = lower::tune(g, options, t);
+  {
+    std::ofstream out(t.cache_path, std::ios::trunc);
+    out << "ondine-tune 1\n"
+        << first.key << "\t" << first.decisions_str() << ",conv_algorithm@" << tn::encode_name(convs[1]) << "=direct\n";
+  }
+  lower::TuneResult again = lower::tune(g, options, t);
+  INFO(again.text());
+  CHECK(again.from_cache);
+  CHECK(again.options.conv_algorithm_per_node.count(convs[1]) == 1);
+  CHECK(again.decisions_str().find("conv_algorithm@" + tn::encode_name(convs[1]) + "=direct") != std::string::npos);
 }
 
 }  // namespace test_tune

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/error.hpp - the one exception type of the library.
 //
 // Every failure that a user can cause (bad file, unsupported op, wrong input) is reported as an

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/fwd.hpp - forward declarations of Ondine's main types, for headers that only pass them around.
 #pragma once
 

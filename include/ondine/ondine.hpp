@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ondine.hpp - the one entry header of Ondine.
 //
 // Including it brings the core of the library: IR, ONNX import/export, shape inference, the pass layer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant.hpp - post-training int8 quantization: observers and calibration, Q/DQ insertion (and
 // ondine.QLSTM for LSTMs), dynamic quantization of matrix products, and the error metrics that compare a
 // quantized model with its float original (docs/quantization.md).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/runtime.hpp - loading and running compiled artifacts (`ondine compile MODEL -o MODEL.ondine`) with
 // oneDNN alone: no ONNX, no protobuf, no pass layer in the translation unit (tests/runtime_test.sh checks the
 // headers it pulls in; CMake target ondine::runtime links oneDNN and OpenMP only).

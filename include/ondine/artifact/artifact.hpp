@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/artifact/artifact.hpp - the `.ondine` compiled-model file: written once by `ondine compile -o
 // MODEL.ondine`, loaded without ONNX, protobuf or the pass pipeline (lower/artifact.hpp compiles it).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/allocate.hpp - aligned heap blocks for tensors and arenas, on huge pages when large.
 //
 // Why: on the virtual machines Ondine is measured on, a 4 KiB page fault costs ~30 us, so touching a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/attribute.hpp - node attributes (the ONNX attribute kinds Ondine supports).
 #pragma once
 

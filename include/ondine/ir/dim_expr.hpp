@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/dim_expr.hpp - arithmetic on symbolic dims: "seq*3", "batch*seq", "(H - 1)/2 + 1".
 //
 // A symbolic Dim's symbol is an integer polynomial over atoms in one canonical text form, so two dims

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/dropout.hpp - when a Dropout node is the identity on its data.
 //
 // In inference mode (no training_mode input, or a constant false) Dropout passes its input through; in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/dtype.hpp - element types, 16-bit float storage types and type dispatch.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/error_bound.hpp - what the error bounds of reduced precision share: the output error of one
 // run of a graph against another (int8 against fp32 in quant/fallback.hpp, bf16 against fp32 in
 // lower/error_bound.hpp), and the loop that keeps the worst parts at full precision one at a time until

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/fused_ops.hpp - Ondine's own ops (domain "ondine"): the one definition of their semantics.
 //
 //   ondine.FusedConv    (X, W, B?, Sum?)   Y = act_k(...act_1(Conv(X, W, B) + Sum))   Conv's attributes

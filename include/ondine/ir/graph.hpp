@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/graph.hpp - the graph IR: values (SSA edges), nodes and the graph that owns them.
 //
 // A Value has at most one producer (a node output, a graph input, or a constant initializer) and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/limits.hpp - the bounds a model must stay within, checked before anything is allocated.
 //
 // A model file comes from outside (a model hub, a user upload): a corrupt or hostile one must fail with

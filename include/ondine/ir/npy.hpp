@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/npy.hpp - read and write tensors as NumPy .npy files (format versions 1.0 to 3.0).
 // Reading checks every header field and the data's size before allocating (fuzzed: fuzz/npy.cpp).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/pipeline_hook.hpp - how the compiler runs a pass pipeline without including the pass layer.
 //
 // The lowering (lower/compiler.hpp) sits below nothing that would let it include passes/, and a program that

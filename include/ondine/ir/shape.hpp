@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/shape.hpp - shapes whose dims are static numbers or named symbols ("batch").
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/shape_inference.hpp - shape and type inference over a whole graph.
 #pragma once
 

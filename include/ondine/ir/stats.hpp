@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/stats.hpp - parameter and FLOP counts of a graph (for `ondine inspect` and benchmarks),
 // and binding a graph's inputs: symbolic dims to sizes (bind_dims), inputs whose values decide shapes
 // to those values (shape_inputs, bind_shape_inputs).

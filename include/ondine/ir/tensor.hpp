@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/tensor.hpp - a dense, row-major tensor with shared storage.
 //
 // Copies are shallow (they share storage), like a view; clone() makes a deep copy. Storage is 64-byte

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/typed_tensor.hpp - TypedTensor<T, Rank>: a Tensor whose element type and rank are part of its C++
 // type, the accessor the headers generated for compiled models (`ondine header`, ondine_add_model) hand out.
 //

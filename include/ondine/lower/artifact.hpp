@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/artifact.hpp - `.ondine` artifacts (artifact/artifact.hpp) written from and compiled to oneDNN.
 //
 //   Graph g = onnx::load_model("model.onnx");
@@ -143,18 +144,23 @@ inline void apply_tuned(const std::string& tuned, CompileOptions& options) {
     const std::size_t eq = item.find('=');
     const std::string knob = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
     auto bad = [&] { return Error("tuned kernel choice '" + item + "' is not one this Ondine knows"); };
+    if (knob.find('@') != std::string::npos) {  // per node: the caller's model-wide setting does not override it
+      if (!detail::tune::apply_node_decision(knob, value, options)) throw bad();
+      continue;
+    }
+    auto mark = [&] { options.choice_origins[knob] = value == "auto" ? "heuristic, kept by the tuner" : "tuned"; };
     if (knob == "conv_layout") {
       const ConvLayout l = value == "auto" ? ConvLayout::Auto : value == "any" ? ConvLayout::Any
                            : value == "blocked" ? ConvLayout::ChannelBlocked : throw bad();
-      if (options.conv_layout == ConvLayout::Auto) options.conv_layout = l;
+      if (options.conv_layout == ConvLayout::Auto) options.conv_layout = l, mark();
     } else if (knob == "conv_algorithm") {
       const ConvAlgorithm a = value == "auto" ? ConvAlgorithm::Auto : value == "direct" ? ConvAlgorithm::Direct
                               : value == "winograd" ? ConvAlgorithm::Winograd : throw bad();
-      if (options.conv_algorithm == ConvAlgorithm::Auto) options.conv_algorithm = a;
+      if (options.conv_algorithm == ConvAlgorithm::Auto) options.conv_algorithm = a, mark();
     } else if (knob == "matmul_kernel") {
       const MatMulKernel k = value == "auto" ? MatMulKernel::Auto : value == "gemm" ? MatMulKernel::Gemm
                              : value == "conv1x1" ? MatMulKernel::Conv1x1 : throw bad();
-      if (options.matmul_kernel == MatMulKernel::Auto) options.matmul_kernel = k;
+      if (options.matmul_kernel == MatMulKernel::Auto) options.matmul_kernel = k, mark();
     } else if (knob != "precision" && knob != "int8_weights") {
       throw bad();
     }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/compiler.hpp - compiles a Graph into a CompiledModel that runs on oneDNN 2.6 primitives.
 //
 //   ondine::bind_dims(graph, {{"batch", 1}});          // shapes must be static
@@ -135,6 +136,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",
                            "Softplus", "HardSwish", "HardSigmoid", "Reciprocal"})
       t[op] = {lower_eltwise, "oneDNN eltwise (or a post-op of the producer)", "not float32"};
+    t["PRelu"] = {lower_prelu, "a prelu post-op of the producing conv, else oneDNN prelu (one slope: eltwise relu)",
+                  "not float32, or slopes computed at run time or not one per channel"};
     t["Clip"] = {lower_eltwise, "oneDNN eltwise clip (or a post-op of the producer)",
                  "not float32, or min/max computed at run time"};
     t["Pow"] = {lower_eltwise, "oneDNN eltwise pow (or a post-op of the producer)",
@@ -440,6 +443,7 @@ inline CompiledModel compile(Graph&& graph, const CompileOptions& options = {}) 
   if (options.precision == Precision::Auto) {
     CompileOptions resolved = options;
     resolved.precision = resolved_precision(options.precision);
+    resolved.choice_origins.emplace("precision", "heuristic");  // unless a tuner's or an artifact's already
     return compile(std::move(graph), resolved);
   }
   check_precision(options);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/dynamic.hpp - a model compiled once for its symbolic shapes, run at any shape without compiling
 // again (the shape-free plan).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/error_bound.hpp - bfloat16 under an error bound: compile in bf16, measure the outputs against
 // the float32 compile on a few samples, and while the error exceeds the bound keep one more node float32,
 // worst first (the loop and the error measure are the int8 fallback's: ir/error_bound.hpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/int8_plan.hpp - where a compiled quantized model leaves int8, and what that is predicted to
 // cost: every Q/DQ left unfused, every fp32 island with its FLOPs, bytes and estimated time, and the
 // predicted time of the whole int8 plan against the same model in fp32, with a warning when int8 is
@@ -19,8 +20,17 @@
 // int8, measured 5.5 ms (fp32 43.0 ms).
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <tuple>
+#include <utility>
 #include <map>
 #include <set>
 #include <string>
@@ -29,6 +39,7 @@
 #include "ondine/ir/stats.hpp"
 #include "ondine/lower/detail/quantized.hpp"
 #include "ondine/lower/isa.hpp"
+#include "ondine/lower/tune_cache.hpp"
 #include "ondine/runtime/compiled_model.hpp"
 
 namespace ondine::lower {
@@ -42,7 +53,7 @@ struct PeakRates {
   std::string source;        // where fp32/int8 come from, for the report
 };
 
-// The rates for an ISA. avx512 with VNNI and AMX are measured (`ondine_peak --threads 1 [--int8]`, 2048^3
+// Reference rates for an ISA, what measured_peak_rates falls back to. avx512 with VNNI and AMX are measured (`ondine_peak --threads 1 [--int8]`, 2048^3
 // matmul; VNNI on an AMD EPYC, avx512_core_bf16; AMX on an Intel Xeon, avx512_core_amx, whose fp32 rate
 // was 213 GFLOP/s); the others are scaled from VNNI: half the vector width for avx2; without VNNI a u8 x
 // s8 multiply-add takes three instructions per 64 where fp32 takes one FMA per 16, so int8 is 4/3 of
@@ -74,6 +85,112 @@ inline PeakRates peak_rates(const IsaInfo& isa) {
       break;
   }
   return r;
+}
+
+namespace detail {
+
+// The best of `reps` single-thread runs each of an n x n x n oneDNN matmul in fp32 and in u8 x s8 -> s32, in
+// operations per second (a multiply-add counts 2), alternated so that other work on the machine slows both
+// alike and their ratio holds; {0, 0} where oneDNN has no such kernels.
+inline std::pair<double, double> time_matmul_peaks(dnnl::memory::dim n, int reps) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  ThreadCountScope one(1);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  struct Product {
+    dnnl::matmul matmul;
+    dnnl::memory a, b, c;
+  };
+  auto make = [&](bool int8) -> std::optional<Product> {
+    const dnnl::memory::desc a({n, n}, int8 ? dt::u8 : dt::f32, tag::ab), c({n, n}, int8 ? dt::s32 : dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, dnnl::memory::desc({n, n}, int8 ? dt::s8 : dt::f32, tag::any), c),
+                                    dnnl::primitive_attr(), engine, true);
+    if (!pd || std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return std::nullopt;
+    Product p{dnnl::matmul(pd), dnnl::memory(a, engine), dnnl::memory(pd.weights_desc(), engine), dnnl::memory(c, engine)};
+    std::memset(p.a.get_data_handle(), 1, a.get_size());
+    std::memset(p.b.get_data_handle(), 1, pd.weights_desc().get_size());
+    return p;
+  };
+  std::optional<Product> f = make(false), q = make(true);
+  if (!f || !q) return {0, 0};
+  auto seconds = [&](Product& p) {
+    const auto t0 = std::chrono::steady_clock::now();
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+    stream.wait();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  seconds(*f), seconds(*q);  // warm-up
+  double best_f = 1e30, best_q = 1e30;
+  for (int i = 0; i < reps; ++i) best_f = std::min(best_f, seconds(*f)), best_q = std::min(best_q, seconds(*q));
+  const double ops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  return {ops / best_f, ops / best_q};
+}
+
+// Whether the machine looks idle (Linux: the 1-minute load average below the online CPUs less one half): a
+// measurement made while other work runs is used but not cached.
+inline bool machine_idle() {
+  std::ifstream in("/proc/loadavg");
+  double load = 0;
+  if (!(in >> load)) return true;
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return load < static_cast<double>(cpus > 0 ? cpus : 1) - 0.5;
+}
+
+}  // namespace detail
+
+// One core's fp32 and int8 rates on this CPU as the tune cache file at `path` has them (key
+// "peak;cpu=...;isa=...", tune_cache.hpp), else measured (oneDNN matmuls of 768^3 alternated, best of 5 on one
+// thread, about 0.1 s) and stored there ("" or "none": not stored) when the machine is idle or `store_under_load`.
+// The constants of peak_rates() where nothing can be measured.
+inline PeakRates measure_peak_rates(const std::string& path, bool store_under_load = false) {
+  const IsaInfo isa = effective_isa();
+  PeakRates r = peak_rates(isa);
+  const std::string key = "peak;cpu=" + detail::tune::cpu_brand() + ";isa=" + isa.name;
+  const bool stored = !path.empty() && path != "none";
+  auto quiet = [](const std::string&) {};  // a file that does not parse is measured over and rewritten
+  std::map<std::string, std::string> cache;
+  if (stored) cache = detail::tune::read_cache(path, quiet);
+  double fp32 = 0, int8 = 0;
+  if (auto it = cache.find(key); it != cache.end())
+    if (std::sscanf(it->second.c_str(), "fp32=%lf,int8=%lf", &fp32, &int8) == 2 && fp32 > 0 && int8 > 0) {
+      r.fp32 = fp32 * 1e9, r.int8 = int8 * 1e9, r.source = "measured here, cached in " + path;
+      return r;
+    }
+  const bool idle = detail::machine_idle();
+  try {
+    std::tie(fp32, int8) = detail::time_matmul_peaks(768, 5);
+  } catch (const dnnl::error&) {
+    return r;
+  }
+  if (fp32 <= 0 || int8 <= 0) return r;
+  r.fp32 = fp32, r.int8 = int8, r.source = idle ? "measured here" : "measured here under load, not cached";
+  if (stored && (idle || store_under_load)) {
+    char value[64];
+    std::snprintf(value, sizeof value, "fp32=%.1f,int8=%.1f", fp32 / 1e9, int8 / 1e9);
+    cache[key] = value;
+    detail::tune::write_cache(path, cache, quiet);
+  }
+  return r;
+}
+
+// The rates the int8 plan uses, once per process: ONDINE_PEAK_RATES ("fp32=186,int8=850", G(FL)OP/s of one
+// core) where set, which pins them (reproducible estimates: tests, CI); else measure_peak_rates(tune_cache_path()),
+// so the estimate follows the machine it runs on, not constants from the machines Ondine was developed on.
+inline PeakRates measured_peak_rates() {
+  static const PeakRates rates = [] {
+    if (const char* pinned = std::getenv("ONDINE_PEAK_RATES")) {
+      PeakRates r = peak_rates(effective_isa());
+      double fp32 = 0, int8 = 0;
+      if (std::sscanf(pinned, "fp32=%lf,int8=%lf", &fp32, &int8) == 2 && fp32 > 0 && int8 > 0) {
+        r.fp32 = fp32 * 1e9, r.int8 = int8 * 1e9, r.source = "ONDINE_PEAK_RATES";
+        return r;
+      }
+      std::fprintf(stderr, "warning: ONDINE_PEAK_RATES='%s' is not 'fp32=G,int8=G' (positive numbers): ignored\n", pinned);
+    }
+    return measure_peak_rates(tune_cache_path());
+  }();
+  return rates;
 }
 
 // One fp32 island: its steps (indices into the compiled steps, in order) and what they cost.
@@ -126,7 +243,7 @@ inline std::string name_list(const std::vector<std::string>& v, std::size_t most
 }  // namespace detail
 
 // The int8 plan of a compiled model; empty() when it has no int8 step and no Q/DQ.
-inline Int8Plan int8_plan(const CompiledModel& model, const PeakRates& rates = peak_rates(effective_isa())) {
+inline Int8Plan int8_plan(const CompiledModel& model, const PeakRates& rates = measured_peak_rates()) {
   using detail::StepKind;
   Int8Plan plan;
   plan.rates = rates;

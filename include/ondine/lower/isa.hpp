@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/isa.hpp - the CPU instruction set oneDNN will use here, and what it allows.
 //
 // oneDNN dispatches on the "effective" ISA: the best the CPU has, capped by DNNL_MAX_CPU_ISA or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/lower.hpp - the compiler (lower/compiler.hpp) with the pass layer: CompileOptions::passes runs
 // the pass pipeline (ondine/passes/pipeline.hpp, registered with the compiler through ir/pipeline_hook.hpp
 // when the program starts, as are the passes "quantize" and "quantize-dynamic") on compile's copy of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/packed_weights.hpp - constants reordered into oneDNN's layouts, shared between the
 // models compiled from one graph (the specialisations of a ShapeCache, one per input shape).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/shape_cache.hpp - run a model with symbolic dims: compile per concrete shape, cached.
 //
 //   ondine::lower::ShapeCache model(std::move(graph), {/*threads*/ 2}, /*capacity*/ 8);

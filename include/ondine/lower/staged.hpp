@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/staged.hpp - models whose shapes depend on data, compiled in stages.
 //
 // compile() needs every shape static once the graph inputs are bound. Some are not: NonZero's output,

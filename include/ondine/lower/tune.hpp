@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/tune.hpp - the tuner: which of the compiler's alternatives is fastest for this model on this
 // CPU, measured rather than assumed. The lowering's built-in choices (Winograd where enough tiles and
 // channels, blocked conv layouts, Linear layers as 1x1 convolutions on AVX2, bf16 where native) were each
@@ -14,6 +15,10 @@
 // and, for bf16, when its outputs are within `max_error` of the float32 compile's (max |a - b| / max |b|
 // per output). A knob the caller set (not Auto) is the caller's: it is not tuned, and neither is the
 // precision unless it is Auto. The budget bounds the whole search; knobs not reached keep the heuristic.
+// Then per step, where the model-wide value is not the best for every node: each 3x3 convolution's algorithm
+// (a plan with Winograd wherever it applies and one with none, profiled node by node) and, in a tuned bf16
+// plan, which layers stay float32; the mixed plan is kept when it beats the best by min_gain. Per-step
+// decisions read "conv_algorithm@NODE=winograd", "precision@NODE=fp32" (NODE percent-encoded).
 //
 // Decisions are kept in a small per-machine cache file (tune_cache_path(): ONDINE_TUNE_CACHE, else
 // $XDG_CACHE_HOME/ondine/tune.txt, else ~/.cache/ondine/tune.txt), keyed by the model's fingerprint (ops,
@@ -36,6 +41,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -52,6 +58,7 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/lower/compiler.hpp"
 #include "ondine/lower/isa.hpp"
+#include "ondine/lower/tune_cache.hpp"
 
 namespace ondine::lower {
 
@@ -102,24 +109,6 @@ struct TuneResult {
 
 namespace detail::tune {
 
-// The CPU's brand string (CPUID 0x80000002-4), e.g. "AMD EPYC 9R14 96-Core Processor"; the vendor elsewhere.
-inline std::string cpu_brand() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned regs[12] = {};
-  unsigned max = __get_cpuid_max(0x80000000u, nullptr);
-  if (max >= 0x80000004u) {
-    for (unsigned i = 0; i < 3; ++i) __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
-    char s[49] = {};
-    std::memcpy(s, regs, 48);
-    std::string b(s);
-    b.erase(0, b.find_first_not_of(' '));
-    while (!b.empty() && b.back() == ' ') b.pop_back();
-    if (!b.empty()) return b;
-  }
-#endif
-  return cpu_vendor();
-}
-
 inline std::uint64_t fnv(std::uint64_t h, const void* p, std::size_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
@@ -144,59 +133,6 @@ inline std::string fingerprint(const Graph& g) {
 inline std::string cache_key(const Graph& g, int threads) {
   return "model=" + fingerprint(g) + ";cpu=" + cpu_brand() + ";isa=" + effective_isa().name +
          ";threads=" + std::to_string(threads > 0 ? threads : omp_get_max_threads());
-}
-
-constexpr const char* kCacheHeader = "ondine-tune 1";
-
-// The cache file's entries, key -> decisions; empty (and a warning) when it does not parse.
-inline std::map<std::string, std::string> read_cache(const std::string& path, const std::function<void(const std::string&)>& warn) {
-  std::map<std::string, std::string> entries;
-  std::ifstream in(path);
-  if (!in) return entries;
-  std::string line;
-  if (!std::getline(in, line) || line != kCacheHeader) {
-    warn("tune cache '" + path + "' is not an Ondine tune cache (first line '" + line.substr(0, 40) +
-         "', expected '" + kCacheHeader + "'): ignored, and rewritten when this tune ends");
-    return entries;
-  }
-  std::size_t number = 1;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty()) continue;
-    const std::size_t tab = line.find('\t');
-    if (tab == std::string::npos || line.compare(0, 6, "model=") != 0) {
-      warn("tune cache '" + path + "' line " + std::to_string(number) + " does not parse: the file is ignored, and "
-           "rewritten when this tune ends");
-      return {};
-    }
-    entries[line.substr(0, tab)] = line.substr(tab + 1);
-  }
-  return entries;
-}
-
-inline void write_cache(const std::string& path, const std::map<std::string, std::string>& entries,
-                        const std::function<void(const std::string&)>& warn) {
-  const std::size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
-    const std::string dir = path.substr(0, slash);
-    for (std::size_t i = 1; i <= dir.size(); ++i)  // mkdir -p, one level at a time
-      if (i == dir.size() || dir[i] == '/') (void)::mkdir(dir.substr(0, i).c_str(), 0755);
-  }
-  const std::string tmp = path + ".tmp" + std::to_string(static_cast<long long>(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kCacheHeader << "\n";
-    for (const auto& [k, v] : entries) out << k << "\t" << v << "\n";
-    if (!out) {
-      warn("tune cache '" + path + "' could not be written: the decisions are not kept");
-      std::remove(tmp.c_str());
-      return;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    warn("tune cache '" + path + "' could not be replaced: the decisions are not kept");
-    std::remove(tmp.c_str());
-  }
 }
 
 // Seeded inputs for the graph's (static) inputs: floats uniform in [-1, 1], integers and booleans 0 (a
@@ -338,6 +274,14 @@ inline std::vector<Knob> knobs_for(const Graph& g, const CompileOptions& base, c
   return knobs;
 }
 
+// Records in r.options which knobs the tuner decided (CompileOptions::choice_origins, for the per-step report): a
+// value of its own "tuned", "auto" (the heuristic measured best) "heuristic, kept by the tuner".
+inline void mark_tuned(TuneResult& r) {
+  for (const TuneDecision& d : r.decisions)
+    if (d.why != "set by the caller" && d.knob.find('@') == std::string::npos)
+      r.options.choice_origins[d.knob] = d.value == "auto" ? "heuristic, kept by the tuner" : "tuned";
+}
+
 // Sets `o`'s knobs from a decisions string ("conv_layout=any,precision=bf16"); false when one does not parse.
 inline bool apply(const std::string& decisions, const std::vector<Knob>& knobs, CompileOptions& o,
                   std::vector<TuneDecision>& out) {
@@ -347,7 +291,13 @@ inline bool apply(const std::string& decisions, const std::vector<Knob>& knobs, 
   while (std::getline(in, item, ',')) {
     const std::size_t eq = item.find('=');
     if (eq == std::string::npos) return false;
-    want[item.substr(0, eq)] = item.substr(eq + 1);
+    const std::string knob = item.substr(0, eq), value = item.substr(eq + 1);
+    if (knob.find('@') != std::string::npos) {  // a per-step decision
+      if (!apply_node_decision(knob, value, o)) return false;
+      out.push_back({knob, value, "cached"});
+      continue;
+    }
+    want[knob] = value;
   }
   for (const Knob& k : knobs) {
     auto it = want.find(k.name);
@@ -360,16 +310,44 @@ inline bool apply(const std::string& decisions, const std::vector<Knob>& knobs, 
   return true;
 }
 
-}  // namespace detail::tune
-
-// Where the tune cache lives: ONDINE_TUNE_CACHE, else $XDG_CACHE_HOME/ondine/tune.txt, else
-// $HOME/.cache/ondine/tune.txt ("" when none of them is set).
-inline std::string tune_cache_path() {
-  if (const char* p = std::getenv("ONDINE_TUNE_CACHE")) return p;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/ondine/tune.txt";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/ondine/tune.txt";
-  return "";
+// Seconds per node over `runs` profiled runs of a and b, interleaved: each step's time goes to the node whose
+// name it carries (a node's own steps, and "NAME:suffix" steps Ondine adds after it, such as an in-place PRelu);
+// reorders and other unnamed steps go nowhere.
+inline std::pair<std::map<std::string, double>, std::map<std::string, double>> node_times(
+    const Graph& g, const CompiledModel& a, const CompiledModel& b, const std::map<std::string, Tensor>& inputs,
+    int runs) {
+  std::set<std::string> names;
+  for (const Node* n : g.nodes()) names.insert(n->name());
+  ExecContext ca = a.make_context(), cb = b.make_context();
+  a.run(ca, inputs);
+  b.run(cb, inputs);
+  ca.profile = cb.profile = true;
+  for (int i = 0; i < runs; ++i) {
+    a.run(ca, inputs);
+    b.run(cb, inputs);
+  }
+  auto per_node = [&](const CompiledModel& m, const ExecContext& c) {
+    std::map<std::string, double> t;
+    const std::vector<StepInfo> steps = m.steps();
+    for (std::size_t i = 0; i < steps.size() && i < c.step_seconds().size(); ++i) {
+      std::string name = steps[i].name;
+      if (!names.count(name) && name.find(':') != std::string::npos) name = name.substr(0, name.rfind(':'));
+      if (names.count(name)) t[name] += c.step_seconds()[i];
+    }
+    return t;
+  };
+  return {per_node(a, ca), per_node(b, cb)};
 }
+
+// The nodes whose steps report `word` as their choice ("winograd (", "bf16 ("), by name.
+inline std::set<std::string> nodes_choosing(const CompiledModel& m, const std::string& word) {
+  std::set<std::string> out;
+  for (const StepInfo& s : m.steps())
+    if (s.choice.find(word) != std::string::npos) out.insert(s.name);
+  return out;
+}
+
+}  // namespace detail::tune
 
 // Tunes `graph` (static shapes: the shapes being compiled) for this CPU; see the header comment.
 inline TuneResult tune(const Graph& graph, const CompileOptions& options, const TuneOptions& topts = {}) {
@@ -399,6 +377,7 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
       r.decisions.insert(r.decisions.end(), fixed.begin(), fixed.end());
       r.from_cache = true;
       r.seconds = elapsed();
+      mark_tuned(r);
       say("tune: " + r.decisions_str() + " from the cache (" + path + ")");
       return r;
     }
@@ -460,7 +439,80 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
     say("tune: " + k.name + " = " + d.value + " (" + d.why + ")");
     r.decisions.push_back(d);
   }
+  // Per step: which 3x3 convolutions run Winograd, and (a tuned bf16 plan) which layers stay float32. Two plans
+  // that differ only there are profiled; each node takes its faster form (by min_gain), and the mixed plan is
+  // kept when it beats the best so far by min_gain (bf16: within max_error of the float32 outputs).
+  auto per_step = [&](const std::string& knob, const std::string& word, const CompileOptions& one,
+                      const CompileOptions& other, const std::string& one_value, const std::string& other_value) {
+    if (elapsed() > topts.budget_seconds) return;
+    say("tune: " + knob + " per step");
+    std::optional<CompiledModel> a, b;
+    try {
+      a.emplace(compile(graph, one));
+      b.emplace(compile(graph, other));
+    } catch (const Error&) {
+      return;
+    }
+    std::set<std::string> candidates = nodes_choosing(*a, word);
+    for (const std::string& name : nodes_choosing(*b, word)) candidates.insert(name);
+    std::map<std::string, int> uses;  // a decision names its node: names the graph repeats are left alone
+    for (const Node* n : graph.nodes()) ++uses[n->name()];
+    for (auto it = candidates.begin(); it != candidates.end();) it = uses[*it] == 1 ? std::next(it) : candidates.erase(it);
+    if (candidates.size() < 2) return;  // one node: the model-wide knob already decided it
+    const auto [ta, tb] = node_times(graph, *a, *b, inputs, std::max(3, topts.runs));
+    CompileOptions mixed = r.options;
+    std::vector<TuneDecision> chosen;
+    std::size_t to_one = 0;
+    for (const std::string& name : candidates) {
+      const double x = ta.count(name) ? ta.at(name) : 0, y = tb.count(name) ? tb.at(name) : 0;
+      const bool first = x < y * (1.0 - topts.min_gain);
+      to_one += first;
+      const std::string value = first ? one_value : other_value;
+      if (knob == "precision" && value != "fp32") continue;  // a layer that stays bf16: nothing to store
+      char why[120];
+      std::snprintf(why, sizeof why, "per step: %.3g ms as %s, %.3g ms as %s", x * 1e3, one_value.c_str(), y * 1e3,
+                    other_value.c_str());
+      const std::string key = knob + "@" + encode_name(name);
+      apply_node_decision(key, value, mixed);
+      chosen.push_back({key, value, why});
+    }
+    if (chosen.empty() || to_one == 0 || to_one == candidates.size()) return;  // the model-wide setting suffices
+    std::optional<CompiledModel> m;
+    try {
+      m.emplace(compile(graph, mixed));
+    } catch (const Error&) {
+      return;
+    }
+    if (mixed.precision == Precision::Bf16 && !fp32_outputs.empty() &&
+        relative_error(m->run(inputs), fp32_outputs) > topts.max_error)
+      return;
+    const auto [cur_ms, alt_ms] = time_pair(best, *m, inputs, topts.runs);
+    char line[160];
+    std::snprintf(line, sizeof line, "%s per step: %.3g ms against %.3g ms", knob.c_str(), alt_ms, cur_ms);
+    say("tune: " + std::string(line) + (alt_ms < cur_ms * (1.0 - topts.min_gain) ? ", kept" : ", not kept"));
+    if (alt_ms >= cur_ms * (1.0 - topts.min_gain)) return;
+    r.options = mixed;
+    best = std::move(*m);
+    best_ms = alt_ms;
+    r.decisions.insert(r.decisions.end(), chosen.begin(), chosen.end());
+  };
+  auto tuned = [&](const char* name) {
+    return std::any_of(knobs.begin(), knobs.end(), [&](const Knob& k) { return k.name == name; });
+  };
+  if (tuned("conv_algorithm") && r.options.precision == Precision::Fp32) {
+    CompileOptions w = r.options, d = r.options;
+    w.conv_algorithm = ConvAlgorithm::Winograd;
+    d.conv_algorithm = ConvAlgorithm::Direct;
+    per_step("conv_algorithm", "winograd (", w, d, "winograd", "direct");
+  }
+  if (tuned("precision") && r.options.precision == Precision::Bf16 && !fp32_outputs.empty()) {
+    CompileOptions f = r.options;
+    f.precision = Precision::Fp32;
+    per_step("precision", "bf16 (", f, r.options, "fp32", "bf16");
+  }
+
   r.decisions.insert(r.decisions.end(), fixed.begin(), fixed.end());
+  mark_tuned(r);
   r.best_ms = best_ms;
   r.seconds = elapsed();
   if (!path.empty()) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/onnx/data.hpp - ONNX's serialized values beyond TensorProto (onnx-data.proto): SequenceProto
 // and OptionalProto as the Tensors that carry sequences and optionals (ir/tensor.hpp), and a .pb file
 // read as the kind of value the model declares (the backend test data stores each input and output so).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/onnx/export.hpp - ONNX model and tensor export (Graph -> ModelProto).
 //
 // The exported model re-imports to the same graph: constants become initializers (inline raw_data, or an

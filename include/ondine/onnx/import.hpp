@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/onnx/import.hpp - ONNX model and tensor import (ModelProto -> Graph).
 //
 // Every Error thrown here carries the file it came from; errors about one node also carry the node's

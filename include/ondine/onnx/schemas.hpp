@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/onnx/schemas.hpp - the operators of ONNX's default domain as the installed ONNX library defines
 // them: each op with the opset versions that changed it. `ondine ops` lists them beside what Ondine
 // implements, so the coverage table names the ops Ondine lacks as well as the ones it has.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/cancel_transposes.hpp - cancel-transposes: merges consecutive Transposes and removes
 // those that compose to the identity.
 //

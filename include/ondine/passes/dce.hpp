@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/dce.hpp - dce: removes nodes whose outputs nothing reads, and unused constants.
 //
 // A node is live when one of its outputs is a graph output or is read by a live node. One sweep over

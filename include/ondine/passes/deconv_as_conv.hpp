@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/deconv_as_conv.hpp - deconv-as-conv: a ConvTranspose whose kernel equals its stride (each
 // input pixel writes its own b x b block of the output, no overlap) as a 1x1 Conv to C*b*b channels and a
 // DepthToSpace of block b.

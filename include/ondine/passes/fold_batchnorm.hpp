@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fold_batchnorm.hpp - fold-bn: folds an inference-mode BatchNormalization into the op
 // that produces its input, or rewrites it as a per-channel Mul and Add.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fold_constants.hpp - fold-constants: computes at compile time what depends only on
 // constants, with the reference kernels (the same code the reference executor runs).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fold_pad.hpp - fold-pad: a zero Pad of the spatial dims folds into the Conv or AveragePool
 // that alone reads it, as that op's own padding.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_attention.hpp - fuse-attention: scaled dot-product attention, as PyTorch and
 // Hugging Face-style code export it, into one ondine.Attention (semantics: ondine/ir/fused_ops.hpp),
 // which the lowering runs as matmul (scale and mask as its output scale and post-op), softmax in place,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_dynamic_qconv.hpp - fuse-dynamic-qconv: the dynamically quantized convolution
 // (what ONNX Runtime's quantize_dynamic writes for CNNs) as one ondine.DynQConv (definition:
 // ir/infer/quantized.hpp), which lowers to one oneDNN convolution with the activation's scale and

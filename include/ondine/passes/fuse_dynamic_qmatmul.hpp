@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_dynamic_qmatmul.hpp - fuse-dynamic-qmatmul: the dynamically quantized matrix
 // product (the form quantize-dynamic and ONNX Runtime's quantize_dynamic write) as one
 // ondine.DynQMatMul (definition: ir/infer/quantized.hpp), which lowers to one oneDNN matmul with the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_gelu.hpp - fuse-gelu: replaces Gelu written out in primitive ops by one ondine.Gelu.
 //
 // Rewrites (x is any floating value; every other intermediate has exactly one reader and is not a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_groupnorm.hpp - fuse-groupnorm: GroupNorm as PyTorch exports it (torch.nn.GroupNorm
 // before ONNX had GroupNormalization) -> one ondine.GroupNorm.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_layernorm.hpp - fuse-layernorm: replaces LayerNorm written out in primitive ops
 // (as exporters write it before opset 17) by one LayerNormalization.
 //

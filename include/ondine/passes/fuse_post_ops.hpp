@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_post_ops.hpp - fuse: folds what follows a Conv, MatMul or Gemm into one
 // ondine.FusedConv / FusedMatMul / FusedGemm (semantics: ondine/ir/fused_ops.hpp), which the
 // lowering turns into one oneDNN primitive with post-ops.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/fuse_qdq.hpp - fuse-qdq: turns the QuantizeLinear/DequantizeLinear pairs around float
 // ops of a QDQ model (ONNX Runtime's quantizer, quant/qdq.hpp) into Ondine's quantized ops
 // (ir/infer/quantized.hpp), which lower to oneDNN int8 primitives.

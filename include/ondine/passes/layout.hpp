@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/layout.hpp - layout: decides each activation's memory layout (Value::layout) and
 // places an ondine.Reorder node wherever a value's layout differs from what a reader needs, so the
 // graph shows where bytes are rearranged.
@@ -89,13 +90,14 @@ inline bool is_binary(const std::string& op) {
   return ops.count(op) != 0;
 }
 
-// The f32 unary ops the lowering creates on their input's layout (oneDNN eltwise, softmax, aliases).
+// The f32 unary ops the lowering creates on their input's layout (oneDNN eltwise, softmax, aliases; PRelu's
+// slopes per channel: lower/detail/prelu.hpp).
 inline bool is_inheriting_unary(const std::string& op) {
   static const std::set<std::string> ops{"Relu",     "LeakyRelu", "Sigmoid",    "Tanh",       "Elu",
                                          "Exp",      "Log",       "Sqrt",       "Abs",        "Neg",
                                          "Softplus", "HardSwish", "HardSigmoid", "Clip",      "Reciprocal",
                                          "Pow",      "Identity",  "Dropout",    "Softmax",    "LogSoftmax",
-                                         "Gelu",     "ondine.Gelu"};
+                                         "Gelu",     "ondine.Gelu", "PRelu"};
   return ops.count(op) != 0;
 }
 
@@ -118,7 +120,7 @@ inline Role role_of(const Node& n) {
   // it gets (lower/detail/channel_norm.hpp).
   if (op == "ondine.ChannelLayerNorm") return image_rank(y) ? Role::Inherits : Role::RowMajor;
   if (is_inheriting_unary(op)) {
-    // Pow's exponent, Clip's bounds, Dropout's ratio: oneDNN eltwise needs them constant.
+    // Pow's exponent, Clip's bounds, Dropout's ratio, PRelu's slopes: the kernels need them constant.
     for (std::size_t i = 1; i < n.num_inputs(); ++i)
       if (n.input(i) && !n.input(i)->is_constant()) return Role::RowMajor;
     return Role::Inherits;

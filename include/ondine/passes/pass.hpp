@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/pass.hpp - what a pass is, and the context it runs in.
 //
 // A pass is a small type with a name and a run function that says whether it changed the graph:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/pass_manager.hpp - runs a sequence of passes over a graph, and names passes for pipelines.
 //
 //   PassManager pm;

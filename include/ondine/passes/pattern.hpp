@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/pattern.hpp - a small declarative matcher over the IR, so a rewrite reads like its rule.
 //
 //   using namespace ondine::pattern;

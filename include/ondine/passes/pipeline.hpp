@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/pipeline.hpp - the graph passes built in, the process-wide pass registry, and the default
 // pipeline that `ondine compile` and lower::compile run.
 //
@@ -147,7 +148,7 @@ inline void run_pipeline_for_compiler(Graph& g, const std::string& pipeline, boo
 // Makes CompileOptions::passes run through this pass layer (ir/pipeline_hook.hpp). lower/lower.hpp calls it
 // at start-up. It is a call rather than a registration in this header because registering forces every
 // translation unit that includes the header to generate code for the whole pass layer (minutes at -O2,
-// issue 20's include cost): only the units that compile (lower/lower.hpp) pay for it.
+// docs/performance.md, "Include cost"): only the units that compile (lower/lower.hpp) pay for it.
 inline void register_pipeline_with_compiler() { pipeline_hook().run = &detail::run_pipeline_for_compiler; }
 
 }  // namespace ondine

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/pointwise_as_conv.hpp - pointwise-as-conv: a channels-last detour of per-position ops runs
 // on the channels-first tensor instead. PyTorch models write per-pixel MLPs and LayerNorms over channels as
 // permute(0, 2, 3, 1) -> LayerNorm / Linear / GELU ... -> permute(0, 3, 1, 2) (ConvNeXt's blocks, its

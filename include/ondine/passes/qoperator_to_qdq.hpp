@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/qoperator_to_qdq.hpp - qoperator-to-qdq: rewrites the QOperator ops into the QDQ form,
 // so that one int8 lowering (passes/fuse_qdq.hpp) handles pre-quantized models of both forms.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/remove_identity.hpp - remove-identity: removes nodes that pass their input through.
 //
 // Rewrites (x is input 0, y output 0; every reader of y then reads x):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/rewrite.hpp - the graph edits that rewrites share: redirecting a value's readers while
 // keeping the model's interface (graph input and output names) unchanged, and erasing nodes left unused.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/scatter_rows.hpp - scatter-rows: a ScatterElements along axis 0 whose indices repeat one
 // index across each row, as ScatterND of whole rows.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/scatter_slices.hpp - scatter-slices: a ScatterND that writes a box (PyTorch's sliced
 // assignment, `x[:, :, 1:, 1:] = y` or `+=`) as Slices of the data around the update, joined by Concats.
 //

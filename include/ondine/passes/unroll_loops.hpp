@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/unroll_loops.hpp - unroll-loops: a Loop with a trip count known at compile time becomes its
 // iterations, and a sequence built element by element at known positions becomes its elements.
 //

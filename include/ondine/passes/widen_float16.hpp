@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/widen_float16.hpp - widen-float16: a float16 model computed in float32.
 //
 // Why: models are shipped in float16 to halve their download (web and edge packages, exports made for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/calibration.hpp - post-training calibration: run a float model on sample inputs and
 // choose quantization parameters for its activations and weights.
 //

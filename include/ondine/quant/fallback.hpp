@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/fallback.hpp - quantization under an error bound: quantize, measure the output error
 // against fp32 on a few samples, and while it exceeds the bound keep one more layer in fp32, worst first.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/metrics.hpp - how far a tensor is from a reference: the numbers used to judge a
 // quantized (or otherwise approximated) model against its float original.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/observers.hpp - quantization parameters, the quantize/dequantize oracle, and observers.
 //
 // Affine int8 quantization maps a real x to q = saturate(round_half_even(x / scale) + zero_point) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/qdq.hpp - quantize: inserts ONNX QuantizeLinear/DequantizeLinear pairs (the QDQ format
 // ONNX Runtime's quantizer writes) from a calibration result, turning an fp32 graph into an int8 one
 // that any ONNX runtime, Ondine's reference executor included, runs with int8 numerics.

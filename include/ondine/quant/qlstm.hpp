@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/qlstm.hpp - static int8 for LSTM layers: the quantize pass (quant/qdq.hpp) replaces a
 // calibrated LSTM by ondine.QLSTM (definition: ir/infer/rnn.hpp), which lowers onto oneDNN's int8 LSTM.
 //

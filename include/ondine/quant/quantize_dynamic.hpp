@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/quant/quantize_dynamic.hpp - quantize-dynamic: dynamic int8 quantization of MatMul and Gemm
 // with constant float32 weights, and of GRU's input projection (Rewriter::rewrite_gru), in the standard ONNX form (the one ONNX Runtime's quantize_dynamic
 // writes): the activation's range is measured on every call, the weight's once, here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/common.hpp - shared plumbing for the naive reference kernels.
 //
 // The reference kernels are the oracle for every optimisation: plain loops over row-major data, written

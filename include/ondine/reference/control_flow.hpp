@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/control_flow.hpp - reference kernels of If, Loop, Scan (ONNX opsets 9-17) and
 // SequenceMap: each
 // runs its subgraph on the reference executor, the subgraph's captures bound to the node's implicit

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/einsum.hpp - the reference kernel of Einsum: any equation (ir/infer/einsum.hpp reads
 // it), with ellipses, diagonals (a letter repeated in a term), sums and the implicit output.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/executor.hpp - the reference executor: runs a graph node by node on naive kernels.
 //
 // It is the oracle that every optimisation and every compiled model is checked against, so it is kept

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/fused.hpp - reference kernels for Ondine's own ops (semantics: ir/fused_ops.hpp).
 //
 // Each fused op runs its base op's reference kernel (Conv, MatMul, Gemm) on the base inputs, then

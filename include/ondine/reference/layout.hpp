@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/layout.hpp - the reference kernel of ondine.Reorder (passes/layout.hpp): the
 // identity on logical values. Reference tensors are always row-major, so it copies its input.
 #pragma once

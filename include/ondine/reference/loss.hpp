@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/loss.hpp - reference kernels of the loss ops NegativeLogLikelihoodLoss and
 // SoftmaxCrossEntropyLoss.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/nn.hpp - reference kernels for the nn ops.
 //
 // Floating-point kernels read their inputs into double buffers, compute in double and round once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/nn_extra.hpp - reference kernels for Mish, BitwiseAnd/Or/Xor/Not, CenterCropPad,
 // GroupNormalization (opsets 18 and 21), LpNormalization, LpPool, GlobalLpPool, MaxRoiPool and
 // AffineGrid (opset 20). Shapes and attribute rules come from ondine/ir/infer/nn_extra.hpp.

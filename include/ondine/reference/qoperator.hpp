@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/qoperator.hpp - reference kernels for the QOperator ops and dynamic quantization:
 // QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and DynamicQuantizeLinear.
 //

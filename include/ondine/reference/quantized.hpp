@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/quantized.hpp - reference kernels for Ondine's quantized ops (definition:
 // ir/infer/quantized.hpp): integer accumulation (exact: the integer operands are summed in double),
 // rescaling and the post-ops in double, then round-half-even and saturation into the output type.

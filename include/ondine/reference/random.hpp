@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/random.hpp - seeded kernels of the random ops: RandomUniform, RandomNormal,
 // RandomUniformLike, RandomNormalLike, Bernoulli and Multinomial.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/rnn.hpp - reference kernels for RNN, GRU and LSTM (ONNX opsets 7-14 semantics, both
 // layouts), in double.
 //

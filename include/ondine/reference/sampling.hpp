@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/sampling.hpp - reference kernels of GridSample and RoiAlign, in double.
 //
 // GridSample follows the ONNX reference implementation (onnx/reference/ops/op_grid_sample.py), which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/selection.hpp - reference kernels of NonMaxSuppression, Unique and Compress, the ops
 // whose output size is data.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/sequence.hpp - kernels of the sequence and optional ops: SequenceEmpty,
 // SequenceConstruct, SequenceInsert, SequenceAt, SequenceErase, SequenceLength, SplitToSequence,
 // ConcatFromSequence, Optional, OptionalHasElement and OptionalGetElement.

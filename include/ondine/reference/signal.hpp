@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/signal.hpp - reference kernels of the signal ops: DFT (opsets 17 and 20), STFT,
 // HannWindow, HammingWindow, BlackmanWindow and MelWeightMatrix (shapes and attribute rules:
 // ir/infer/signal.hpp).

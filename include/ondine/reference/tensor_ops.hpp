@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/tensor_ops.hpp - reference kernels for the data-movement and shape ops.
 //
 // Most of these ops only move elements, so the kernels copy bytes (dtype_size at a time) and work for

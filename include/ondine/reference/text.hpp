@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/reference/text.hpp - the text ops: TfIdfVectorizer on integer tokens (string pools are not
 // supported), and StringNormalizer on string tensors (Tensor::strings).
 //

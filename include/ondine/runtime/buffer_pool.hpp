@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/runtime/buffer_pool.hpp - tensors whose storage returns to a pool when the last reference drops.
 //
 // Why: a model run at shapes that change from call to call (lower/dynamic.hpp) cannot place its values

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/runtime/compiled_model.hpp - a compiled model: an immutable list of steps over planned memory,
 // and the per-call state (ExecContext) that runs it.
 //
@@ -64,11 +65,21 @@ struct Slot {
 
 // What a step is, for logs and `ondine inspect --compiled`.
 struct StepInfo {
+  StepInfo() = default;
+  StepInfo(std::string name_, std::string op_, std::string implementation_, std::string detail_ = "",
+           std::string choice_ = "")
+      : name(std::move(name_)), op(std::move(op_)), implementation(std::move(implementation_)),
+        detail(std::move(detail_)), choice(std::move(choice_)) {}
+
   std::string name;            // the node's name, or a generated one for inserted reorders/copies
   std::string op;              // the ONNX op, or "Reorder" / "Copy" / "View"
   std::string implementation;  // the library's choice (oneDNN's impl_info_str, e.g. "brgconv:avx512_core"),
                                // "reference" for the reference kernel, "memcpy", ...
   std::string detail;          // layouts and shapes, e.g. "src acdb [1,64,56,56] -> dst acdb [1,64,56,56]"
+  // Where the compiler had alternatives for this step: which it took and what decided, e.g. "layout blocked
+  // (heuristic), direct (tuned), bf16 (option)": "heuristic" the built-in rule for this CPU, "tuned" measured by
+  // lower::tune (or stored so in an artifact), "option" set by the caller. Empty where there was no choice.
+  std::string choice;
 
   // A slow path: Ondine's reference kernel, or one of oneDNN's reference implementations ("ref:any"), which run
   // at a fraction of its jit kernels' speed (a binary op or concat in a layout no jit kernel takes). oneDNN
@@ -511,6 +522,7 @@ class CompiledModel {
     for (auto& s : p_->steps) {
       os << "  [" << s->index() << "] " << s->op() << " '" << s->name() << "': " << s->implementation();
       if (!s->info().detail.empty()) os << "  (" << s->info().detail << ")";
+      if (!s->info().choice.empty()) os << "  [" << s->info().choice << "]";
       os << "\n";
     }
     if (next_) os << next_->to_text();

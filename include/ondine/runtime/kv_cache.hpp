@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/runtime/kv_cache.hpp - a decoder's key/value cache in buffers of a maximum length, which each step
 // appends to in place (ONNX Runtime GenAI's shared past/present buffer).
 //

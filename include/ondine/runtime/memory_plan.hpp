@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/runtime/memory_plan.hpp - a static memory plan: every intermediate buffer gets an offset in
 // one arena, and buffers whose lifetimes do not overlap share bytes.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/runtime/output_binding.hpp - outputs written into memory the caller provides (ONNX Runtime's
 // IOBinding).
 //

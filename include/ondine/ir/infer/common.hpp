@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/common.hpp - helpers shared by the per-op shape and type inference functions.
 #pragma once
 

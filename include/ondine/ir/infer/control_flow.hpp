@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/control_flow.hpp - shape and type inference for If, Loop and Scan (ONNX opsets 9-17):
 // each infers its subgraphs with their inputs and captures typed from the node's inputs, then types its
 // outputs from the subgraphs' outputs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/einsum.hpp - the Einsum equation (opset 12) read once, for shape inference, the
 // reference kernel (reference/einsum.hpp) and the compiled engine's matmul lowering.
 //

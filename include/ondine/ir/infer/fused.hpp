@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/fused.hpp - shape and type inference for Ondine's own ops (ir/fused_ops.hpp):
 // ondine.FusedConv, ondine.FusedMatMul, ondine.FusedGemm, ondine.Gelu, ondine.Attention.
 //

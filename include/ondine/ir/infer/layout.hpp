@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/layout.hpp - shape and type inference for ondine.Reorder, the node the layout pass
 // (passes/layout.hpp) places where a value changes memory layout.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/loss.hpp - shape and type inference for the loss ops NegativeLogLikelihoodLoss and
 // SoftmaxCrossEntropyLoss (opsets 12 and 13).
 //

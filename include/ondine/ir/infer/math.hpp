@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/math.hpp - shape and type inference for the math ops: elementwise arithmetic,
 // activations, comparisons and logic, Cast and CastLike, reductions, ArgMax/ArgMin, Det and
 // (de)quantization.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/nn.hpp - shape and type inference for the nn ops.
 //
 // Conv, ConvTranspose, the pools, MaxUnpool, BatchNormalization, InstanceNormalization,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/nn_extra.hpp - shape and type inference for default-domain ops added after the first
 // opset-18 support: Mish, BitwiseAnd/Or/Xor/Not, CenterCropPad, GroupNormalization (opsets 18 and 21),
 // LpNormalization, LpPool, GlobalLpPool, MaxRoiPool and AffineGrid (opset 20).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/qoperator.hpp - shape and type inference for the QOperator ops and dynamic quantization:
 // QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and DynamicQuantizeLinear.
 //

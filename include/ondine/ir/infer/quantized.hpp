@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/quantized.hpp - Ondine's quantized ops (domain "ondine", made by passes/fuse_qdq.hpp
 // from QDQ graphs): their one definition, the attribute readers everyone shares, and shape inference.
 //

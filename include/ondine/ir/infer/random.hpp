@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/random.hpp - shape and type inference for the random ops: RandomUniform,
 // RandomNormal (shape from the `shape` attribute), RandomUniformLike, RandomNormalLike, Bernoulli (the
 // input's shape) and Multinomial ([batch, sample_size]).

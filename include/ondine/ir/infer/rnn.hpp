@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/rnn.hpp - shape and type inference for the recurrent ops RNN, GRU and LSTM.
 //
 // Inputs X [T, N, I] (layout 0) or [N, T, I] (layout 1), W [D, G*H, I], R [D, G*H, H], B [D, 2*G*H],

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/sampling.hpp - shape and type inference for the ops that sample an image at computed
 // points: GridSample (opsets 16 and 20) and RoiAlign (opsets 10 and 16).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/selection.hpp - shape and type inference for the ops whose output size is data:
 // NonMaxSuppression (the selected boxes, [?, 3]), Unique (the distinct values or slices) and Compress
 // (the slices a bool condition selects; their count is known when the condition is a constant).

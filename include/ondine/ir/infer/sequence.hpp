@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/sequence.hpp - type and shape inference for the sequence and optional ops
 // (reference/sequence.hpp has their kernels).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/signal.hpp - shape and type inference for the signal ops of opset 17: DFT (opsets 17
 // and 20), STFT, HannWindow, HammingWindow, BlackmanWindow and MelWeightMatrix.
 //

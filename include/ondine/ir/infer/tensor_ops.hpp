@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/tensor_ops.hpp - shape and type inference for the data-movement and shape ops.
 //
 // Concat, Split, Slice, Gather, GatherElements, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Shape,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/text.hpp - type and shape inference for the text ops (reference/text.hpp has the
 // kernels): TfIdfVectorizer, float32 counts, [C] -> [E] or [N, C] -> [N, E] with E = max(ngram_indexes) + 1;
 // StringNormalizer, strings of [C] or [1, C] -> [C'] or [1, C'] with C' known only without stopwords.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/ir/infer/values.hpp - shape-value propagation: the elements of the small integer tensors that
 // models compute from shapes, known at compile time as numbers or expressions over dim names.
 //

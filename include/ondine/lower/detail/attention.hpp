@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/attention.hpp - ondine.Attention (ir/fused_ops.hpp) as three oneDNN primitives
 // on one scratch buffer of scores: matmul Q x K with the scale as output scale and the additive mask
 // as a binary-add post-op, softmax in place over the last axis, matmul scores x V into the output

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/broadcast_ops.hpp - Expand, Where, the comparisons (Equal, Less, Greater,
 // LessOrEqual, GreaterOrEqual) and Cast as Ondine's own loops, for the dtypes oneDNN has no primitive for:
 // masks, indices, counts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/channel_norm.hpp - ondine.ChannelLayerNorm (ir/fused_ops.hpp) in float32: Ondine's
 // kernel, on the layout its producer wrote (plain NCHW, channels-last, or channel-blocked nChw8c / 16c).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/context.hpp - the machinery shared by the per-op lowerings: oneDNN memory
 // descriptor helpers, the step types (oneDNN primitive, reference kernel, copy), the per-context
 // oneDNN backend (stream, OpenMP threads), and the Lowering state that maps graph values to slots
@@ -55,12 +56,9 @@ inline const char* precision_name(Precision p) {
 // lowering (Layout::Blocked). Any: oneDNN picks (channels-last for its brgconv kernels on AVX-512 in this
 // oneDNN). ChannelBlocked: channels in blocks of the vector width (nChw16c on AVX-512, nChw8c below; ONNX
 // Runtime's NCHWc), which oneDNN's jit kernels take; a conv whose only blocked kernel is oneDNN's
-// reference (a dilated one) keeps Any. Auto (default): ChannelBlocked, at every batch size. Measured on a
-// Zen 4 (2 threads, interleaved): at batch 8 blocked is faster (MobileNetV2 33.0 -> 28.5 ms, its depthwise
-// and 1x1 layers streaming large activations better; ResNet-50 and EfficientNet-B0 3% faster); at batch 1
-// it was no faster in session 7 (Auto then kept Any there), and is since session 8's kernels (session 9,
-// medians of alternated runs: LR-ASPP 39.9 -> 35.0 ms, DeepLabV3 69.7 -> 64.9, EfficientNet-B0 6.30 -> 5.98,
-// MobileNetV2 3.79 -> 3.69; ResNet-50, ConvNeXt-Tiny and the text detector within 1%).
+// reference (a dilated one) keeps Any. Auto (default): ChannelBlocked, at every batch size, where it was
+// measured faster or equal on every CNN of the corpus (depthwise and 1x1 layers stream large activations
+// better; docs/performance.md, "Channel-blocked convolutions").
 enum class ConvLayout { Auto, Any, ChannelBlocked };
 
 // How a 3x3, stride-1 float32 convolution is computed (lower/detail/winograd.hpp). Auto (default): Winograd
@@ -134,12 +132,22 @@ struct CompileOptions {
   // On a CPU without VNNI, whose int8 kernels saturate past 7-bit weights: true (default) requantizes a
   // QDQ layer's 8-bit weights to 7 bits (w/2 rounded half to even, scales doubled: up to half an 8-bit
   // step more error per weight) so that it runs int8, what a quantized model is for (ResNet-50 and
-  // MobileNetV2 QDQ on an AVX2 host: 2.5x faster than with those layers in float, docs/performance.md);
+  // MobileNetV2 QDQ on an AVX2 host: 2.3-3.2x faster than with those layers in float; docs/performance.md,
+  // "Int8 without VNNI");
   // false keeps such layers in float, exactly as the file says. No effect with VNNI.
   bool int8_7bit_weights = true;
   // Models with symbolic input dims run through a ShapeCache: the shape-free plan or one plan per shape
   // (ShapePlan above).
   ShapePlan shape_plan = ShapePlan::Auto;
+  // Knobs above ("conv_layout", "conv_algorithm", "matmul_kernel", "precision", "int8_weights") whose setting
+  // was chosen rather than given by the caller, and how: "tuned" (lower::tune, or an artifact's stored
+  // choices) or "heuristic" (compile() resolving Precision::Auto). Only the per-step report reads it
+  // (StepInfo::choice: a knob not listed is "option" where set, else "heuristic").
+  std::map<std::string, std::string> choice_origins;
+  // Per node (by name), what lower::tune measured faster for that node than the model-wide setting: a 3x3
+  // convolution's algorithm; in a bf16 compile, the layers kept float32 (as keep_fp32 names them, by exact name).
+  std::map<std::string, ConvAlgorithm> conv_algorithm_per_node;
+  std::set<std::string> fp32_nodes;
 };
 
 // `text` matches the glob `pattern`: '*' any run of characters (also none), '?' exactly one.
@@ -864,10 +872,36 @@ class Lowering {
 
   // Whether node `n` computes in bfloat16: Precision::Bf16 and not kept float32 (CompileOptions::keep_fp32).
   bool runs_bf16(const Node& n) const {
-    if (options.precision != Precision::Bf16) return false;
+    if (options.precision != Precision::Bf16 || options.fp32_nodes.count(n.name())) return false;
     for (const std::string& pattern : options.keep_fp32)
       if (glob_match(pattern, n.name())) return false;
     return true;
+  }
+
+  // What decided knob `knob` (a CompileOptions field, by its tuner name) for StepInfo::choice: "tuned" /
+  // "heuristic" as CompileOptions::choice_origins says, else "option" where the caller set it (`set`), else
+  // "heuristic".
+  std::string choice_origin(const std::string& knob, bool set) const {
+    auto it = options.choice_origins.find(knob);
+    if (it != options.choice_origins.end()) return it->second;
+    return set ? "option" : "heuristic";
+  }
+  // A 3x3 convolution's algorithm: its own (the tuner's, per node) or the model-wide one; and what decided it.
+  ConvAlgorithm conv_algorithm_for(const Node& n) const {
+    auto it = options.conv_algorithm_per_node.find(n.name());
+    return it != options.conv_algorithm_per_node.end() ? it->second : options.conv_algorithm;
+  }
+  std::string conv_algorithm_origin(const Node& n) const {
+    if (options.conv_algorithm_per_node.count(n.name())) return "tuned";
+    return choice_origin("conv_algorithm", options.conv_algorithm != ConvAlgorithm::Auto);
+  }
+  // "bf16 (option)", "fp32 (keep_fp32)": the precision node `n` computes in, where the model runs bf16; ""
+  // in a float32 compile (nothing was chosen per step).
+  std::string precision_choice(const Node& n) const {
+    if (options.precision != Precision::Bf16) return "";
+    if (options.fp32_nodes.count(n.name())) return "fp32 (tuned)";
+    if (!runs_bf16(n)) return "fp32 (keep_fp32)";
+    return "bf16 (" + choice_origin("precision", true) + ")";
   }
 
   // The ops that only re-label or re-stride their input's bytes (shape_ops.hpp), whose output keeps the

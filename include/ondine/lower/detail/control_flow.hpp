@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/control_flow.hpp - If, Loop and Scan in a compiled model: their subgraphs are
 // compiled once, with the parent, into models of their own.
 //

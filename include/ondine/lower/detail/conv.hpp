@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/conv.hpp - Conv (1-D to 3-D, groups/depthwise, strides, pads incl. auto_pad,
 // dilations, bias) as a oneDNN convolution.
 //
@@ -277,8 +278,9 @@ inline bool is_gemm_or_reference(const dnnl::convolution_forward::primitive_desc
 }
 
 // own_swish: a trailing Swish of the node's own chain may run as Ondine's kernel after the primitive
-// (take_trailing_swish); false when the first attempt found the output not dense.
-inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
+// (take_trailing_swish); take_prelu: likewise a PRelu per channel ending the chain (take_trailing_prelu). Each
+// false when the first attempt found the output in a layout its kernel does not read.
+inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish, bool take_prelu = true) {
   namespace geo = ::ondine::infer::detail_nn;
   const Value* x = n.input(0);
   const Value* w = n.input(1);
@@ -325,14 +327,24 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   };
   memory::desc src_md = activation(x, xd, bf16 ? dt::bf16 : dt::f32);
   bool is_fused_op = !n.domain().empty();
-  std::optional<PostOpChain> planned = is_fused_op ? fused_post_ops(L, n, 3) : plan_post_ops(L, n, true);
+  std::optional<PostOpChain> planned =
+      is_fused_op ? fused_post_ops(L, n, 3, take_prelu) : plan_post_ops(L, n, true, take_prelu);
   if (!planned) return decline_fused(L, n, "its Sum is not a float32 tensor of the output's shape");
   PostOpChain chain = *planned;
   std::optional<float> swish;
   if (own_swish && !(bf16 && L.bf16_activation(chain.result))) swish = take_trailing_swish(chain);
+  // A PRelu per channel ending the chain: Ondine's kernel in place on what the conv writes (prelu.hpp says
+  // why), so no fused depthwise reads that output first. Not on a bf16 output (its kernel reads float32).
+  const Value* prelu_slope = nullptr;
+  if (!(bf16 && L.bf16_activation(chain.result))) prelu_slope = take_trailing_prelu(chain);
+  if (!prelu_slope && chain.eltwise.size() > chain.own_eltwise && chain.eltwise.back().prelu_slope) {
+    chain.eltwise.pop_back();  // its bf16 output: the PRelu is its own step
+    chain.nodes.pop_back();
+    chain.result = chain.nodes.empty() ? y : chain.nodes.back()->output(0);
+  }
   PostOpChain own = chain.own_part(y);
   if (blocked && !swish && const_w && const_b && group == 1 && kernel == Dims{1, 1} && strides == Dims{1, 1} &&
-      dilates == Dims{0, 0} && r.pad_begin == Dims{0, 0} && r.pad_end == Dims{0, 0})
+      dilates == Dims{0, 0} && r.pad_begin == Dims{0, 0} && r.pad_end == Dims{0, 0} && !prelu_slope)
     if (std::optional<DepthwiseFusion> dwf = depthwise_after(L, chain))
       if (lower_conv_with_depthwise(L, n, chain, *dwf, src_md, weights_md, strides, dilates, r.pad_begin, r.pad_end))
         return true;
@@ -423,13 +435,23 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
   }
   // A 3x3 stride-1 conv between channel-blocked activations: Winograd F(4x4, 3x3) where it pays (winograd.hpp),
   // with the whole chain folded into its output transform, else with the node's own part.
-  if (blocked && !bf16 && !swish && !padded_dims && rank == 4 && group == 1 && const_w && const_b &&
-      kernel == Dims{3, 3} && strides == Dims{1, 1} && dilates == Dims{0, 0}) {
+  const bool winograd_candidate = blocked && !bf16 && !swish && !padded_dims && rank == 4 && group == 1 && const_w &&
+                                  const_b && kernel == Dims{3, 3} && strides == Dims{1, 1} && dilates == Dims{0, 0};
+  if (winograd_candidate) {
     std::optional<memory::desc> x_blocked = channel_blocked_md(L, x, xd, dt::f32);
     for (const PostOpChain* c : {&chain, &own}) {
       if (c == &own && chain.nodes.empty()) break;
-      if (lower_conv_as_winograd(L, n, *c, r.pad_begin, x_blocked, channel_blocked_md(L, c->result, yd, dt::f32)))
+      const std::optional<memory::desc> y_md = channel_blocked_md(L, c->result, yd, dt::f32);
+      if (prelu_slope && c == &chain && y_md && !prelu_shape(*y_md)) continue;
+      if (lower_conv_as_winograd(L, n, *c, r.pad_begin, x_blocked, y_md)) {
+        if (prelu_slope && c == &chain) {
+          const memory::desc md = L.md_of(chain.result);
+          const SlotId out = L.slot_in(chain.result, md);
+          if (!add_prelu_step(L, n, out, out, md, prelu_slope, ":prelu"))
+            throw Error("internal: Winograd's output layout " + layout_name(md) + " for a PRelu");
+        }
         return true;
+      }
     }
   }
   if (!pd) return is_fused_op && decline_fused(L, n, "oneDNN has no convolution with its post-ops" + own.detail());
@@ -438,7 +460,8 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
       lower_conv_as_tap_products(L, n, own, r.pad_begin, win.dilations))
     return true;
   if (!fused) chain = own;
-  if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false);  // nothing created yet
+  if (swish && !is_dense(pd.dst_desc())) return lower_conv_with(L, n, false, take_prelu);  // nothing created yet
+  if (prelu_slope && fused && !prelu_shape(pd.dst_desc())) return lower_conv_with(L, n, own_swish, false);
 
   SlotId src;
   if (padded_dims) {
@@ -471,9 +494,20 @@ inline bool lower_conv_with(Lowering& L, const Node& n, bool own_swish) {
                        dims_str(wd) + (const_w ? "" : " (runtime)") + (group > 1 ? " g" + std::to_string(group) : "") + chain.detail() + " -> dst " +
                        layout_name(pd.dst_desc()) + dims_str(yd);
   args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), read_too});
-  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
+  // The alternatives it had (StepInfo::choice): the activation layout, Winograd, the precision.
+  std::string choice;
+  auto chose = [&choice](const std::string& part) { choice += (choice.empty() ? "" : ", ") + part; };
+  if (!bf16 && rank == 4 && (blocked || L.options.conv_layout == ConvLayout::Any))
+    chose(std::string("layout ") + (blocked ? "blocked" : "any") + " (" +
+          L.choice_origin("conv_layout", L.options.conv_layout != ConvLayout::Auto) + ")");
+  if (winograd_candidate)
+    chose("direct (" + L.conv_algorithm_origin(n) + ")");
+  if (const std::string p = L.precision_choice(n); !p.empty()) chose(p);
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail, choice}, &n, dnnl::convolution_forward(pd),
                   pd.scratchpad_desc(), std::move(args), std::move(consts));
   if (swish) add_silu_step(L, n, dst, pd.dst_desc(), *swish);
+  if (prelu_slope && fused && !add_prelu_step(L, n, dst, dst, pd.dst_desc(), prelu_slope, ":prelu"))
+    throw Error("internal: a convolution output layout " + layout_name(pd.dst_desc()) + " for a PRelu");
   return true;
 }
 

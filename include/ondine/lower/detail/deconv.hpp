@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/deconv.hpp - ConvTranspose (1-D to 3-D, groups, strides, pads incl. auto_pad,
 // dilations, output_padding / output_shape, bias) as a oneDNN deconvolution.
 //

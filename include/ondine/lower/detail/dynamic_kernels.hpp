@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/dynamic_kernels.hpp - kernels that take their sizes at run time, for the shape-free
 // plan (lower/dynamic.hpp): made once per node when the model is compiled, they read the shapes of the
 // tensors they are given at each call.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/dynamic_quant.hpp - dynamic quantization compiled: DynamicQuantizeLinear as
 // Ondine's own two-pass kernel, and ondine.DynQMatMul / ondine.DynQConv (passes/fuse_dynamic_qmatmul.hpp,
 // fuse_dynamic_qconv.hpp) as one oneDNN matmul or convolution whose output scales and source zero point

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/einsum.hpp - Einsum of two operands that is a (batched) matrix product after
 // transposes, as one oneDNN matmul reading and writing through strides: "bij,bjk->bik",
 // "bhqd,bhkd->bhqk" (attention scores, B read transposed), "ij,jk->ki" (a transposed output), "i,i".

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/eltwise.hpp - unary activations (oneDNN eltwise) and broadcasting binary ops
 // (oneDNN binary), plus the post-op fusion that attaches activations and residual adds to the
 // conv/matmul primitive producing their input.
@@ -17,18 +18,21 @@
 
 #include "ondine/ir/fused_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/prelu.hpp"
 #include "ondine/lower/detail/silu.hpp"
 #include "ondine/lower/isa.hpp"
 
 namespace ondine::lower::detail {
 
-// One activation as up to two oneDNN eltwise algorithms applied in order.
+// One activation as up to two oneDNN eltwise algorithms applied in order, or (a post-op chain only, no ops)
+// a PRelu with one slope per channel, the constant `prelu_slope` (Ondine's kernel: take_trailing_prelu).
 struct EltwiseSpec {
   struct Op {
     dnnl::algorithm alg;
     float alpha = 0, beta = 0;
   };
   std::vector<Op> ops;
+  const Value* prelu_slope = nullptr;
 };
 
 inline bool is_f32(const Value* v) { return v && v->dtype() == DType::Float32 && v->shape().is_static(); }
@@ -147,6 +151,7 @@ inline const char* alg_name(dnnl::algorithm a) {
 }
 
 inline std::string eltwise_detail(const EltwiseSpec& s) {
+  if (s.prelu_slope) return "prelu('" + s.prelu_slope->name() + "')";
   std::string d;
   for (auto& op : s.ops) d += (d.empty() ? "" : "+") + std::string(alg_name(op.alg));
   return d;
@@ -245,8 +250,11 @@ struct PostOpChain {
     if (sum_operand) p.append_sum(1.0f);
     for (const ConstantOperand& k : binary)
       p.append_binary(k.alg, plain_md(left_pad(k.operand->shape().sizes(), result->shape().rank())));
-    for (auto& e : eltwise)
+    for (auto& e : eltwise) {
+      // oneDNN 2.6 has no jit kernel with a prelu post-op: the caller takes it off first (take_trailing_prelu).
+      if (e.prelu_slope) throw Error("internal: a PRelu left in a post-op chain");
       for (auto& op : e.ops) p.append_eltwise(1.0f, op.alg, op.alpha, op.beta);
+    }
     return p;
   }
   std::string detail() const {
@@ -265,21 +273,44 @@ inline const Node* sole_consumer(const Value* v) {
   return v->uses()[0].node;
 }
 
-// Appends the activations reading chain.result (each its only reader) to the chain.
-inline void extend_with_activations(Lowering& L, PostOpChain& chain) {
+// PRelu `n` as one activation: eltwise relu with the slope as alpha where there is one slope, else (with
+// `per_channel`) a prelu post-op where there is one per channel of its result (dim 1; PyTorch's nn.PReLU(C),
+// MobileFaceNet's and ArcFace's activations); nullopt otherwise.
+inline std::optional<EltwiseSpec> prelu_spec(const Node& n, bool per_channel) {
+  const Value *x = n.input(0), *slope = n.input(1), *y = n.output(0);
+  if (n.op_type() != "PRelu" || !n.domain().empty() || !is_f32(x) || !is_f32(y) || !slope || !slope->is_constant() ||
+      slope->dtype() != DType::Float32 || slope->shape().rank() > x->shape().rank())
+    return std::nullopt;
+  EltwiseSpec s;
+  if (slope->constant().numel() == 1) {
+    s.ops.push_back({dnnl::algorithm::eltwise_relu, slope->constant().data<float>()[0], 0.0f});
+    return s;
+  }
+  const Dims xd = x->shape().sizes(), sd = left_pad(slope->shape().sizes(), xd.size());
+  if (!per_channel || xd.size() < 2) return std::nullopt;
+  for (std::size_t i = 0; i < xd.size(); ++i)
+    if (sd[i] != (i == 1 ? xd[1] : 1)) return std::nullopt;
+  s.prelu_slope = slope;
+  return s;
+}
+
+// Appends the activations reading chain.result (each its only reader) to the chain; with `allow_prelu`, a
+// PRelu with a slope per channel too, which ends the chain (the caller takes it off: take_trailing_prelu).
+inline void extend_with_activations(Lowering& L, PostOpChain& chain, bool allow_prelu = false) {
   const Value* cur = chain.result;
   while (const Node* next = sole_consumer(cur)) {
     if (L.options.reference_ops.count(next->op_key())) break;
-    auto spec = eltwise_spec(*next);
+    auto spec = next->op_type() == "PRelu" ? prelu_spec(*next, allow_prelu) : eltwise_spec(*next);
     if (!spec || next->input(0) != cur) break;
     chain.eltwise.push_back(*spec);
     chain.nodes.push_back(next);
     cur = next->output(0);
     chain.result = cur;
+    if (spec->prelu_slope) break;
   }
 }
 
-inline PostOpChain plan_post_ops(Lowering& L, const Node& producer, bool allow_sum) {
+inline PostOpChain plan_post_ops(Lowering& L, const Node& producer, bool allow_sum, bool allow_prelu = false) {
   PostOpChain chain;
   const Value* cur = producer.output(0);
   chain.result = cur;
@@ -300,7 +331,7 @@ inline PostOpChain plan_post_ops(Lowering& L, const Node& producer, bool allow_s
       }
     }
   }
-  extend_with_activations(L, chain);
+  extend_with_activations(L, chain, allow_prelu);
   return chain;
 }
 
@@ -352,7 +383,8 @@ inline PostOpChain plan_binary_post_ops(Lowering& L, const Node& n) {
 
 // A fused node's own chain (ondine.FusedConv: Sum = input 3 and its activations), extended by the
 // activations that follow it in the graph. nullopt when its Sum cannot be a sum post-op.
-inline std::optional<PostOpChain> fused_post_ops(Lowering& L, const Node& n, std::size_t sum_input) {
+inline std::optional<PostOpChain> fused_post_ops(Lowering& L, const Node& n, std::size_t sum_input,
+                                                 bool allow_prelu = false) {
   PostOpChain chain(n.output(0));
   if (const Value* sum = n.input(sum_input)) {
     if (!is_f32(sum) || sum->shape().sizes() != n.output(0)->shape().sizes()) return std::nullopt;
@@ -362,7 +394,7 @@ inline std::optional<PostOpChain> fused_post_ops(Lowering& L, const Node& n, std
   }
   for (const fused::Activation& a : fused::read_activations(n)) chain.eltwise.push_back(eltwise_of(a));
   chain.own_eltwise = chain.eltwise.size();
-  extend_with_activations(L, chain);
+  extend_with_activations(L, chain, allow_prelu);
   return chain;
 }
 
@@ -427,6 +459,106 @@ inline void add_silu_step(Lowering& L, const Node& n, SlotId dst, const memory::
   std::string detail = "in place on " + layout_name(md) + (alpha == 1.0f ? "" : " alpha " + std::to_string(alpha));
   L.add_step(std::make_unique<SiluStep>(runtime::StepInfo{n.name() + ":swish", "Swish", silu::kernel_name(kernel), detail},
                                         dst, md.get_size() / sizeof(float), alpha, kernel));
+}
+
+// The format tag among oneDNN's plain, channels-last and channel-blocked ones that gives `md` for its
+// dims (a broadcast operand can then be laid out the same way), or `undef`.
+inline memory::format_tag channel_layout_tag(const memory::desc& md) {
+  using tag = memory::format_tag;
+  static const std::vector<std::vector<tag>> by_rank = {
+      {}, {}, {tag::ab}, {tag::abc, tag::acb, tag::aBc8b, tag::aBc16b, tag::aBc4b},
+      {tag::abcd, tag::acdb, tag::aBcd8b, tag::aBcd16b, tag::aBcd4b},
+      {tag::abcde, tag::acdeb, tag::aBcde8b, tag::aBcde16b, tag::aBcde4b}};
+  const auto rank = static_cast<std::size_t>(md.data.ndims);
+  if (rank >= by_rank.size() || md.data.format_kind != dnnl_blocked) return tag::undef;
+  for (tag t : by_rank[rank])
+    if (memory::desc(md.dims(), md.data_type(), t) == md) return t;
+  return tag::undef;
+}
+
+// How prelu::run sees a dense float32 tensor of logical dims `dims` laid out as `md`: row-major, channels-last
+// or channel-blocked (channel_layout_tag); nullopt for other layouts.
+inline std::optional<prelu::Shape> prelu_shape(const memory::desc& md) {
+  const Dims dims = md.dims();
+  if (dims.size() < 2 || md.data_type() != memory::data_type::f32 || !is_dense(md)) return std::nullopt;
+  const memory::format_tag tag = channel_layout_tag(md);
+  if (tag == memory::format_tag::undef) return std::nullopt;
+  auto u = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  std::size_t spatial = 1;
+  for (std::size_t i = 2; i < dims.size(); ++i) spatial *= u(dims[i]);
+  const std::size_t n = u(dims[0]), c = u(dims[1]);
+  prelu::Shape s;
+  if (md.data.format_desc.blocking.inner_nblks == 1) {  // aBcd16b: channels in blocks
+    const std::size_t b = u(md.data.format_desc.blocking.inner_blks[0]);
+    s.outer = n, s.groups = (c + b - 1) / b, s.repeats = spatial, s.block = b;
+  } else if (dims.size() == 2 || md.data.format_desc.blocking.strides[1] == 1) {  // [N, C], channels-last
+    s.outer = n * spatial, s.groups = 1, s.repeats = 1, s.block = c;
+  } else {  // row-major
+    s.outer = n, s.groups = c, s.repeats = spatial, s.block = 1;
+  }
+  if (s.count() * sizeof(float) != md.get_size()) return std::nullopt;
+  return s;
+}
+
+// y = x > 0 ? x : slope[c] x from one float32 slot to another (or in place) in the layout prelu_shape read,
+// rows split over the run's OpenMP threads.
+class PReluStep : public runtime::Step {
+ public:
+  PReluStep(runtime::StepInfo info, SlotId src, SlotId dst, prelu::Shape shape, std::vector<float> slopes,
+            prelu::Kernel kernel)
+      : Step(std::move(info), {src}, {dst}), src_(src), dst_(dst), shape_(shape), slopes_(std::move(slopes)),
+        kernel_(kernel) {}
+
+  void execute(runtime::ExecContext& ctx) const override {
+    ctx.backend()->wait();
+    const float* x = static_cast<const float*>(ctx.ptr(src_));
+    float* y = static_cast<float*>(ctx.ptr(dst_));
+    const std::size_t rows = shape_.outer * shape_.groups, row = shape_.repeats * shape_.block;
+    constexpr std::size_t kPerThread = std::size_t{1} << 14;  // elements below which a second thread costs more
+    const int threads = static_cast<int>(std::min<std::size_t>(
+        {static_cast<std::size_t>(omp_get_max_threads()), (rows * row + kPerThread - 1) / kPerThread, rows}));
+    if (threads <= 1) return prelu::run(kernel_, x, y, slopes_.data(), shape_, 0, rows);
+#pragma omp parallel num_threads(threads)
+    {
+      const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), k = static_cast<std::size_t>(threads);
+      prelu::run(kernel_, x, y, slopes_.data(), shape_, rows * t / k, rows * (t + 1) / k);
+    }
+  }
+
+ private:
+  SlotId src_, dst_;
+  prelu::Shape shape_;
+  std::vector<float> slopes_;  // one per channel, zeros past the channels to groups * block
+  prelu::Kernel kernel_;
+};
+
+// Takes the PRelu that ends `chain` (extend_with_activations with allow_prelu) off its post-ops; returns its
+// slopes, or null. chain.result and chain.nodes keep it: the caller applies it in place (add_prelu_step) to
+// what the primitive writes, and must not hand the chain's result to a reader that skips that step.
+inline const Value* take_trailing_prelu(PostOpChain& chain) {
+  if (chain.eltwise.empty() || !chain.eltwise.back().prelu_slope) return nullptr;
+  const Value* slope = chain.eltwise.back().prelu_slope;
+  chain.eltwise.pop_back();
+  return slope;
+}
+
+// Appends a PReluStep from `src` to `dst` (the same slot: in place), both laid out as `md`; false (nothing
+// added) for a layout prelu_shape does not read.
+inline bool add_prelu_step(Lowering& L, const Node& n, SlotId src, SlotId dst, const memory::desc& md,
+                           const Value* slope, const std::string& name_suffix) {
+  std::optional<prelu::Shape> shape = prelu_shape(md);
+  if (!shape) return false;
+  std::vector<float> slopes(shape->groups * shape->block, 0.0f);
+  const Tensor& k = slope->constant();
+  std::copy(k.data<float>(), k.data<float>() + k.numel(), slopes.begin());
+  const IsaInfo isa = effective_isa();
+  const prelu::Kernel kernel = prelu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa));
+  L.add_step(std::make_unique<PReluStep>(
+      runtime::StepInfo{n.name() + name_suffix, "PRelu", prelu::kernel_name(kernel),
+                        std::string(src == dst ? "in place on " : "") + layout_name(md) + dims_str(Dims(md.dims())) +
+                            ", slopes '" + slope->name() + "'"},
+      src, dst, *shape, std::move(slopes), kernel));
+  return true;
 }
 
 // A fused node that oneDNN cannot take runs its reference kernel (correct, slow): say so.
@@ -525,20 +657,38 @@ inline bool lower_eltwise(Lowering& L, const Node& n) {
   return true;
 }
 
-// The format tag among oneDNN's plain, channels-last and channel-blocked ones that gives `md` for its
-// dims (a broadcast operand can then be laid out the same way), or `undef`.
-inline memory::format_tag channel_layout_tag(const memory::desc& md) {
-  using tag = memory::format_tag;
-  static const std::vector<std::vector<tag>> by_rank = {
-      {}, {}, {tag::ab}, {tag::abc, tag::acb, tag::aBc8b, tag::aBc16b, tag::aBc4b},
-      {tag::abcd, tag::acdb, tag::aBcd8b, tag::aBcd16b, tag::aBcd4b},
-      {tag::abcde, tag::acdeb, tag::aBcde8b, tag::aBcde16b, tag::aBcde4b}};
-  const auto rank = static_cast<std::size_t>(md.data.ndims);
-  if (rank >= by_rank.size() || md.data.format_kind != dnnl_blocked) return tag::undef;
-  for (tag t : by_rank[rank])
-    if (memory::desc(md.dims(), md.data_type(), t) == md) return t;
-  return tag::undef;
+// PRelu where no conv took it: one slope, oneDNN's eltwise relu with it as alpha; a constant slope per channel
+// (dim 1), Ondine's kernel (prelu.hpp) on the producer's layout.
+inline bool lower_prelu(Lowering& L, const Node& n) {
+  std::optional<EltwiseSpec> spec = prelu_spec(n, true);
+  if (!spec) return false;
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (!spec->prelu_slope) {
+    const EltwiseSpec::Op& op = spec->ops[0];
+    dnnl::eltwise_forward::primitive_desc pd(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, op.alg, L.md_of(x), op.alpha, op.beta),
+        Lowering::base_attr(), L.engine(), true);
+    if (!pd) return false;
+    const SlotId src = L.slot_in(x, pd.src_desc());
+    const SlotId dst = L.new_value_slot(y, pd.dst_desc());
+    L.define(y, dst, pd.dst_desc());
+    L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), "relu alpha " + std::to_string(op.alpha) + " " +
+                                                                     layout_name(pd.src_desc()) + dims_str(x->shape().sizes())},
+                    &n, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
+                    {{DNNL_ARG_SRC, src, pd.src_desc()}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, {});
+    return true;
+  }
+  // Per channel: Ondine's kernel on the producer's layout, or on a row-major copy of another.
+  memory::desc md = L.md_of(x);
+  if (!prelu_shape(md)) md = plain_md(x->shape().sizes());
+  const SlotId src = L.slot_in(x, md);
+  const SlotId dst = L.new_value_slot(y, md);
+  L.define(y, dst, md);
+  if (!add_prelu_step(L, n, src, dst, md, spec->prelu_slope, "")) throw Error("internal: PRelu on a row-major layout");
+  return true;
 }
+
 
 // `yd` and the broadcast operand's `bd` (same rank) with neighbouring dims of the same kind (both full,
 // or broadcast in `bd`) merged and a leading 1 when the first group is full: [3,320,320] * [3,1,1]

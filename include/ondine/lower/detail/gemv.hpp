@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/gemv.hpp - a few rows times a constant matrix, Y += X W, for a decoder's tokens.
 //
 // Why: a decode step multiplies one row by every weight matrix of the model, so it reads each weight

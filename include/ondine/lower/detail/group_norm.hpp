@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/group_norm.hpp - GroupNormalization (opsets 18 and 21), ondine.GroupNorm and
 // InstanceNormalization (one group per channel) in float32: Ondine's kernel (AVX-512 / AVX2 / C++).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/layout_name.hpp - a oneDNN memory descriptor's layout in oneDNN's own notation: one
 // letter per dim, outermost first, upper case where the dim is also blocked, then the inner blocks
 // ("aBcd16b", "acdb"; "abcd" is row-major), and ":bf16" for bfloat16 data (float32 and the int8 types

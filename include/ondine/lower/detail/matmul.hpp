@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/matmul.hpp - MatMul and Gemm as the oneDNN matmul primitive.
 //
 // Constant weights are reordered once into the layout oneDNN prefers (format_tag::any); a runtime
@@ -78,19 +79,26 @@ inline memory::desc with_data_type(const memory::desc& md, memory::data_type dt)
 
 // A float32 product by constant 2-D weights, [M, K] x [K, N] with A row-major, as oneDNN's 1x1 convolution
 // over the M rows as positions: row-major [M, K] is the channels-last (nwc) [1, K, M] oneDNN's jit_1x1 kernel
-// reads, and its output [1, N, M] nwc is the row-major [M, N], so neither side moves. Measured on AVX2 (2
-// threads, docs/performance.md, session 14): 1.1-1.3x gemm:jit with its best weight layout on the products
-// of transformers and ConvNeXt (197x384x1536 1.38 against 1.58 ms, 1024x256x1024 3.25 against 4.23,
-// 49x768x3072 1.67 against 1.82, 2 rows 0.067 against 0.107). Bias per column, a Sum (binary add of the
+// reads, and its output [1, N, M] nwc is the row-major [M, N], so neither side moves. On AVX2 it is
+// 1.1-1.3x gemm:jit with its best weight layout on the products of transformers and ConvNeXt
+// (docs/performance.md, "Linear layers as 1x1 convolutions"). Bias per column, a Sum (binary add of the
 // row-major operand) and eltwise post-ops; nothing else (Gemm's alpha and C, bf16) takes this path. Returns
 // false, with nothing created, where it does not apply or oneDNN has no jit_1x1 kernel for it.
+inline bool linear_as_conv_applies(const MatmulPlan& plan) {
+  return plan.weights_constant && plan.out_scale == 1.0f && !plan.c_runtime && !plan.c_constant &&
+         plan.src_md.data.ndims == 2 && plan.weights_md.data.ndims == 2 &&
+         plan.src_md.data_type() == memory::data_type::f32 && plan.weights.dtype() == DType::Float32 &&
+         is_row_major(plan.src_md);
+}
+
+// "conv1x1 (tuned)" / "gemm (heuristic)": the kernel a Linear layer got, for StepInfo::choice.
+inline std::string matmul_kernel_choice(const Lowering& L, const char* kernel) {
+  return std::string(kernel) + " (" + L.choice_origin("matmul_kernel", L.options.matmul_kernel != MatMulKernel::Auto) + ")";
+}
+
 inline bool emit_matmul_as_conv(Lowering& L, const Node& n, const Value* a, const MatmulPlan& plan,
                                 const std::string& detail_prefix) {
-  if (L.options.matmul_kernel == MatMulKernel::Gemm || !plan.weights_constant || plan.out_scale != 1.0f ||
-      plan.c_runtime || plan.c_constant || plan.src_md.data.ndims != 2 || plan.weights_md.data.ndims != 2 ||
-      plan.src_md.data_type() != memory::data_type::f32 || plan.weights.dtype() != DType::Float32 ||
-      !is_row_major(plan.src_md))
-    return false;
+  if (L.options.matmul_kernel == MatMulKernel::Gemm || !linear_as_conv_applies(plan)) return false;
   const memory::dim M = plan.src_md.data.dims[0], K = plan.src_md.data.dims[1], N = plan.weights_md.data.dims[1];
   if (plan.bias && plan.bias->numel() != N) return false;
   if (L.options.matmul_kernel == MatMulKernel::Auto) {
@@ -143,7 +151,8 @@ inline bool emit_matmul_as_conv(Lowering& L, const Node& n, const Value* a, cons
   std::string detail = detail_prefix + " as a 1x1 conv over " + std::to_string(M) + " rows, wei " +
                        layout_name(pd.weights_desc()) + (with_bias ? " +bias[" + std::to_string(N) + "]" : "") +
                        plan.own_detail() + plan.chain.detail() + " -> " + dims_str(result->shape().sizes());
-  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::convolution_forward(pd),
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail, matmul_kernel_choice(L, "conv1x1")}, &n,
+                  dnnl::convolution_forward(pd),
                   pd.scratchpad_desc(), std::move(args), std::move(consts));
   return true;
 }
@@ -157,6 +166,7 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
   const bool bf16 = L.choose_bf16(n, plan.weights_constant && a && a->dtype() == DType::Float32 &&
                                          plan.src_md.data_type() == memory::data_type::f32 &&
                                          plan.weights.dtype() == DType::Float32);
+  const bool kernel_choice = !bf16 && linear_as_conv_applies(plan);  // gemm or conv1x1
   if (bf16) {
     plan.src_md = with_data_type(plan.src_md, memory::data_type::bf16);
     plan.weights_md = with_data_type(plan.weights_md, memory::data_type::bf16);
@@ -233,8 +243,11 @@ inline bool emit_matmul(Lowering& L, const Node& n, const Value* a, const Value*
                        (plan.out_scale != 1.0f ? " *alpha" : "") + (plan.c_runtime || plan.c_constant ? " +C" + dims_str(plan.c_dims) : "") +
                        plan.own_detail() + plan.chain.detail() + " -> " +
                        dims_str(result->shape().sizes()) + (bf16_out ? " bf16" : "");
-  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail}, &n, dnnl::matmul(pd), pd.scratchpad_desc(),
-                  std::move(args), std::move(consts));
+  std::string choice = kernel_choice ? matmul_kernel_choice(L, "gemm") : "";
+  if (plan.weights_constant)
+    if (const std::string p = L.precision_choice(n); !p.empty()) choice += (choice.empty() ? "" : ", ") + p;
+  L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), detail, choice}, &n, dnnl::matmul(pd),
+                  pd.scratchpad_desc(), std::move(args), std::move(consts));
   return true;
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/norm.hpp - BatchNormalization (inference), LayerNormalization and Softmax /
 // LogSoftmax.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/pool.hpp - MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool as oneDNN
 // pooling_v2 (dilated pooling), created on the producer's layout; the output in the layout the layout pass
 // chose for it (activation_md), else the one oneDNN picks (the source's).

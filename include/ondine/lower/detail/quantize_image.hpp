@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/quantize_image.hpp - a model's 3-channel fp32 image input quantized straight into the
 // channels-last int8 layout its int8 convolutions read.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/quantized.hpp - Ondine's quantized ops (ir/infer/quantized.hpp) as oneDNN int8
 // primitives, and leftover QuantizeLinear / DequantizeLinear as reorders with scales.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/recurrence.hpp - Ondine's own recurrence kernels on AVX-512 and AVX2, for the two
 // cases oneDNN 2.6 runs slowly or not at all:
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/reorder.hpp - ondine.Reorder (placed by passes/layout.hpp): its input in the
 // layout its output value asks for (Value::layout).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/resample.hpp - Resize (nearest and linear, spatial axes only) as oneDNN
 // resampling, created on the producer's layout.
 //

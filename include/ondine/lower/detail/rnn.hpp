@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/rnn.hpp - LSTM, GRU and RNN (layout 0) on oneDNN's recurrent primitives:
 // lstm_forward (with peepholes), gru_forward, lbr_gru_forward (linear_before_reset = 1, which is how
 // PyTorch exports every GRU) and vanilla_rnn_forward, one layer each, forward, reverse or bidirectional.

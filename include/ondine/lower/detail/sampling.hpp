@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/sampling.hpp - GridSample and RoiAlign compiled: Ondine's own float32 kernels.
 //
 // Contract: they compute what the reference kernels (reference/sampling.hpp, in double: the oracle)

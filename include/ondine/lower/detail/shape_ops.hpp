@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/shape_ops.hpp - Concat (oneDNN concat on the producers' layouts); Transpose and
 // Slice as strided views of their source (copied by one reorder only when a reader needs row-major
 // bytes: Lowering::define_strided_view); the ops that only re-label bytes: Reshape, Flatten, Squeeze,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/signal.hpp - DFT and STFT compiled onto KissFFT (libkissfft-dev, BSD; float32 only).
 //
 // Contract: a float32 DFT (opsets 17 and 20: any length, dft_length padding or truncating, inverse,

@@ -1,20 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/silu.hpp - Swish / SiLU, y = x * sigmoid(alpha * x), in place over float32 memory:
 // Ondine's own kernels for AVX-512 and AVX2 (+FMA), and a scalar one.
 //
-// Why not oneDNN's eltwise_swish post-op: measured on Zen 4 (2026-11-26), oneDNN 2.6's swish injector costs
-// about 0.8 ns per element (exp by its full-range polynomial, then a division), three times what the
-// convolution itself spends per output element of EfficientNet's expansion convs; as a separate pass over
-// the convolution's output (still in cache) this kernel cost 0.27 ns per element then (0.17 now, below): a
-// 1x1 conv 16->96 at 112x112 took 0.72 ms with it against 1.41 ms with the post-op (one thread).
+// Why not oneDNN's eltwise_swish post-op: oneDNN 2.6's swish injector computes exp by its full-range
+// polynomial and then divides, costing several times what the convolution itself spends per output element
+// of EfficientNet's expansion convs; a separate pass over the convolution's output, still in cache, costs a
+// fraction of that (docs/performance.md, "SiLU by Ondine's kernel"; bench/silu_kernels.cpp).
 //
 // Accuracy: exp(-alpha x) as 2^n * p(f) with a degree-5 minimax polynomial for 2^f on f in [-0.5, 0.5]
 // (relative error 1.1e-7), the exponent clamped at +126 (below, scalef underflows to 0 on its own; x *
 // sigmoid saturates long before either end); largest relative error 3.7e-6 over [-90, 90], exact signs,
 // silu(0) = 0.
 //
-// Speed (one thread, Zen 4, 2026-11-26, bench/silu_kernels.cpp): x / (1 + e) by one vdivps costs 0.166
-// ns per element against 0.199 for rcp14 and a Newton step (0.248 for the degree-6 kernel before); the
-// divide unit runs beside the FMA pipes.
+// Speed (bench/silu_kernels.cpp): x / (1 + e) by one vdivps is faster than rcp14 and a Newton step on AMD
+// cores, whose divide unit runs beside the FMA pipes.
 // Skylake-SP's zmm divide issues only every 10 cycles, about what the rest of the kernel takes, so the
 // exact division is taken where the CPU's vendor is AMD, the reciprocal elsewhere (same accuracy).
 //

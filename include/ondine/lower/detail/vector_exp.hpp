@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/vector_exp.hpp - exp over float32 arrays in place (AVX-512, AVX2 + FMA, scalar), for the
 // softmax rows of the shape-free kernels (lower/detail/dynamic_kernels.hpp), whose lengths change at every
 // call, so no oneDNN softmax primitive made for one length serves them.

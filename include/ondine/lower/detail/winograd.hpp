@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/winograd.hpp - a 3x3, stride-1 float32 convolution as Winograd F(4x4, 3x3) (Lavin and Gray,
 // "Fast Algorithms for Convolutional Neural Networks", 2016): 4x4 outputs from a 6x6 input tile with 36
 // multiplications per (input, output) channel pair instead of 144.
@@ -308,7 +309,7 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
 #ifndef ONDINE_WINOGRAD_X86
   return false;
 #else
-  const ConvAlgorithm algorithm = L.options.conv_algorithm;
+  const ConvAlgorithm algorithm = L.conv_algorithm_for(n);
   const IsaInfo isa = effective_isa();
   if (algorithm == ConvAlgorithm::Direct || !winograd::has_avx2(isa) || !x_blocked || !y_blocked) return false;
   std::optional<group_norm::Activation> act = group_norm_activation(chain);
@@ -349,6 +350,9 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
   const SlotId src = L.slot_in(x, *x_blocked);
   bool sum = false;
   const SlotId dst = post_op_dst(L, chain, *y_blocked, sum);
+  // The choices this conv had (StepInfo::choice), on its first step.
+  const std::string choice = "layout blocked (" + L.choice_origin("conv_layout", L.options.conv_layout != ConvLayout::Auto) +
+                             "), winograd (" + L.conv_algorithm_origin(n) + ")";
   const std::string shape = dims_str(xd) + " -> " + dims_str(yd) + ", " + std::to_string(tiles) + " tiles in " +
                             std::to_string(chunks) + " chunk" + (chunks > 1 ? "s" : "");
   for (std::int64_t i = 0; i < chunks; ++i) {
@@ -359,7 +363,8 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
     const SlotId m = L.add_slot(runtime::Slot{chain.result->name() + ".winograd_m", DType::Float32,
                                               {36, rows, g.out_channels}, m_md.get_size(), "abc", SlotKind::Arena, 0});
     L.add_step(std::make_unique<winograd::TransformStep>(
-        runtime::StepInfo{n.name(), n.op_type(), "ondine:winograd", "F(4x4,3x3) input transform " + layout_name(*x_blocked) + shape + part},
+        runtime::StepInfo{n.name(), n.op_type(), "ondine:winograd", "F(4x4,3x3) input transform " + layout_name(*x_blocked) + shape + part,
+                          choice},
         winograd::TransformStep::Kind::Input, src, v, g, first, rows));
     L.add_primitive({n.name(), n.op_type(), pd.impl_info_str(), "F(4x4,3x3) 36 products [" + std::to_string(rows) + "," +
                      std::to_string(g.channels) + "]x[" + std::to_string(g.channels) + "," + std::to_string(g.out_channels) + "]" + part},

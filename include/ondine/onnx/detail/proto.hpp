@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/onnx/detail/proto.hpp - internals shared by the ONNX importer and exporter.
 //
 // This directory is the only place in Ondine that sees protobuf. Note that namespace ondine::onnx

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/detail/dynamic_quant.hpp - what fuse-dynamic-qmatmul and fuse-dynamic-qconv share: the
 // match of one dynamically quantized product as ONNX Runtime's quantize_dynamic writes it,
 //

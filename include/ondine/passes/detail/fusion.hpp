@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ondine/passes/detail/fusion.hpp - what the fusion passes (fuse-gelu, fuse-layernorm, fuse) share:
 // putting one new node in place of a matched subgraph, under the name of the value it replaces, and
 // erasing the nodes the match left unused.

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0
+// ondine/lower/detail/prelu.hpp - PRelu with one slope per channel, y = x > 0 ? x : slope[c] * x, over float32
+// memory in the layout its producer wrote: row-major, channels-last or channel-blocked (8 or 16). One kernel
+// source over SIMD traits (AVX-512, AVX2, scalar), chosen by oneDNN's effective ISA when the model is compiled.
+//
+// Why Ondine's own: oneDNN 2.6 has no jit convolution with a prelu post-op (every layout gives "ref:any") and
+// only its reference prelu primitive for channel-blocked data, so a conv's PRelu cost two reorders and a pass
+// of its own. Run in place on the conv's output while it is still in cache, it is one cheap pass
+// (docs/performance.md, "PRelu").
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ONDINE_PRELU_X86 1
+#endif
+
+namespace ondine::lower::detail::prelu {
+
+// The SIMD traits pass vectors by value between functions that are all inlined into one ISA's entry point
+// (run_avx512, run_avx2); GCC's note that such a signature's ABI depends on -mavx is moot there.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+enum class Kernel { Scalar, Avx2, Avx512 };
+
+inline const char* kernel_name(Kernel k) {
+  return k == Kernel::Avx512 ? "ondine:avx512" : k == Kernel::Avx2 ? "ondine:avx2" : "ondine:scalar";
+}
+
+// A dense float32 tensor seen as [outer][groups][repeats][block] where element (o, g, r, j) belongs to channel
+// g * block + j: row-major NC(spatial) is block 1 (a run of `repeats` = spatial size per channel),
+// channels-last N(spatial)C is groups 1 and repeats 1 with block C, channel-blocked NC/b(spatial)b is block b.
+// The slopes are padded with zeros to groups * block (a blocked layout's padding channels hold zeros).
+struct Shape {
+  std::size_t outer = 1, groups = 1, repeats = 1, block = 1;
+  std::size_t count() const { return outer * groups * repeats * block; }
+};
+
+struct ScalarTraits {
+  static constexpr std::size_t width = 1;
+  using V = float;
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V set1(float s) { return s; }
+  static V apply(V x, V s) { return x < 0.0f ? x * s : x; }
+};
+
+#ifdef ONDINE_PRELU_X86
+struct Avx512Traits {
+  static constexpr std::size_t width = 16;
+  using V = __m512;
+  __attribute__((target("avx512f"))) static V load(const float* p) { return _mm512_loadu_ps(p); }
+  __attribute__((target("avx512f"))) static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  __attribute__((target("avx512f"))) static V set1(float s) { return _mm512_set1_ps(s); }
+  __attribute__((target("avx512f"))) static V apply(V x, V s) {
+    return _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), x, s);
+  }
+};
+
+struct Avx2Traits {
+  static constexpr std::size_t width = 8;
+  using V = __m256;
+  __attribute__((target("avx2"))) static V load(const float* p) { return _mm256_loadu_ps(p); }
+  __attribute__((target("avx2"))) static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  __attribute__((target("avx2"))) static V set1(float s) { return _mm256_set1_ps(s); }
+  __attribute__((target("avx2"))) static V apply(V x, V s) {
+    return _mm256_blendv_ps(x, _mm256_mul_ps(x, s), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+  }
+};
+#endif
+
+// Rows [first, last) of the [outer * groups] rows of `shape`, from src to dst (which may be the same memory).
+template <typename T>
+inline __attribute__((always_inline)) void run_rows(const float* src, float* dst, const float* slopes,
+                                                    const Shape& shape, std::size_t first, std::size_t last) {
+  const std::size_t row = shape.repeats * shape.block;
+  for (std::size_t r = first; r < last; ++r) {
+    const float* s = slopes + (r % shape.groups) * shape.block;
+    const float* x = src + r * row;
+    float* y = dst + r * row;
+    if (shape.block == 1) {  // one slope over the row
+      const typename T::V sv = T::set1(s[0]);
+      std::size_t i = 0;
+      for (; i + T::width <= row; i += T::width) T::store(y + i, T::apply(T::load(x + i), sv));
+      for (; i < row; ++i) y[i] = ScalarTraits::apply(x[i], s[0]);
+    } else {  // a slope vector per block (they stay in L1)
+      for (std::size_t k = 0; k < row; k += shape.block) {
+        std::size_t j = 0;
+        for (; j + T::width <= shape.block; j += T::width)
+          T::store(y + k + j, T::apply(T::load(x + k + j), T::load(s + j)));
+        for (; j < shape.block; ++j) y[k + j] = ScalarTraits::apply(x[k + j], s[j]);
+      }
+    }
+  }
+}
+
+#ifdef ONDINE_PRELU_X86
+__attribute__((target("avx512f"))) inline void run_avx512(const float* src, float* dst, const float* slopes,
+                                                          const Shape& shape, std::size_t first, std::size_t last) {
+  run_rows<Avx512Traits>(src, dst, slopes, shape, first, last);
+}
+__attribute__((target("avx2"))) inline void run_avx2(const float* src, float* dst, const float* slopes,
+                                                     const Shape& shape, std::size_t first, std::size_t last) {
+  run_rows<Avx2Traits>(src, dst, slopes, shape, first, last);
+}
+#endif
+
+inline Kernel choose(bool avx512, bool avx2) {
+#ifdef ONDINE_PRELU_X86
+  if (avx512) return Kernel::Avx512;
+  if (avx2) return Kernel::Avx2;
+#else
+  (void)avx512;
+  (void)avx2;
+#endif
+  return Kernel::Scalar;
+}
+
+// Rows [first, last) with kernel k (which the CPU must support).
+inline void run(Kernel k, const float* src, float* dst, const float* slopes, const Shape& shape, std::size_t first,
+                std::size_t last) {
+#ifdef ONDINE_PRELU_X86
+  if (k == Kernel::Avx512) return run_avx512(src, dst, slopes, shape, first, last);
+  if (k == Kernel::Avx2) return run_avx2(src, dst, slopes, shape, first, last);
+#else
+  (void)k;
+#endif
+  run_rows<ScalarTraits>(src, dst, slopes, shape, first, last);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace ondine::lower::detail::prelu
