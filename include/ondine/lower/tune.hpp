@@ -310,9 +310,9 @@ inline bool apply(const std::string& decisions, const std::vector<Knob>& knobs, 
   return true;
 }
 
-// Seconds per node over `runs` profiled runs of a and b, interleaved: each step's time goes to the node whose
-// name it carries (a node's own steps, and "NAME:suffix" steps Ondine adds after it, such as an in-place PRelu);
-// reorders and other unnamed steps go nowhere.
+// Seconds per node in a run of a and of b, the least over `runs` profiled runs, interleaved: each step's time
+// goes to the node whose name it carries (a node's own steps, and "NAME:suffix" steps Ondine adds after it, such
+// as an in-place PRelu); reorders and other unnamed steps go nowhere.
 inline std::pair<std::map<std::string, double>, std::map<std::string, double>> node_times(
     const Graph& g, const CompiledModel& a, const CompiledModel& b, const std::map<std::string, Tensor>& inputs,
     int runs) {
@@ -322,11 +322,9 @@ inline std::pair<std::map<std::string, double>, std::map<std::string, double>> n
   a.run(ca, inputs);
   b.run(cb, inputs);
   ca.profile = cb.profile = true;
-  for (int i = 0; i < runs; ++i) {
-    a.run(ca, inputs);
-    b.run(cb, inputs);
-  }
-  auto per_node = [&](const CompiledModel& m, const ExecContext& c) {
+  auto least = [&](const CompiledModel& m, ExecContext& c, std::map<std::string, double>& best) {
+    c.reset_profile();
+    m.run(c, inputs);
     std::map<std::string, double> t;
     const std::vector<StepInfo> steps = m.steps();
     for (std::size_t i = 0; i < steps.size() && i < c.step_seconds().size(); ++i) {
@@ -334,9 +332,14 @@ inline std::pair<std::map<std::string, double>, std::map<std::string, double>> n
       if (!names.count(name) && name.find(':') != std::string::npos) name = name.substr(0, name.rfind(':'));
       if (names.count(name)) t[name] += c.step_seconds()[i];
     }
-    return t;
+    for (const auto& [name, s] : t) best[name] = best.count(name) ? std::min(best[name], s) : s;
   };
-  return {per_node(a, ca), per_node(b, cb)};
+  std::map<std::string, double> ta, tb;
+  for (int i = 0; i < runs; ++i) {
+    least(a, ca, ta);
+    least(b, cb, tb);
+  }
+  return {ta, tb};
 }
 
 // The nodes whose steps report `word` as their choice ("winograd (", "bf16 ("), by name.
@@ -459,7 +462,7 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
     for (const Node* n : graph.nodes()) ++uses[n->name()];
     for (auto it = candidates.begin(); it != candidates.end();) it = uses[*it] == 1 ? std::next(it) : candidates.erase(it);
     if (candidates.size() < 2) return;  // one node: the model-wide knob already decided it
-    const auto [ta, tb] = node_times(graph, *a, *b, inputs, std::max(3, topts.runs));
+    const auto [ta, tb] = node_times(graph, *a, *b, inputs, std::max(5, topts.runs));
     CompileOptions mixed = r.options;
     std::vector<TuneDecision> chosen;
     std::size_t to_one = 0;

@@ -22,7 +22,7 @@
 #include <cpuid.h>
 #endif
 
-#include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/options.hpp"
 #include "ondine/lower/isa.hpp"
 
 namespace ondine::lower {
