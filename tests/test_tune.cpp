@@ -115,6 +115,24 @@ TEST_CASE("tune: a knob the caller set is not tuned; precision auto makes bf16 a
   CHECK(r.options.precision != lower::Precision::Auto);  // resolved
 }
 
+TEST_CASE("tune cache: decisions made with a knob free are not reused where the caller fixed it", "[tune]") {
+  Graph g = conv_and_linear();
+  lower::TuneOptions t;
+  t.cache_path = temp_path("tune_cache_fixed.txt");
+  t.runs = 1;
+  lower::CompileOptions free_options;
+  free_options.threads = 1;
+  lower::TuneResult free_run = lower::tune(g, free_options, t);
+  lower::CompileOptions fixed = free_options;
+  fixed.conv_algorithm = lower::ConvAlgorithm::Direct;
+  lower::TuneResult fixed_run = lower::tune(g, fixed, t);
+  CHECK_FALSE(fixed_run.from_cache);  // another key: ";conv_algorithm=direct"
+  CHECK(fixed_run.key != free_run.key);
+  CHECK(fixed_run.key.find(";conv_algorithm=direct") != std::string::npos);
+  CHECK(lower::tune(g, fixed, t).from_cache);  // its own entry now
+  CHECK(lower::tune(g, free_options, t).from_cache);
+}
+
 TEST_CASE("tune: no budget keeps the heuristics, saying so", "[tune]") {
   Graph g = conv_and_linear();
   lower::TuneOptions t;

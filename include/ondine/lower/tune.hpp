@@ -130,9 +130,13 @@ inline std::string fingerprint(const Graph& g) {
   return buf;
 }
 
-inline std::string cache_key(const Graph& g, int threads) {
-  return "model=" + fingerprint(g) + ";cpu=" + cpu_brand() + ";isa=" + effective_isa().name +
-         ";threads=" + std::to_string(threads > 0 ? threads : omp_get_max_threads());
+// The cache key: the model, the CPU, its ISA, the thread count, and the settings the caller fixed (decisions
+// made with the precision free do not hold for a caller's --precision fp32, and the other way round).
+inline std::string cache_key(const Graph& g, int threads, const std::vector<TuneDecision>& fixed = {}) {
+  std::string key = "model=" + fingerprint(g) + ";cpu=" + cpu_brand() + ";isa=" + effective_isa().name +
+                    ";threads=" + std::to_string(threads > 0 ? threads : omp_get_max_threads());
+  for (const TuneDecision& d : fixed) key += ";" + d.knob + "=" + d.value;
+  return key;
 }
 
 // Seeded inputs for the graph's (static) inputs: floats uniform in [-1, 1], integers and booleans 0 (a
@@ -368,7 +372,7 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
   const std::vector<Knob> knobs = knobs_for(graph, options, topts, fixed);
   // The heuristics' starting point: Auto precision starts in fp32 (bf16 is a candidate).
   if (r.options.precision == Precision::Auto) r.options.precision = Precision::Fp32;
-  r.key = cache_key(graph, options.threads);
+  r.key = cache_key(graph, options.threads, fixed);
   const std::string path = topts.cache_path.empty() ? tune_cache_path() : topts.cache_path == "none" ? "" : topts.cache_path;
   std::map<std::string, std::string> cache = path.empty() ? std::map<std::string, std::string>() : read_cache(path, warn);
   if (auto hit = cache.find(r.key); hit != cache.end()) {
