@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ondine/lower/detail/silu.hpp"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define ONDINE_PRELU_X86 1
@@ -28,11 +30,10 @@ namespace ondine::lower::detail::prelu {
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-enum class Kernel { Scalar, Avx2, Avx512 };
-
-inline const char* kernel_name(Kernel k) {
-  return k == Kernel::Avx512 ? "ondine:avx512" : k == Kernel::Avx2 ? "ondine:avx2" : "ondine:scalar";
-}
+// The ISA choice is SiLU's (as the sampling kernels'): one kernel per oneDNN effective ISA.
+using silu::Kernel;
+using silu::kernel_name;
+using silu::choose;
 
 // A dense float32 tensor seen as [outer][groups][repeats][block] where element (o, g, r, j) belongs to channel
 // g * block + j: row-major NC(spatial) is block 1 (a run of `repeats` = spatial size per channel),
@@ -111,17 +112,6 @@ __attribute__((target("avx2"))) inline void run_avx2(const float* src, float* ds
   run_rows<Avx2Traits>(src, dst, slopes, shape, first, last);
 }
 #endif
-
-inline Kernel choose(bool avx512, bool avx2) {
-#ifdef ONDINE_PRELU_X86
-  if (avx512) return Kernel::Avx512;
-  if (avx2) return Kernel::Avx2;
-#else
-  (void)avx512;
-  (void)avx2;
-#endif
-  return Kernel::Scalar;
-}
 
 // Rows [first, last) with kernel k (which the CPU must support).
 inline void run(Kernel k, const float* src, float* dst, const float* slopes, const Shape& shape, std::size_t first,
