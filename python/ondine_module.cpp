@@ -689,7 +689,7 @@ py::dict quantize(const std::string& model, py::object calibration, const std::s
 
 // ---- inspect ----
 
-// What `ondine inspect --json MODEL` reports (examples/ondine_cli.cpp, cmd_inspect), as a dict. FLOPs need
+// What `ondine inspect --json MODEL` reports (examples/cli/inspect.hpp, cmd_inspect), as a dict. FLOPs need
 // numbers: symbolic dims not in `dims` count as 1, and "defaulted_dims" names them.
 py::dict inspect(const std::string& path, std::map<std::string, std::int64_t> dims) {
   Graph g;
@@ -755,6 +755,7 @@ py::dict inspect(const std::string& path, std::map<std::string, std::int64_t> di
 PYBIND11_MODULE(ondine, mod) {
   mod.doc() = "Ondine: an ONNX graph compiler for CPU inference on oneDNN (docs/python.md)";
   mod.attr("__version__") = ondine::version;
+  ondine::lower::register_quantization_passes();  // pipelines the module parses may name quantize(-dynamic)
 
   // ondine::Error -> ondine.Error(what()), with the context as attributes. The type lives as long as the
   // module (pybind11's documented pattern for a custom exception).

@@ -31,5 +31,24 @@ done
 for dir in ir passes reference quant runtime onnx artifact; do
   forbid "$dir" 'kissfft/' "only lower/ sees KissFFT (optional: lower/detail/signal.hpp)"
 done
+# impl/ holds the definitions behind the light headers (ondine/model.hpp), for one source file of a program:
+# only ondine/model_impl.hpp and impl/ itself include it.
+checks=$((checks + 1))
+hits=$(grep -rnE '^#include [<"]ondine/impl/' "$inc" | grep -vE "^$inc/(impl/|model_impl.hpp:)")
+if [ -n "$hits" ]; then
+  echo "FAIL: only ondine/model_impl.hpp includes ondine/impl/:"
+  echo "$hits" | sed "s|$inc/||"
+  fails=$((fails + 1))
+fi
+# No include cycle anywhere: every header's "ondine/..." includes, as edges, sort topologically (tsort names
+# the headers of a cycle).
+checks=$((checks + 1))
+edges=$(cd "$inc/.." && grep -rE '^#include "ondine/[^"]+"' --include='*.hpp' ondine |
+  sed -E 's|^([^:]+):#include "([^"]+)".*|\1 \2|')
+if ! cycle=$(tsort <<<"$edges" 2>&1 >/dev/null) || [ -n "$cycle" ]; then
+  echo "FAIL: include cycle:"
+  echo "$cycle" | head -20
+  fails=$((fails + 1))
+fi
 echo "$((checks - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the built package into a scratch prefix and builds + runs the examples a user would write
 # against it with find_package(ondine CONFIG REQUIRED): examples/host (the IR, ONNX, the reference
-# executor), examples/custom_pass (a user pass in a pipeline with the built-ins) and examples/runtime
+# executor), examples/model (ondine/model.hpp and the prebuilt ondine::compiled: a PyTorch export compiled and
+# checked against PyTorch's output), examples/custom_pass (a user pass in a pipeline with the built-ins) and examples/runtime
 # (ondine::runtime: artifacts without ONNX or protobuf; built here, run by runtime_test.sh) and examples/aot
 # (ondine_add_model: a model compiled into the build, from its file and embedded, through typed headers). Both are
 # configured as one project, so the package is found and the compiler probed once.
@@ -15,6 +16,7 @@ cat >"$work/examples/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.18)
 project(ondine_package_examples LANGUAGES CXX ASM)
 add_subdirectory("$src/examples/host" host)
+add_subdirectory("$src/examples/model" model)
 add_subdirectory("$src/examples/custom_pass" custom_pass)
 add_subdirectory("$src/examples/runtime" runtime)
 add_subdirectory("$src/examples/aot" aot)
@@ -30,6 +32,9 @@ cmake -S "$src/examples/runtime" -B "$work/runtime_only" -DCMAKE_PREFIX_PATH="$w
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/host/ondine_host"
 "$work/build/custom_pass/ondine_custom_pass"
+gpt=$src/tests/data/torch/gpt_decoder
+"$work/build/model/ondine_model_host" "$gpt/model.onnx" input_ids="$gpt/case0.input_ids.npy" \
+  --expect logits="$gpt/case0.out.logits.npy"
 "$work/build/aot/ondine_aot"
 if ldd "$work/build/runtime/ondine_runtime_host" | grep -qE 'protobuf|onnx'; then
   echo "FAIL: ondine::runtime links protobuf or ONNX"

@@ -1,5 +1,5 @@
 // A host program built against ondine/runtime.hpp only: it loads a compiled artifact and runs it on .npy
-// inputs, with oneDNN and no ONNX, protobuf or pass code (tests/runtime_test.sh builds and runs it).
+// inputs, with oneDNN and no ONNX or protobuf (ondine::runtime; tests/runtime_test.sh builds and runs it).
 //
 //   runtime_host MODEL.ondine NAME=INPUT.npy [...] OUT_DIR
 #include <cstdio>
@@ -13,7 +13,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    ondine::artifact::Artifact a = ondine::lower::load_artifact(argv[1]);
     std::map<std::string, ondine::Tensor> inputs;
     for (int i = 2; i + 1 < argc; ++i) {
       std::string spec = argv[i];
@@ -23,7 +22,7 @@ int main(int argc, char** argv) {
     }
     ondine::lower::CompileOptions options;
     options.threads = 1;
-    ondine::lower::ShapeCache model(std::move(a.graph), ondine::lower::artifact_options(options, a));
+    ondine::Model model = ondine::Model::load(argv[1], options);  // checked for this CPU, mapped
     for (auto& [name, t] : model.run(inputs)) {
       std::string safe = name;
       for (char& c : safe)

@@ -38,11 +38,11 @@
 #include <vector>
 
 #include "ondine/ir/graph.hpp"
-#include "ondine/ir/pipeline_hook.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/control_flow.hpp"
 #include "ondine/lower/detail/dynamic_kernels.hpp"
+#include "ondine/lower/pass_pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/buffer_pool.hpp"
 #include "ondine/runtime/compiled_model.hpp"
@@ -140,21 +140,16 @@ inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
 
 class DynamicModel {
  public:
-  // Runs options.passes on the symbolic graph (CompileOptions::passes, through the pass layer when the
-  // program has it: lower/lower.hpp) and makes one kernel per node. Computes in float32 (the precision
+  // Runs options.passes on the symbolic graph (CompileOptions::passes: lower/pass_pipeline.hpp) and makes one
+  // kernel per node. Computes in float32 (the precision
   // options of the per-shape compiler do not apply). Throws naming the node for an unsupported op.
   explicit DynamicModel(Graph graph, const CompileOptions& options = {}) : threads_(options.threads) {
     auto g = std::make_shared<Graph>(std::move(graph));
     g->verify();
     check_supported(*g);
     infer_shapes(*g);
-    if (!options.passes.empty() && options.passes != "none") {
-      if (!pipeline_hook().run)
-        throw Error("DynamicModel: the pass pipeline '" + options.passes +
-                    "' needs the pass layer (include ondine/lower/lower.hpp)");
-      pipeline_hook().run(*g, options.passes, !effective_isa().int8_vnni, options.int8_7bit_weights, options.log);
+    if (!options.passes.empty() && options.passes != "none" && detail::run_pipeline(*g, options.passes, options, true))
       infer_shapes(*g);
-    }
     detail::inline_constant_captures(*g);
     graph_ = g;
     // oneDNN fixes a primitive's work split when it is created: create them for the threads that run them.

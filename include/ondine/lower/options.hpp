@@ -11,7 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "ondine/ir/graph.hpp"
+#include "ondine/fwd.hpp"
+
+namespace ondine::runtime {
+class CompiledModel;  // runtime/compiled_model.hpp
+}  // namespace ondine::runtime
 
 namespace ondine::lower {
 
@@ -150,5 +154,10 @@ inline bool glob_match(const std::string& pattern, const std::string& text) {
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
 }
+
+// A function that compiles a graph with static input shapes: lower::compile. The parts of the compiler that
+// compile graphs of their own (subgraphs, the later stages of a staged model, each shape of a PlanCache) are
+// handed it by the driver (lower/compiler.hpp) rather than including it.
+using CompileFn = runtime::CompiledModel (*)(Graph&& graph, const CompileOptions& options);
 
 }  // namespace ondine::lower

@@ -10,14 +10,14 @@
 //   2. the frontier: the nodes that read only static values but write data-dependent shapes; they run
 //      on their reference kernels once the static part has run;
 //   3. the rest: a graph of its own whose inputs are the values it reads from stages 1 and 2 (a dim not
-//      known at compile time gets a symbol of its own), run through a ShapeCache: compiled once per shape
+//      known at compile time gets a symbol of its own), run through a PlanCache: compiled once per shape
 //      the data gives it, reused while the shapes repeat, and staged again if it has data-dependent
 //      shapes of its own. An empty tensor is a shape like any other: the nodes without elements run on
 //      their reference kernels in that specialisation.
 // Sequences, optionals and string tensors are staged the same way, since the compiled plan holds numeric
 // tensors only: a node
 // that makes one or reads a sequence graph input is at the frontier, and a rest that passes them around
-// runs on the reference kernels (no ShapeCache); a sequence graph input goes straight to those stages.
+// runs on the reference kernels (no PlanCache); a sequence graph input goes straight to those stages.
 // The compile log and CompiledModel::to_text() say where the model was split and which nodes run on
 // reference kernels at the frontier.
 #pragma once
@@ -31,8 +31,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ondine/lower/compiler.hpp"
-#include "ondine/lower/shape_cache.hpp"
+#include "ondine/lower/lowering.hpp"
+#include "ondine/lower/options.hpp"
+#include "ondine/lower/plan_cache.hpp"
 
 namespace ondine::lower {
 namespace detail {
@@ -99,18 +100,18 @@ inline bool has_non_tensor_values(const Graph& g) {
 }
 
 // Stages 2 and 3 of a staged model: the frontier on its reference kernels, then the rest through a
-// ShapeCache.
+// PlanCache.
 class StagedRest : public runtime::Continuation {
  public:
   // `outside_inputs`: the graph inputs the compiled part has no slot for (sequences, optionals, strings).
-  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options,
+  StagedRest(Graph frontier, std::optional<Graph> rest, const CompileOptions& options, CompileFn compile,
              std::set<std::string> outside_inputs = {})
       : frontier_(std::make_shared<Graph>(std::move(frontier))), outside_inputs_(std::move(outside_inputs)) {
     frontier_names_ = node_names(*frontier_);
     // A Loop or If at the frontier (its output shapes depend on data) still runs its bodies compiled.
     for (Node* n : frontier_->nodes())
       if (is_control_flow(*n)) {
-        CompiledBodies bodies = compile_bodies(*n, options);
+        CompiledBodies bodies = compile_bodies(*n, options, compile);
         if (!bodies.empty()) frontier_bodies_.emplace(n, std::move(bodies));
       }
     if (rest) {
@@ -119,7 +120,7 @@ class StagedRest : public runtime::Continuation {
       // A rest that passes sequences or optionals around runs on the reference kernels: the compiled
       // plan carries tensors only.
       if (has_non_tensor_values(*rest)) rest_graph_ = std::make_shared<Graph>(std::move(*rest));
-      else rest_ = std::make_shared<ShapeCache>(std::move(*rest), options);
+      else rest_ = std::make_shared<PlanCache>(std::move(*rest), options, 8, compile);
     }
   }
 
@@ -232,14 +233,15 @@ class StagedRest : public runtime::Continuation {
   std::map<const Node*, CompiledBodies> frontier_bodies_;
   mutable std::mutex pool_mutex_;
   mutable std::vector<std::unique_ptr<FrontierContexts>> pool_;  // at most one per concurrent run
-  std::shared_ptr<ShapeCache> rest_;
+  std::shared_ptr<PlanCache> rest_;
   std::shared_ptr<Graph> rest_graph_;  // a rest that reads sequences or optionals: the reference executor
   std::vector<std::string> rest_inputs_;
   std::string frontier_names_, rest_names_;
 };
 
-// Splits `g` (inputs bound, shapes inferred and folded) into the three stages and compiles the first.
-inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options) {
+// Splits `g` (inputs bound, shapes inferred and folded) into the three stages and compiles the first; `compile`
+// (the driver) compiles the stages.
+inline CompiledModel compile_staged(const Graph& g, const CompileOptions& options, CompileFn compile) {
   std::set<const Value*> available;  // values the static part has (or that are graph inputs / constants)
   for (Value* v : g.inputs()) available.insert(v);
   auto is_available = [&](const Value* v) { return !v || v->is_constant() || available.count(v); };
@@ -316,7 +318,8 @@ inline CompiledModel compile_staged(const Graph& g, const CompileOptions& option
   std::vector<std::string> outputs;
   for (Value* v : g.outputs()) outputs.push_back(v->name());
   model.set_continuation(
-      std::make_shared<StagedRest>(std::move(second), std::move(third), options, std::move(outside_inputs)), outputs);
+      std::make_shared<StagedRest>(std::move(second), std::move(third), options, compile, std::move(outside_inputs)),
+      outputs);
   return model;
 }
 

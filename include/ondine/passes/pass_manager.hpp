@@ -56,8 +56,8 @@ class PassRegistry {
       std::string known;
       for (auto& [n, f] : factories_) known += (known.empty() ? "" : ", ") + n;
       std::string hint = name == "quantize" || name == "quantize-dynamic"
-                             ? " (the quantization passes are registered by ondine/lower/lower.hpp, or by calling "
-                               "ondine::quant::register_quantize_pass() / ondine::register_quantize_dynamic_pass())"
+                             ? " (the quantization passes are registered when a model compiles, or by calling "
+                               "ondine::lower::register_quantization_passes())"
                              : "";
       throw Error("unknown pass '" + name + "'" + hint + " (known passes: " + known + ")");
     }

@@ -14,7 +14,6 @@
 #include <sstream>
 #include <string>
 
-#include "ondine/ir/pipeline_hook.hpp"
 #include "ondine/passes/cancel_transposes.hpp"
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/deconv_as_conv.hpp"
@@ -88,8 +87,8 @@ inline PassRegistry& pass_registry() {
         .add<QOperatorToQdq>()
         .add<CancelTransposes>()
         .add<AssignLayouts>();
-    // The quantization passes (quantize, quantize-dynamic) sit a layer up, in quant/, and add themselves
-    // to this registry when their headers are included (ondine.hpp includes them).
+    // The quantization passes (quantize, quantize-dynamic) sit a layer up, in quant/: compiling adds them
+    // (lower::register_quantization_passes, lower/pass_pipeline.hpp).
     return r;
   }();
   return registry;
@@ -121,34 +120,5 @@ inline void limit_int8_fusion(PassManager& pm, bool halve_weights = false) {
   pm.context().options.emplace("fuse-qdq.u8-only", "1");
   if (halve_weights) pm.context().options.emplace("fuse-qdq.halve-weights", "1");
 }
-
-namespace detail {
-// The runner the compiler calls for CompileOptions::passes (ir/pipeline_hook.hpp), registered by this header.
-inline void run_pipeline_for_compiler(Graph& g, const std::string& pipeline, bool limit_int8, bool halve_weights,
-                                      const PipelineHook::Log& log) {
-  PassManager pm = make_pass_manager(pipeline);
-  if (pm.size() == 0) return;
-  if (limit_int8) {
-    limit_int8_fusion(pm, halve_weights);
-    if (log)
-      log(halve_weights ? "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm int8 weights beyond +-64 requantized to 7 "
-                          "bits (w/2 rounded to even, scales doubled); layers reading s8 activations stay float"
-                        : "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 "
-                          "activations stay float");
-  }
-  pm.run(g);
-  if (log) {
-    log("passes: " + pm.pipeline());
-    std::istringstream summary(pm.summary_text());
-    for (std::string line; std::getline(summary, line);) log(line);
-  }
-}
-}  // namespace detail
-
-// Makes CompileOptions::passes run through this pass layer (ir/pipeline_hook.hpp). lower/lower.hpp calls it
-// at start-up. It is a call rather than a registration in this header because registering forces every
-// translation unit that includes the header to generate code for the whole pass layer (minutes at -O2,
-// docs/performance.md, "Include cost"): only the units that compile (lower/lower.hpp) pay for it.
-inline void register_pipeline_with_compiler() { pipeline_hook().run = &detail::run_pipeline_for_compiler; }
 
 }  // namespace ondine

@@ -2,7 +2,7 @@
 // ondine/reference/control_flow.hpp - reference kernels of If, Loop, Scan (ONNX opsets 9-17) and
 // SequenceMap: each
 // runs its subgraph on the reference executor, the subgraph's captures bound to the node's implicit
-// inputs by name. Included at the end of reference/executor.hpp (the kernels need the executor).
+// inputs by name. reference/executor.hpp puts them in its kernel table.
 //
 // A Loop that would run past max_loop_iterations() (default 10 million; `ondine run
 // --max-loop-iterations`) stops with an error naming the node: a loop whose condition never turns
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "ondine/reference/executor.hpp"
+#include "ondine/reference/interpreter.hpp"
 
 namespace ondine::reference {
 

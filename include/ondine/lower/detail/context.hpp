@@ -558,6 +558,7 @@ class Lowering {
   std::size_t scratchpad_bytes = 0;
   std::size_t constant_bytes = 0;
   std::set<const Node*> fused;  // nodes folded into an earlier primitive (post-ops); not lowered again
+  CompileFn compile_body = nullptr;  // compiles control-flow subgraphs: the driver (lower/compiler.hpp)
   const Node* current = nullptr;  // the node being lowered (names the step in PackedWeights::repacks())
   // Concats that share one buffer (shape_ops.hpp), by member node.
   std::map<const Node*, std::shared_ptr<ConcatHost>> concat_hosts;

@@ -22,8 +22,6 @@
 
 namespace ondine::lower {
 
-inline CompiledModel compile(Graph&& graph, const CompileOptions& options);  // lower.hpp
-
 namespace detail {
 
 using CompiledBodies = std::map<const Graph*, std::shared_ptr<const CompiledModel>>;
@@ -112,8 +110,9 @@ class ControlFlowStep : public ReferenceStep {
   CompiledBodies bodies_;
 };
 
-// The subgraphs of `n` that compile, compiled with `options`; `log` says which did not and why.
-inline CompiledBodies compile_bodies(const Node& n, const CompileOptions& options) {
+// The subgraphs of `n` that compile, compiled by `compile` (the driver) with `options`; `log` says which did
+// not and why.
+inline CompiledBodies compile_bodies(const Node& n, const CompileOptions& options, CompileFn compile) {
   CompiledBodies bodies;
   for (const auto& [attr, sub] : n.subgraphs()) {
     const std::string what = "subgraph '" + attr + "' of " + n.op_type() + " '" + n.name() + "'";

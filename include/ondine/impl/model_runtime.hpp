@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// ondine/impl/model_runtime.hpp - the definitions behind ondine/model.hpp but Model::compile: compiled once per
+// program, in one source file (the library ondine::runtime is that file: src/runtime.cpp; header-only,
+// ondine/model_impl.hpp). It holds the whole lowering, which is why ondine/model.hpp does not.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ondine/ir/graph.hpp"
+#include "ondine/lower/artifact.hpp"
+#include "ondine/lower/shape_cache.hpp"
+#include "ondine/model.hpp"
+
+namespace ondine {
+
+struct Model::Impl {
+  Impl(Graph graph, lower::CompileOptions options) : cache(std::move(graph), std::move(options)) {}
+  lower::ShapeCache cache;
+  std::vector<std::string> inputs, outputs, input_shapes;
+};
+
+// A graph whose inputs all have static shapes (and whose input values decide no shape) is lowered now, so that
+// its errors come from compile/load rather than from the first run.
+Model Model::from_graph(Graph graph, const lower::CompileOptions& options) {
+  std::vector<std::string> inputs, outputs, shapes;
+  bool fixed = true;
+  for (const Value* v : graph.inputs()) {
+    inputs.push_back(v->name());
+    shapes.push_back(v->shape().str());
+    fixed = fixed && v->is_tensor() && v->shape().is_static();
+  }
+  for (const Value* v : graph.outputs()) outputs.push_back(v->name());
+  auto impl = std::make_shared<Impl>(std::move(graph), options);
+  impl->inputs = std::move(inputs);
+  impl->outputs = std::move(outputs);
+  impl->input_shapes = std::move(shapes);
+  if (fixed && !impl->cache.shape_free() && impl->cache.shape_input_names().empty())
+    impl->cache.get(lower::ShapeCache::Binding{});
+  return Model(std::move(impl));
+}
+
+Model Model::load(const std::string& artifact_path, const lower::CompileOptions& options) {
+  artifact::Artifact a = lower::load_artifact(artifact_path);
+  return from_graph(std::move(a.graph), lower::artifact_options(options, a));
+}
+
+Model Model::load_memory(const void* data, std::size_t size, const std::string& name,
+                         const lower::CompileOptions& options) {
+  artifact::Artifact a = lower::load_artifact_memory(data, size, name);
+  return from_graph(std::move(a.graph), lower::artifact_options(options, a));
+}
+
+std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) const {
+  return impl_->cache.run(inputs);
+}
+
+std::vector<std::string> Model::input_names() const { return impl_->inputs; }
+std::vector<std::string> Model::output_names() const { return impl_->outputs; }
+std::vector<std::string> Model::input_shapes() const { return impl_->input_shapes; }
+std::size_t Model::compilations() const { return impl_->cache.compilations(); }
+
+}  // namespace ondine

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// ondine/model.hpp - a model compiled for this CPU, behind a header that declares and does not define: a host
+// file that includes it compiles in about a second. The compiler itself is compiled once, in the libraries the
+// CMake package offers (ondine::compiled for Model::compile, ondine::runtime for Model::load: no ONNX or
+// protobuf), or, header-only, in one file of the host that includes ondine/model_impl.hpp.
+//
+//   ondine::Model m = ondine::Model::compile("model.onnx", options);   // or ondine::Model::load("model.ondine")
+//   auto outputs = m.run({{"input", ondine::load_npy("input.npy")}});
+//
+// A Model runs every input shape its graph allows (lower/shape_cache.hpp: one shape-free plan, or one plan per
+// shape compiled at its first run) and may run from several threads at once; copies share it.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ondine/error.hpp"
+#include "ondine/ir/npy.hpp"
+#include "ondine/ir/tensor.hpp"
+#include "ondine/lower/options.hpp"
+
+namespace ondine {
+
+class Model {
+ public:
+  // Imports the ONNX file, runs options.passes and compiles it for this CPU. A graph with static input shapes
+  // is lowered now (its errors are thrown here); symbolic dims compile at the first run of each shape.
+  // Defined in ondine::compiled (ondine/impl/model_compile.hpp).
+  static Model compile(const std::string& onnx_path, const lower::CompileOptions& options = {});
+  // A Model over a graph imported or built by the caller (ir/graph.hpp, onnx/import.hpp; a custom pass may have
+  // run on it), as Model::compile makes one: options.passes run, then the lowering. Defined in ondine::runtime.
+  static Model from_graph(Graph graph, const lower::CompileOptions& options = {});
+
+  // Loads an artifact (`ondine compile MODEL.onnx -o MODEL.ondine`), checked for this CPU and oneDNN: no ONNX,
+  // no passes. From `options` it takes the threads and the callbacks; the passes ran when the artifact was
+  // written, its precision and packed weights are the artifact's. Defined in ondine::runtime
+  // (ondine/impl/model_runtime.hpp), as are the members below.
+  static Model load(const std::string& artifact_path, const lower::CompileOptions& options = {});
+  // The same for an artifact in memory (linked into the program); `name` names it in errors.
+  static Model load_memory(const void* data, std::size_t size, const std::string& name,
+                           const lower::CompileOptions& options = {});
+
+  // The outputs for `inputs` by name (checked: names, dtypes, ranks, one size per symbolic dim).
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
+
+  std::vector<std::string> input_names() const;
+  std::vector<std::string> output_names() const;
+  // Each input's dims as text ("[batch, 3, 224, 224]"), in input order.
+  std::vector<std::string> input_shapes() const;
+  // The plans compiled so far (one per input shape, or 0 with the shape-free plan).
+  std::size_t compilations() const;
+
+  struct Impl;  // the compiled model (impl/model_runtime.hpp)
+  explicit Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ondine
