@@ -1,17 +1,16 @@
-// Helpers the tests share to build ONNX protobufs by hand (malformed models need exactly that) and to
-// catch the error a call throws. Header-only, in ondine::test, like support.hpp.
+// Helpers the tests share to build ONNX protobufs by hand (malformed models need exactly that); the error a
+// call throws is support.hpp's error_of. Header-only, in ondine::test, like support.hpp.
 #pragma once
 
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "ondine/error.hpp"
 #include "ondine/onnx/import.hpp"
+#include "support.hpp"
 
 namespace ondine::test {
 
@@ -19,17 +18,6 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   REQUIRE(out.good());
-}
-
-// The what() of the ondine::Error that f throws; fails the test when it throws nothing or something else.
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("expected an ondine::Error");
-  return "";
 }
 
 inline void add_value_info(::onnx::ValueInfoProto* vi, const std::string& name, int elem_type,

@@ -1,5 +1,6 @@
-// tests/support.hpp - what several test files share: seeded random data, the relative error checks use, and
-// the example models scripts/make_models.py writes (models/, not in the repository).
+// tests/support.hpp - what several test files share: seeded random data, the relative error checks use, the
+// comparison of outputs with the reference executor's, the error a call throws, and the example models
+// scripts/make_models.py writes (models/, not in the repository).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ondine/error.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/quant/calibration.hpp"
 #if __has_include("ondine/onnx/import.hpp")
@@ -83,6 +86,45 @@ inline double relative_error(const Tensor& got, const Tensor& want) {
   for (std::int64_t i = 0; i < want.numel(); ++i)
     err = std::max(err, std::abs(got.at_double(static_cast<std::size_t>(i)) - want.at_double(static_cast<std::size_t>(i))));
   return scale > 0 ? err / scale : err;
+}
+
+// Every output of `want` (the reference executor's, each required non-trivial) is in `got`, which has no
+// other, within relative_error `tol`; a failure prints `context` (the compiled model's or the graph's text).
+inline void check_outputs(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
+                          double tol, const std::string& context) {
+  REQUIRE(got.size() == want.size());
+  for (auto& [name, w] : want) {
+    require_nontrivial(w, "reference output " + name);
+    INFO("output " << name << "\n" << context);
+    REQUIRE(got.count(name));
+    CHECK(relative_error(got.at(name), w) <= tol);
+  }
+}
+
+// The what() of the ondine::Error that f throws; fails the test when it throws nothing.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  FAIL("expected an ondine::Error");
+  return "";
+}
+
+// The message (without node and op) of the ondine::Error that f throws, which must name the node `node` and
+// the op `op`; fails the test when f throws nothing.
+inline std::string node_error(const std::function<void()>& f, const std::string& op,
+                              const std::string& node = "node_under_test") {
+  try {
+    f();
+  } catch (const Error& e) {
+    CHECK(e.node() == node);
+    CHECK(e.op() == op);
+    return e.message();
+  }
+  FAIL("expected an ondine::Error");
+  return "";
 }
 
 // A seeded graph builder: constants get fresh names and reproducible U(-scale, scale) values. Test files

@@ -3,11 +3,13 @@
 
 #include "ondine/ir/stats.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_executor {
 
 using namespace ondine;
+using test::error_of;
 
 namespace {
 // y = Relu(x + b), x: float32[batch, 3]
@@ -20,15 +22,6 @@ Graph add_relu() {
   return g;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 }  // namespace
 
 TEST_CASE("executor runs and binds a symbolic batch from the input", "[executor]") {

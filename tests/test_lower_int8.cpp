@@ -180,6 +180,10 @@ std::size_t steps_with(const CompiledModel& m, const std::string& op, const std:
 
 }  // namespace
 
+// The quantization passes are registered by compiling (lower/pass_pipeline.hpp); these tests build their
+// pipelines without compiling first.
+static const bool lower_int8_tests_register_quantization = (lower::register_quantization_passes(), true);
+
 TEST_CASE("int8 conv + relu, u8 activations with a zero point, per-channel weights") {
   if (!lower::effective_isa().int8_vnni) {  // checks int8 kernels that CPUs without VNNI keep float
     WARN("skipped: needs VNNI (oneDNN ISA " << lower::effective_isa().name << ")");

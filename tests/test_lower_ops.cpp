@@ -55,14 +55,7 @@ CompiledModel check_graph(Graph& g, double tol, const lower::CompileOptions& opt
   for (auto& [name, t] : inputs) require_nontrivial(t, "input " + name);
   auto want = ReferenceExecutor(g).run(inputs);
   CompiledModel model = lower::compile(g, options);
-  auto got = model.run(inputs);
-  REQUIRE(got.size() == want.size());
-  for (auto& [name, w] : want) {
-    require_nontrivial(w, "reference output " + name);
-    INFO("output " << name << "\n" << model.to_text());
-    REQUIRE(got.count(name));
-    CHECK(relative_error(got.at(name), w) <= tol);
-  }
+  test::check_outputs(model.run(inputs), want, tol, model.to_text());
   return model;
 }
 

@@ -17,11 +17,14 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/onnx/import.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_opset21 {
 
 using namespace ondine;
+using test::error_of;
+using test::node_error;
 using Attrs = std::map<std::string, Attribute>;
 using Ints = std::vector<std::int64_t>;
 using Catch::Matchers::Contains;
@@ -82,31 +85,6 @@ void require_close(const Tensor& got, Ints dims, const std::vector<double>& want
     INFO("element " << i);
     REQUIRE(got.at_double(i) == Approx(want[i]).margin(tol));
   }
-}
-
-// The message of the ondine::Error that f throws, which must name the node under test and its op.
-template <typename F>
-std::string node_error(F&& f, const std::string& op) {
-  try {
-    f();
-  } catch (const Error& e) {
-    CHECK(e.node() == "node_under_test");
-    CHECK(e.op() == op);
-    return e.message();
-  }
-  FAIL("no Error thrown");
-  return "";
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("no Error thrown");
-  return "";
 }
 
 double gelu(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }

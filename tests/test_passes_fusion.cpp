@@ -36,6 +36,7 @@
 namespace test_passes_fusion {
 
 using namespace ondine;
+using test::error_of;
 using Dims = std::vector<std::int64_t>;
 using fused::Activation;
 
@@ -114,14 +115,7 @@ Graph run_passes(const Graph& g, const std::string& pipeline, double tol = 1e-5,
   auto inputs = random_inputs(before);
   for (auto& [name, t] : inputs) require_nontrivial(t, "input " + name);
   auto want = ReferenceExecutor(before).run(inputs);
-  auto got = ReferenceExecutor(after).run(inputs);
-  REQUIRE(got.size() == want.size());
-  for (auto& [name, w] : want) {
-    require_nontrivial(w, "reference output " + name);
-    INFO("output " << name << "\n" << after.to_text());
-    REQUIRE(got.count(name));
-    CHECK(relative_error(got.at(name), w) <= tol);
-  }
+  test::check_outputs(ReferenceExecutor(after).run(inputs), want, tol, after.to_text());
   return after;
 }
 
@@ -147,13 +141,7 @@ CompiledModel check_compiled(Graph& g, double tol, std::vector<std::string>* log
   opts.passes = pipeline;
   if (log) opts.log = [log](const std::string& line) { log->push_back(line); };
   CompiledModel model = lower::compile(g, opts);
-  auto got = model.run(inputs);
-  for (auto& [name, w] : want) {
-    require_nontrivial(w, "reference output " + name);
-    INFO("output " << name << "\n" << model.to_text());
-    REQUIRE(got.count(name));
-    CHECK(relative_error(got.at(name), w) <= tol);
-  }
+  test::check_outputs(model.run(inputs), want, tol, model.to_text());
   return model;
 }
 
@@ -170,16 +158,6 @@ bool any_reference_step(const CompiledModel& m) {
 }
 
 std::size_t count(const Graph& g, const std::string& op) { return g.count_ops(op); }
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -999,12 +977,7 @@ TEST_CASE("compiled: products by constant weights as 1x1 convolutions over the r
     opts.passes = "none";
     opts.matmul_kernel = kernel;
     CompiledModel m = lower::compile(g, opts);
-    auto got = m.run(inputs);
-    for (auto& [name, w] : want) {
-      INFO("output " << name << "\n" << m.to_text());
-      require_nontrivial(w, "reference output " + name);
-      CHECK(relative_error(got.at(name), w) <= 1e-4);
-    }
+    test::check_outputs(m.run(inputs), want, 1e-4, m.to_text());
     return m;
   };
   auto convs = [](const CompiledModel& m) {

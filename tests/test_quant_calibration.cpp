@@ -18,16 +18,8 @@ using namespace ondine::quant;
 namespace fs = std::filesystem;
 
 namespace {
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
+using test::error_of;
 using test::random_tensor;
 
 // x: float32[batch, 2, 5, 5] -> Conv(3x3, pad 1, 3 channels) "c" -> Relu "r" -> GlobalAveragePool "g".

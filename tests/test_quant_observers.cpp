@@ -6,28 +6,20 @@
 #include <random>
 
 #include "ondine/quant/observers.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_quant_observers {
 
 using namespace ondine;
 using namespace ondine::quant;
+using test::error_of;
 
 namespace {
 const QuantScheme kU8Asym{DType::UInt8, false, false};
 const QuantScheme kI8Asym{DType::Int8, false, false};
 const QuantScheme kI8Sym{DType::Int8, true, false};
 const QuantScheme kU8Sym{DType::UInt8, true, false};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Mean squared error of fake-quantizing `data` with `p` (per tensor).
 double quant_mse(const std::vector<float>& data, const QuantParams& p) {

@@ -24,16 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
+using test::error_of;
 using test::random_tensor;
 
 using Ints = std::vector<std::int64_t>;
@@ -155,6 +146,10 @@ double worst_cosine(const Graph& fp32, const Graph& q, std::size_t count = 4) {
 }
 
 }  // namespace
+
+// The quantization passes are registered by compiling (lower/pass_pipeline.hpp); these tests build their
+// pipelines without compiling first.
+static const bool qdq_tests_register_quantize = (quant::register_quantize_pass(), true);
 
 TEST_CASE("Conv -> Relu -> Conv carries int8 between the convs; Q goes after the Relu", "[quant][qdq]") {
   Graph fp32 = conv_relu_conv();

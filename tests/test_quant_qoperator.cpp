@@ -116,6 +116,10 @@ void expect_error(F&& f, const std::string& op, const std::string& text) {
 
 // --- reference kernels ------------------------------------------------------------------------------
 
+// The quantization passes are registered by compiling (lower/pass_pipeline.hpp); these tests build their
+// pipelines without compiling first.
+static const bool qoperator_tests_register_quantize_dynamic = (register_quantize_dynamic_pass(), true);
+
 TEST_CASE("MatMulInteger: zero points per tensor, per row of A, per column of B", "[qoperator][reference]") {
   Tensor a = tensor<std::uint8_t>({2, 2}, {1, 2, 3, 4});
   Tensor b = tensor<std::int8_t>({2, 2}, {1, -1, 2, 0});

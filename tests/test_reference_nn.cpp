@@ -9,11 +9,13 @@
 
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_reference_nn {
 
 using namespace ondine;
+using test::node_error;
 
 namespace {
 
@@ -108,20 +110,6 @@ Node* infer_one(Graph& g, const std::string& op, const std::vector<std::pair<DTy
   return n;
 }
 
-// The error raised by `f`, which must be an ondine::Error naming the node under test and its op.
-template <typename F>
-std::string error_of(F&& f, const std::string& op) {
-  try {
-    f();
-  } catch (const Error& e) {
-    CHECK(e.node() == "node_under_test");
-    CHECK(e.op() == op);
-    return e.message();
-  }
-  FAIL("no Error thrown");
-  return "";
-}
-
 const Dim batch = Dim::named("batch");
 
 }  // namespace
@@ -188,18 +176,18 @@ TEST_CASE("Conv 3-D and float64, float16", "[nn][conv]") {
 }
 
 TEST_CASE("Conv errors name the node and op", "[nn][conv][errors]") {
-  auto msg = error_of([] { run({"Conv", {ft({1, 3, 5, 5}, iota(75)), ft({2, 2, 3, 3}, iota(36))}}); }, "Conv");
+  auto msg = node_error([] { run({"Conv", {ft({1, 3, 5, 5}, iota(75)), ft({2, 2, 3, 3}, iota(36))}}); }, "Conv");
   CHECK(msg.find("channels") != std::string::npos);
-  msg = error_of([] { run({"Conv", {ft({1, 4, 5, 5}, iota(100)), ft({3, 2, 3, 3}, iota(54))}, {{"group", std::int64_t(2)}}}); },
-                 "Conv");
+  msg = node_error([] { run({"Conv", {ft({1, 4, 5, 5}, iota(100)), ft({3, 2, 3, 3}, iota(54))}, {{"group", std::int64_t(2)}}}); },
+                   "Conv");
   CHECK(msg.find("multiple of group") != std::string::npos);
-  error_of([] { run({"Conv", {ft({1, 1, 2, 2}, iota(4)), ft({1, 1, 3, 3}, iota(9))}}); }, "Conv");  // kernel too big
-  error_of([] { run({"Conv", {ft({1, 1, 5}, iota(5)), ft({1, 1, 2}, {1, 1})}, {{"auto_pad", std::string("SAME")}}}); }, "Conv");
-  error_of([] { run({"Conv", {ft({1, 1, 5}, iota(5)), ft({1, 1, 2}, {1, 1})}, {{"strides", std::vector<std::int64_t>{0}}}}); },
-           "Conv");
-  error_of([] { run({"Conv", {ft({1, 1, 5}, iota(5)), ft({1, 1, 2}, {1, 1}), ft({2}, {1, 1})}}); }, "Conv");  // bias length
-  error_of([] { run({"Conv", {ft({5, 5}, iota(25)), ft({1, 1, 2}, {1, 1})}}); }, "Conv");                    // rank
-  error_of([] { run({"Conv", {it({1, 1, 3}, {1, 2, 3}), it({1, 1, 2}, {1, 1})}}); }, "Conv");                // dtype
+  node_error([] { run({"Conv", {ft({1, 1, 2, 2}, iota(4)), ft({1, 1, 3, 3}, iota(9))}}); }, "Conv");  // kernel too big
+  node_error([] { run({"Conv", {ft({1, 1, 5}, iota(5)), ft({1, 1, 2}, {1, 1})}, {{"auto_pad", std::string("SAME")}}}); }, "Conv");
+  node_error([] { run({"Conv", {ft({1, 1, 5}, iota(5)), ft({1, 1, 2}, {1, 1})}, {{"strides", std::vector<std::int64_t>{0}}}}); },
+             "Conv");
+  node_error([] { run({"Conv", {ft({1, 1, 5}, iota(5)), ft({1, 1, 2}, {1, 1}), ft({2}, {1, 1})}}); }, "Conv");  // bias length
+  node_error([] { run({"Conv", {ft({5, 5}, iota(25)), ft({1, 1, 2}, {1, 1})}}); }, "Conv");                    // rank
+  node_error([] { run({"Conv", {it({1, 1, 3}, {1, 2, 3}), it({1, 1, 2}, {1, 1})}}); }, "Conv");                // dtype
 }
 
 TEST_CASE("Conv shape inference keeps the symbolic batch", "[nn][conv][infer]") {
@@ -218,7 +206,7 @@ TEST_CASE("Conv shape inference keeps the symbolic batch", "[nn][conv][infer]") 
   CHECK(n3->output(0)->shape() == Shape{batch, 4, Dim::named("h - 2"), 8});  // a 3x3 valid conv: h - 2
 
   Graph g4;
-  auto msg = error_of([&] {
+  auto msg = node_error([&] {
     infer_one(g4, "Conv", {{DType::Float32, Shape{batch, 3, 8, 8}}, {DType::Float32, Shape{4, 4, 3, 3}}});
   }, "Conv");
   CHECK(msg.find("channels") != std::string::npos);
@@ -266,9 +254,9 @@ TEST_CASE("ConvTranspose inference and errors", "[nn][convtranspose][infer]") {
                       {{"group", std::int64_t(2)}, {"strides", std::vector<std::int64_t>{2, 2}}});
   CHECK(n->output(0)->shape() == Shape{batch, 6, 11, 11});
   Graph g2;
-  error_of([&] { infer_one(g2, "ConvTranspose", {{DType::Float32, Shape{1, 4, 5, 5}}, {DType::Float32, Shape{3, 3, 3, 3}}}); },
-           "ConvTranspose");
-  error_of([] { run({"ConvTranspose", {ft({1, 2, 3}, iota(6)), ft({3, 1, 2}, iota(6))}}); }, "ConvTranspose");
+  node_error([&] { infer_one(g2, "ConvTranspose", {{DType::Float32, Shape{1, 4, 5, 5}}, {DType::Float32, Shape{3, 3, 3, 3}}}); },
+             "ConvTranspose");
+  node_error([] { run({"ConvTranspose", {ft({1, 2, 3}, iota(6)), ft({3, 1, 2}, iota(6))}}); }, "ConvTranspose");
 }
 
 // --- pools ----------------------------------------------------------------------------------------
@@ -340,10 +328,10 @@ TEST_CASE("Pool inference and errors", "[nn][pool][infer]") {
                       {{"kernel_shape", std::vector<std::int64_t>{3, 3}}, {"strides", std::vector<std::int64_t>{2, 2}},
                        {"pads", std::vector<std::int64_t>{1, 1, 1, 1}}});
   CHECK(n->output(0)->shape() == Shape{batch, 64, 56, 56});
-  error_of([] { run({"MaxPool", {ft({1, 1, 4, 4}, iota(16))}, {{"kernel_shape", std::vector<std::int64_t>{3}}}}); }, "MaxPool");
-  error_of([] { run({"AveragePool", {ft({1, 1, 4, 4}, iota(16))}, {}}); }, "AveragePool");  // no kernel_shape
-  error_of([] { run({"AveragePool", {ft({4, 4}, iota(16))}, {{"kernel_shape", std::vector<std::int64_t>{2}}}}); },
-           "AveragePool");
+  node_error([] { run({"MaxPool", {ft({1, 1, 4, 4}, iota(16))}, {{"kernel_shape", std::vector<std::int64_t>{3}}}}); }, "MaxPool");
+  node_error([] { run({"AveragePool", {ft({1, 1, 4, 4}, iota(16))}, {}}); }, "AveragePool");  // no kernel_shape
+  node_error([] { run({"AveragePool", {ft({4, 4}, iota(16))}, {{"kernel_shape", std::vector<std::int64_t>{2}}}}); },
+             "AveragePool");
 }
 
 // --- normalisations -------------------------------------------------------------------------------
@@ -366,10 +354,10 @@ TEST_CASE("BatchNormalization training mode updates the running statistics", "[n
   require_close(outs[1], {1}, {1.5});
   require_close(outs[2], {1}, {2.25});
   // Before opset 14 only Y is supported.
-  error_of([] {
+  node_error([] {
     run({"BatchNormalization", {ft({1, 1, 2}, {1, 2}), ft({1}, {1}), ft({1}, {0}), ft({1}, {0}), ft({1}, {1})}, {}, 9, 3});
   }, "BatchNormalization");
-  auto msg = error_of([] {
+  auto msg = node_error([] {
     run({"BatchNormalization", {ft({1, 2, 2}, iota(4)), ft({3}, {1, 1, 1}), ft({2}, {0, 0}), ft({2}, {0, 0}), ft({2}, {1, 1})}});
   }, "BatchNormalization");
   CHECK(msg.find("scale") != std::string::npos);
@@ -402,8 +390,8 @@ TEST_CASE("LayerNormalization with Mean and InvStdDev", "[nn][norm]") {
   CHECK(n->output(0)->shape() == Shape{batch, Dim::named("seq"), 768});
   CHECK(n->output(1)->shape() == Shape{batch, Dim::named("seq"), 1});
   Graph g2;
-  error_of([&] { infer_one(g2, "LayerNormalization", {{DType::Float32, Shape{2, 8}}, {DType::Float32, Shape{4}}}); },
-           "LayerNormalization");
+  node_error([&] { infer_one(g2, "LayerNormalization", {{DType::Float32, Shape{2, 8}}, {DType::Float32, Shape{4}}}); },
+             "LayerNormalization");
   Graph g3;  // a symbolic hidden size accepts a static scale
   Node* n3 = infer_one(g3, "LayerNormalization", {{DType::Float32, Shape{batch, Dim::named("hidden")}}, {DType::Float32, Shape{768}}});
   CHECK(n3->output(0)->shape() == Shape{batch, Dim::named("hidden")});
@@ -420,10 +408,10 @@ TEST_CASE("MeanVarianceNormalization over the default axes 0, 2, 3", "[nn][norm]
   Graph g;
   Node* n = infer_one(g, "MeanVarianceNormalization", {{DType::Float32, Shape{batch, 3, 8, 8}}});
   CHECK(n->output(0)->shape() == Shape{batch, 3, 8, 8});
-  error_of([] { run({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, iota(4))}, {{"axes", std::vector<std::int64_t>{0, 4}}}, 13}); },
-           "MeanVarianceNormalization");
-  error_of([] { run({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, iota(4))}, {{"axes", std::vector<std::int64_t>{1, -3}}}, 13}); },
-           "MeanVarianceNormalization");  // the same axis twice
+  node_error([] { run({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, iota(4))}, {{"axes", std::vector<std::int64_t>{0, 4}}}, 13}); },
+             "MeanVarianceNormalization");
+  node_error([] { run({"MeanVarianceNormalization", {ft({1, 2, 1, 2}, iota(4))}, {{"axes", std::vector<std::int64_t>{1, -3}}}, 13}); },
+             "MeanVarianceNormalization");  // the same axis twice
 }
 
 // --- Softmax --------------------------------------------------------------------------------------
@@ -442,7 +430,7 @@ TEST_CASE("Softmax axis semantics across opsets", "[nn][softmax]") {
                 {-2.407606, -1.407606, -0.407606, -3.169846, -2.169846, -0.169846});
   // Large inputs stay finite.
   require_close(run1({"Softmax", {ft({1, 2}, {10000, 10000})}, {}, 13}), {1, 2}, {0.5, 0.5});
-  error_of([&] { run({"Softmax", {x}, {{"axis", std::int64_t(3)}}, 13}); }, "Softmax");
+  node_error([&] { run({"Softmax", {x}, {{"axis", std::int64_t(3)}}, 13}); }, "Softmax");
 }
 
 TEST_CASE("Softmax, Hardmax, LpNormalization: an empty axis gives an empty result", "[nn][softmax]") {
@@ -466,8 +454,8 @@ TEST_CASE("Hardmax marks the first largest element along the axis", "[nn][softma
   auto yd = run1({"Hardmax", {Tensor::from_vector<double>({3}, {2, 5, 5})}, {}, 13});
   REQUIRE(yd.dtype() == DType::Float64);
   require_close(yd, {3}, {0, 1, 0});
-  error_of([&] { run({"Hardmax", {x}, {{"axis", std::int64_t(3)}}, 13}); }, "Hardmax");
-  error_of([] { run({"Hardmax", {it({2}, {1, 2})}, {}, 13}); }, "Hardmax");  // integers are not allowed
+  node_error([&] { run({"Hardmax", {x}, {{"axis", std::int64_t(3)}}, 13}); }, "Hardmax");
+  node_error([] { run({"Hardmax", {it({2}, {1, 2})}, {}, 13}); }, "Hardmax");  // integers are not allowed
 }
 
 // --- MatMul, Gemm ---------------------------------------------------------------------------------
@@ -500,10 +488,10 @@ TEST_CASE("MatMul inference and errors", "[nn][matmul][infer]") {
   Node* n2 = infer_one(g2, "MatMul", {{DType::Float32, Shape{batch, 1, 4, 8}}, {DType::Float32, Shape{8, 3}}});
   CHECK(n2->output(0)->shape() == Shape{batch, 1, 4, 3});
   Graph g3;
-  auto msg = error_of([&] { infer_one(g3, "MatMul", {{DType::Float32, Shape{batch, 4, 8}}, {DType::Float32, Shape{7, 3}}}); }, "MatMul");
+  auto msg = node_error([&] { infer_one(g3, "MatMul", {{DType::Float32, Shape{batch, 4, 8}}, {DType::Float32, Shape{7, 3}}}); }, "MatMul");
   CHECK(msg.find("inner") != std::string::npos);
-  error_of([] { run({"MatMul", {ft({2, 3}, iota(6)), ft({2, 3}, iota(6))}}); }, "MatMul");
-  error_of([] { run({"MatMul", {ft({2, 2, 3}, iota(12)), ft({3, 3, 1}, iota(9))}}); }, "MatMul");  // batch 2 vs 3
+  node_error([] { run({"MatMul", {ft({2, 3}, iota(6)), ft({2, 3}, iota(6))}}); }, "MatMul");
+  node_error([] { run({"MatMul", {ft({2, 2, 3}, iota(12)), ft({3, 3, 1}, iota(9))}}); }, "MatMul");  // batch 2 vs 3
 }
 
 TEST_CASE("Gemm transposes, alpha, beta and broadcast C", "[nn][gemm]") {
@@ -516,9 +504,9 @@ TEST_CASE("Gemm transposes, alpha, beta and broadcast C", "[nn][gemm]") {
   require_close(run1({"Gemm", {ft({1, 2}, {1, 2}), ft({2, 2}, {1, 2, 3, 4})}}), {1, 2}, {7, 10});
   require_close(run1({"Gemm", {ft({1, 2}, {1, 2}), ft({2, 2}, {1, 2, 3, 4}), ft({}, {1})}}), {1, 2}, {8, 11});
   require_close(run1({"Gemm", {ft({2, 1}, {1, 2}), ft({1, 2}, {1, 1}), ft({2, 1}, {10, 20})}}), {2, 2}, {11, 11, 22, 22});
-  auto msg = error_of([] { run({"Gemm", {ft({2, 3}, iota(6)), ft({2, 3}, iota(6))}}); }, "Gemm");
+  auto msg = node_error([] { run({"Gemm", {ft({2, 3}, iota(6)), ft({2, 3}, iota(6))}}); }, "Gemm");
   CHECK(msg.find("inner") != std::string::npos);
-  error_of([] { run({"Gemm", {ft({2, 3}, iota(6)), ft({3, 2}, iota(6)), ft({3}, {1, 2, 3})}}); }, "Gemm");
+  node_error([] { run({"Gemm", {ft({2, 3}, iota(6)), ft({3, 2}, iota(6)), ft({3}, {1, 2, 3})}}); }, "Gemm");
   Graph g;
   Node* n = infer_one(g, "Gemm", {{DType::Float32, Shape{batch, 512}}, {DType::Float32, Shape{10, 512}}, {DType::Float32, Shape{10}}},
                       {{"transB", std::int64_t(1)}});
@@ -567,11 +555,11 @@ TEST_CASE("Resize inference and errors", "[nn][resize][infer]") {
   Node* n = g.add_node("Resize", {x, nullptr, scales}, {"y"}, {}, "node_under_test");
   infer_shapes(g);
   CHECK(n->output(0)->shape() == Shape{batch, 3, 20, 10});
-  error_of([] { run({"Resize", {ft({1, 4}, iota(4)), Tensor(), ft({1}, {2})}, {}, 13, 1, {2}}); }, "Resize");
-  error_of([] {
+  node_error([] { run({"Resize", {ft({1, 4}, iota(4)), Tensor(), ft({1}, {2})}, {}, 13, 1, {2}}); }, "Resize");
+  node_error([] {
     run({"Resize", {ft({1, 4}, iota(4)), Tensor(), ft({2}, {1, 2})}, {{"mode", std::string("bicubic")}}, 13, 1, {2}});
   }, "Resize");
-  error_of([] { run({"Resize", {ft({1, 4}, iota(4)), Tensor()}, {}, 13}); }, "Resize");  // neither scales nor sizes
+  node_error([] { run({"Resize", {ft({1, 4}, iota(4)), Tensor()}, {}, 13}); }, "Resize");  // neither scales nor sizes
 }
 
 TEST_CASE("Upsample is Resize-10: scales as an attribute (opset 7) or an input (opset 9)", "[nn][resize]") {
@@ -586,9 +574,9 @@ TEST_CASE("Upsample is Resize-10: scales as an attribute (opset 7) or an input (
   Node* n = infer_one(g, "Upsample", {{DType::Float32, Shape{1, 3, 8, 8}}, {DType::Float32, Shape{4}}});
   REQUIRE(n->output(0)->shape().rank() == 4);
   CHECK_FALSE(n->output(0)->shape()[2].is_static());
-  error_of([&] { run({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2}}}, 7}); }, "Upsample");
-  error_of([&] { run({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2, 2}}, {"mode", std::string("cubic")}}, 7}); },
-           "Upsample");  // cubic came with Resize-11
+  node_error([&] { run({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2}}}, 7}); }, "Upsample");
+  node_error([&] { run({"Upsample", {x}, {{"scales", std::vector<float>{1, 1, 2, 2}}, {"mode", std::string("cubic")}}, 7}); },
+             "Upsample");  // cubic came with Resize-11
 }
 
 // --- MaxUnpool ------------------------------------------------------------------------------------
@@ -611,9 +599,9 @@ TEST_CASE("MaxUnpool scatters MaxPool's values back to their indices", "[nn][poo
                        {"pads", std::vector<std::int64_t>{1, 1, 1, 1}}});
   CHECK(n->output(0)->shape()[3] == Dim(7));
   CHECK(n->output(0)->shape()[2] == dim_add(dim_mul(dim_sub(Dim::named("h"), Dim(1)), Dim(2)), Dim(1)));
-  auto msg = error_of([&] { run({"MaxUnpool", {x, it({1, 1, 2, 2}, {5, 7, 13, 16})}, attrs, 11}); }, "MaxUnpool");
+  auto msg = node_error([&] { run({"MaxUnpool", {x, it({1, 1, 2, 2}, {5, 7, 13, 16})}, attrs, 11}); }, "MaxUnpool");
   CHECK(msg.find("16") != std::string::npos);
-  error_of([&] { run({"MaxUnpool", {x, idx, it({4}, {1, 1, 3, 3})}, attrs, 11, 1, {2}}); }, "MaxUnpool");  // too small
+  node_error([&] { run({"MaxUnpool", {x, idx, it({4}, {1, 1, 3, 3})}, attrs, 11, 1, {2}}); }, "MaxUnpool");  // too small
 }
 
 // --- NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss -------------------------------------------
@@ -665,21 +653,21 @@ TEST_CASE("loss inference and errors", "[nn][loss][infer]") {
   CHECK(n->output(0)->dtype() == DType::Float16);
   CHECK(n->output(1)->shape() == Shape{batch, 5});
   Graph g3;
-  auto msg = error_of([&] { infer_one(g3, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{4, 5, 7}}, {DType::Int64, Shape{4, 6}}}); },
-                      "NegativeLogLikelihoodLoss");
+  auto msg = node_error([&] { infer_one(g3, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{4, 5, 7}}, {DType::Int64, Shape{4, 6}}}); },
+                        "NegativeLogLikelihoodLoss");
   CHECK(msg.find("does not match") != std::string::npos);
   Graph g4;
-  error_of([&] { infer_one(g4, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{4, 5}}, {DType::Int64, Shape{4}}},
-                           {{"reduction", std::string("average")}}); },
-           "NegativeLogLikelihoodLoss");
+  node_error([&] { infer_one(g4, "NegativeLogLikelihoodLoss", {{DType::Float32, Shape{4, 5}}, {DType::Int64, Shape{4}}},
+                             {{"reduction", std::string("average")}}); },
+             "NegativeLogLikelihoodLoss");
   // A target outside the classes (and not ignore_index) is an error naming the node.
-  msg = error_of([] { run({"NegativeLogLikelihoodLoss", {ft({2, 3}, iota(6)), it({2}, {0, 3})}, {}, 13}); },
-                 "NegativeLogLikelihoodLoss");
+  msg = node_error([] { run({"NegativeLogLikelihoodLoss", {ft({2, 3}, iota(6)), it({2}, {0, 3})}, {}, 13}); },
+                   "NegativeLogLikelihoodLoss");
   CHECK(msg.find("outside the classes [0, 3)") != std::string::npos);
-  error_of([] { run({"SoftmaxCrossEntropyLoss", {ft({2, 3}, iota(6)), it({2}, {-1, 0})}, {}, 13}); },
-           "SoftmaxCrossEntropyLoss");
-  error_of([] { run({"NegativeLogLikelihoodLoss", {ft({2, 3}, iota(6)), it({2}, {0, 1}), ft({2}, {1, 1})}, {}, 13}); },
-           "NegativeLogLikelihoodLoss");  // weight of the wrong length
+  node_error([] { run({"SoftmaxCrossEntropyLoss", {ft({2, 3}, iota(6)), it({2}, {-1, 0})}, {}, 13}); },
+             "SoftmaxCrossEntropyLoss");
+  node_error([] { run({"NegativeLogLikelihoodLoss", {ft({2, 3}, iota(6)), it({2}, {0, 1}), ft({2}, {1, 1})}, {}, 13}); },
+             "NegativeLogLikelihoodLoss");  // weight of the wrong length
 }
 
 // --- Pad ------------------------------------------------------------------------------------------
@@ -711,9 +699,9 @@ TEST_CASE("Pad inference and errors", "[nn][pad][infer]") {
   Node* n = g.add_node("Pad", {x, pads}, {"y"}, {}, "node_under_test");
   infer_shapes(g);
   CHECK(n->output(0)->shape() == Shape{batch, 3, 10, 10});
-  error_of([] { run({"Pad", {ft({2}, {1, 2}), it({3}, {1, 2, 3})}, {}, 13}); }, "Pad");
-  error_of([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {-2, -1})}, {}, 13}); }, "Pad");
-  error_of([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {1, 1})}, {{"mode", std::string("mirror")}}, 13}); }, "Pad");
+  node_error([] { run({"Pad", {ft({2}, {1, 2}), it({3}, {1, 2, 3})}, {}, 13}); }, "Pad");
+  node_error([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {-2, -1})}, {}, 13}); }, "Pad");
+  node_error([] { run({"Pad", {ft({2}, {1, 2}), it({2}, {1, 1})}, {{"mode", std::string("mirror")}}, 13}); }, "Pad");
 }
 
 // --- GridSample, RoiAlign ---------------------------------------------------------------------------
@@ -759,19 +747,19 @@ TEST_CASE("GridSample inference and errors", "[nn][gridsample][infer]") {
   CHECK(n->output(0)->shape() == Shape{batch, 3, 7, 9});
   Graph g2;
   g2.opsets[""] = 16;
-  CHECK(error_of([&] { infer_one(g2, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4}}, {DType::Float32, Shape{1, 7, 9, 3}}}); },
-                 "GridSample")
+  CHECK(node_error([&] { infer_one(g2, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4}}, {DType::Float32, Shape{1, 7, 9, 3}}}); },
+                   "GridSample")
             .find("must end in 2 coordinates") != std::string::npos);
   Graph g3;
   g3.opsets[""] = 16;
-  CHECK(error_of([&] { infer_one(g3, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4}}, {DType::Float32, Shape{1, 7, 9, 2}}},
+  CHECK(node_error([&] { infer_one(g3, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4}}, {DType::Float32, Shape{1, 7, 9, 2}}},
                                  {{"mode", std::string("linear")}}); },
                  "GridSample")
             .find("bilinear, nearest or bicubic") != std::string::npos);
   Graph g4;
   g4.opsets[""] = 16;
-  CHECK(error_of([&] { infer_one(g4, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4, 4}}, {DType::Float32, Shape{1, 2, 2, 2, 3}}}); },
-                 "GridSample")
+  CHECK(node_error([&] { infer_one(g4, "GridSample", {{DType::Float32, Shape{1, 3, 4, 4, 4}}, {DType::Float32, Shape{1, 2, 2, 2, 3}}}); },
+                   "GridSample")
             .find("before opset 20 takes a 4-D X") != std::string::npos);
 }
 
@@ -800,7 +788,7 @@ TEST_CASE("RoiAlign: avg and max, half_pixel and output_half_pixel", "[nn][roial
                                       {DType::Int64, Shape{Dim::named("R")}}},
                       {{"output_height", std::int64_t{7}}, {"output_width", std::int64_t{5}}});
   CHECK(n->output(0)->shape() == Shape{Dim::named("R"), 8, 7, 5});
-  CHECK(error_of([&] { run1({"RoiAlign", {x, rois, it({1}, {2})}, {}, 16}); }, "RoiAlign")
+  CHECK(node_error([&] { run1({"RoiAlign", {x, rois, it({1}, {2})}, {}, 16}); }, "RoiAlign")
             .find("batch_indices[0] = 2 is outside [0, 1)") != std::string::npos);
 }
 

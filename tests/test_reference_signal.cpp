@@ -11,11 +11,13 @@
 
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/executor.hpp"
+#include "support.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
 namespace test_reference_signal {
 
 using namespace ondine;
+using test::node_error;
 using Attrs = std::map<std::string, Attribute>;
 
 namespace {
@@ -97,19 +99,6 @@ std::vector<double> naive_dft(const std::vector<std::complex<double>>& x, bool i
   return out;
 }
 
-template <typename F>
-std::string error_of(F&& f, const std::string& op) {
-  try {
-    f();
-  } catch (const Error& e) {
-    CHECK(e.node() == "node_under_test");
-    CHECK(e.op() == op);
-    return e.message();
-  }
-  FAIL("no Error thrown");
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("DFT of a real signal along axis 1: full, onesided, padded and truncated", "[signal][dft]") {
@@ -159,13 +148,13 @@ TEST_CASE("DFT opset 20 takes the axis as an input, default -2", "[signal][dft]"
 
 TEST_CASE("DFT errors name the node", "[signal][dft][errors]") {
   const Tensor x = ft({1, 4, 2}, std::vector<float>(8, 1.0f));
-  CHECK(error_of([&] { run({"DFT", {x}, {{"onesided", std::int64_t{1}}}}); }, "DFT").find("needs a real input") !=
+  CHECK(node_error([&] { run({"DFT", {x}, {{"onesided", std::int64_t{1}}}}); }, "DFT").find("needs a real input") !=
         std::string::npos);
-  CHECK(error_of([&] { run({"DFT", {x}, {{"axis", std::int64_t{2}}}}); }, "DFT").find("axis 2 is out of range") !=
+  CHECK(node_error([&] { run({"DFT", {x}, {{"axis", std::int64_t{2}}}}); }, "DFT").find("axis 2 is out of range") !=
         std::string::npos);
-  CHECK(error_of([&] { run({"DFT", {ft({1, 4, 3}, std::vector<float>(12, 1.0f))}}); }, "DFT").find("end in 1 (real) or 2") !=
+  CHECK(node_error([&] { run({"DFT", {ft({1, 4, 3}, std::vector<float>(12, 1.0f))}}); }, "DFT").find("end in 1 (real) or 2") !=
         std::string::npos);
-  CHECK(error_of([&] { run({"DFT", {x, i64(0)}}); }, "DFT").find("dft_length must be positive") != std::string::npos);
+  CHECK(node_error([&] { run({"DFT", {x, i64(0)}}); }, "DFT").find("dft_length must be positive") != std::string::npos);
 }
 
 TEST_CASE("STFT frames a signal, windows each frame and keeps the onesided bins", "[signal][stft]") {
@@ -190,9 +179,9 @@ TEST_CASE("STFT frames a signal, windows each frame and keeps the onesided bins"
   for (int k = 0; k < 12; ++k) CHECK(full.at_double(static_cast<std::size_t>(12 + k)) == Approx(want[k]).margin(1e-5));
   // frame_step as a graph input: frames known at run time only.
   CHECK(run({"STFT", {x, i64(4), window}}).dims() == std::vector<std::int64_t>{1, 4, 4, 2});
-  CHECK(error_of([&] { run({"STFT", {x, i64(4), window, i64(5)}, {}, 17, {1, 3}}); }, "STFT")
+  CHECK(node_error([&] { run({"STFT", {x, i64(4), window, i64(5)}, {}, 17, {1, 3}}); }, "STFT")
             .find("frame_length and the window's length: 6 vs 5") != std::string::npos);
-  CHECK(error_of([&] { run({"STFT", {x, i64(0), window}}); }, "STFT").find("frame_step must be positive") != std::string::npos);
+  CHECK(node_error([&] { run({"STFT", {x, i64(0), window}}); }, "STFT").find("frame_step must be positive") != std::string::npos);
 }
 
 TEST_CASE("Hann, Hamming and Blackman windows: periodic and symmetric, output_datatype", "[signal][window]") {
@@ -213,7 +202,7 @@ TEST_CASE("Hann, Hamming and Blackman windows: periodic and symmetric, output_da
   CHECK(d.dtype() == DType::Float64);
   require_close(d, {4}, {0, 0.5, 1, 0.5}, 1e-12);
   CHECK(run({"HannWindow", {i64(4)}}).dims() == std::vector<std::int64_t>{4});  // size as a graph input
-  CHECK(error_of([&] { run({"HannWindow", {f32(4)}}); }, "HannWindow").find("expected int32 or int64") != std::string::npos);
+  CHECK(node_error([&] { run({"HannWindow", {f32(4)}}); }, "HannWindow").find("expected int32 or int64") != std::string::npos);
 }
 
 TEST_CASE("MelWeightMatrix: triangular filters on floored bins, ONNX's reference rule", "[signal][mel]") {
@@ -235,7 +224,7 @@ TEST_CASE("MelWeightMatrix: triangular filters on floored bins, ONNX's reference
   // 100) of 0, 16.3 and 32.9 Hz), so the filter rises over 0..2 and falls over 2..5.
   require_close(run({"MelWeightMatrix", {i64(1), i64(16), i64(100), f32(0), f32(50)}, {}, 17, {0, 1}, true}), {9, 1},
                 {0, 0.5, 1, 2.0 / 3, 1.0 / 3, 0, 0, 0, 0});
-  CHECK(error_of([&] { run({"MelWeightMatrix", {i64(0), i64(16), i64(100), f32(0), f32(50)}}); }, "MelWeightMatrix")
+  CHECK(node_error([&] { run({"MelWeightMatrix", {i64(0), i64(16), i64(100), f32(0), f32(50)}}); }, "MelWeightMatrix")
             .find("must be positive") != std::string::npos);
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ondine/lower/detail/prelu.hpp - PRelu with one slope per channel, y = x > 0 ? x : slope[c] * x, over float32
 // memory in the layout its producer wrote: row-major, channels-last or channel-blocked (8 or 16). One kernel
-// source over SIMD traits (AVX-512, AVX2, scalar), chosen by oneDNN's effective ISA when the model is compiled.
+// source over simd.hpp's traits (AVX-512, AVX2, scalar), chosen by oneDNN's effective ISA when the model is
+// compiled.
 //
 // Why Ondine's own: oneDNN 2.6 has no jit convolution with a prelu post-op (every layout gives "ref:any") and
 // only its reference prelu primitive for channel-blocked data, so a conv's PRelu cost two reorders and a pass
@@ -15,16 +16,11 @@
 #include <vector>
 
 #include "ondine/lower/detail/silu.hpp"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ONDINE_PRELU_X86 1
-#endif
+#include "ondine/lower/detail/simd.hpp"
 
 namespace ondine::lower::detail::prelu {
 
-// The SIMD traits pass vectors by value between functions that are all inlined into one ISA's entry point
-// (run_avx512, run_avx2); GCC's note that such a signature's ABI depends on -mavx is moot there.
+// The kernel is written once over simd.hpp's traits; GCC's notes on their by-value vectors are moot here.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -44,34 +40,20 @@ struct Shape {
   std::size_t count() const { return outer * groups * repeats * block; }
 };
 
-struct ScalarTraits {
-  static constexpr std::size_t width = 1;
-  using V = float;
-  static V load(const float* p) { return *p; }
-  static void store(float* p, V v) { *p = v; }
-  static V set1(float s) { return s; }
+// simd.hpp's traits with PRelu's select: apply(x, s) = x < 0 ? x * s : x.
+struct ScalarTraits : simd::Scalar {
   static V apply(V x, V s) { return x < 0.0f ? x * s : x; }
 };
 
-#ifdef ONDINE_PRELU_X86
-struct Avx512Traits {
-  static constexpr std::size_t width = 16;
-  using V = __m512;
-  __attribute__((target("avx512f"))) static V load(const float* p) { return _mm512_loadu_ps(p); }
-  __attribute__((target("avx512f"))) static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  __attribute__((target("avx512f"))) static V set1(float s) { return _mm512_set1_ps(s); }
+#ifdef ONDINE_SIMD_X86
+struct Avx512Traits : simd::Avx512 {
   __attribute__((target("avx512f"))) static V apply(V x, V s) {
     return _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), x, s);
   }
 };
 
-struct Avx2Traits {
-  static constexpr std::size_t width = 8;
-  using V = __m256;
-  __attribute__((target("avx2"))) static V load(const float* p) { return _mm256_loadu_ps(p); }
-  __attribute__((target("avx2"))) static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  __attribute__((target("avx2"))) static V set1(float s) { return _mm256_set1_ps(s); }
-  __attribute__((target("avx2"))) static V apply(V x, V s) {
+struct Avx2Traits : simd::Avx2 {
+  __attribute__((target("avx2,fma"))) static V apply(V x, V s) {
     return _mm256_blendv_ps(x, _mm256_mul_ps(x, s), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
   }
 };
@@ -102,13 +84,13 @@ inline __attribute__((always_inline)) void run_rows(const float* src, float* dst
   }
 }
 
-#ifdef ONDINE_PRELU_X86
+#ifdef ONDINE_SIMD_X86
 __attribute__((target("avx512f"))) inline void run_avx512(const float* src, float* dst, const float* slopes,
                                                           const Shape& shape, std::size_t first, std::size_t last) {
   run_rows<Avx512Traits>(src, dst, slopes, shape, first, last);
 }
-__attribute__((target("avx2"))) inline void run_avx2(const float* src, float* dst, const float* slopes,
-                                                     const Shape& shape, std::size_t first, std::size_t last) {
+__attribute__((target("avx2,fma"))) inline void run_avx2(const float* src, float* dst, const float* slopes,
+                                                         const Shape& shape, std::size_t first, std::size_t last) {
   run_rows<Avx2Traits>(src, dst, slopes, shape, first, last);
 }
 #endif
@@ -116,7 +98,7 @@ __attribute__((target("avx2"))) inline void run_avx2(const float* src, float* ds
 // Rows [first, last) with kernel k (which the CPU must support).
 inline void run(Kernel k, const float* src, float* dst, const float* slopes, const Shape& shape, std::size_t first,
                 std::size_t last) {
-#ifdef ONDINE_PRELU_X86
+#ifdef ONDINE_SIMD_X86
   if (k == Kernel::Avx512) return run_avx512(src, dst, slopes, shape, first, last);
   if (k == Kernel::Avx2) return run_avx2(src, dst, slopes, shape, first, last);
 #else

@@ -2,15 +2,12 @@
 // ondine/lower/detail/recurrence.hpp - Ondine's own recurrence kernels on AVX-512 and AVX2, for the two
 // cases oneDNN 2.6 runs slowly or not at all:
 //
-// 1. An fp32 LSTM at small batch (at most kMaxLstmBatch): oneDNN 2.6's only fp32 LSTM kernel for AVX-512
-//    is brgemm-based; at batch 1 each time step is a [1, H] x [H, 4H] product that it runs at ~30% of the
-//    fp32 peak (PyTorch's bidirectional 2-layer tagger, H 256, T 128, 2 cores of a Zen 4: 107 sequences/s
-//    against ONNX Runtime's 152). Split the way ONNX Runtime and PyTorch do: X W^T + Wb + Rb for all T at
-//    once is a real GEMM (a oneDNN matmul, both directions in one), and what is left per step, G[t] +
-//    h[t-1] R^T and the gates, is a matrix-vector product whose weights stream from cache. On AVX2 oneDNN's
-//    only LSTM is its GEMM-based `ref`, one direction per thread and its input projection on that thread
-//    alone (the tagger at batch 8: 0.88x ONNX Runtime); there the projection is one matmul on every thread
-//    and the recurrence these kernels, up to kMaxLstmBatchAvx2.
+// 1. An fp32 LSTM at small batch (at most max_small_batch): there oneDNN 2.6 runs each step's [N, H] x [H, 4H]
+//    product far below the fp32 peak (on AVX-512 its brgemm kernel; on AVX2 its GEMM-based `ref`, one direction
+//    per thread and the input projection on that thread alone). Split the way ONNX Runtime and PyTorch do:
+//    X W^T + Wb + Rb for all T at once is a real GEMM (a oneDNN matmul, both directions in one, on every
+//    thread), and what is left per step, G[t] + h[t-1] R^T and the gates, is a matrix-vector product whose
+//    weights stream from cache (docs/performance.md, "Recurrent networks", has the measurements).
 // 2. A GRU (linear_before_reset, PyTorch's) whose input projection the graph already computed:
 //    quantize-dynamic (quant/quantize_dynamic.hpp) turns GRU(X, W, ...) into G = X W^T as a dynamic int8
 //    matrix product and GRU(G, S, ...) where S selects G's columns of each direction (S[d][k][j] = 1 when
@@ -28,10 +25,8 @@
 // previous step's h is read from there.
 // With two threads or more, the threads split each direction's hidden units (a barrier per step, each
 // core's share of the weights stays in its L2) or take a direction each (split_blocks says which).
-// Measured (bench command in docs/performance.md, "Recurrent networks"): on a Zen 4 the LSTM tagger at batch
-// 1 went from 9.4 ms (oneDNN) to 4.5 ms, at batch 2 from 11.6 to 6.6 ms, at batch 4 from 14.8 to 12.6 ms; at
-// 8 they tie. On a Zen 3 with AVX2 only: batch 1 9.0-9.8 -> 6.3-7.4 ms, batch 8 46-47 -> 32 ms; at 16
-// oneDNN's is faster (73-80 against 77-83 ms).
+// The cells are one source, templates over simd.hpp's traits with each ISA's sigmoid and tanh, instantiated
+// for AVX-512 and AVX2, so both compute the same sums in the same order.
 //
 // Taken only when oneDNN's effective ISA has AVX-512 or AVX2 (DNNL_MAX_CPU_ISA caps it) and the node has none
 // of what the oneDNN path declines (rnn_unsupported), nor peepholes.
@@ -49,6 +44,7 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/silu.hpp"
+#include "ondine/lower/detail/simd.hpp"
 
 namespace ondine::lower::detail::recurrence {
 
@@ -90,125 +86,193 @@ struct CellArgs {
   std::int64_t h_out_stride;
 };
 using CellFn = void (*)(const CellArgs&, std::int64_t block);
-// One cell per shape of the work: `Blocks` blocks of 16 hidden units x `Rows` batch rows.
+// One cell per shape of the work: `Blocks` blocks of hidden units x `Rows` batch rows (AVX-512's shapes).
 struct CellTable {
   CellFn b4r1, b2r1, b1r1, b2r2, b1r2, b1r3, b1r4;
 };
 
-#ifdef ONDINE_SILU_X86
+#ifdef ONDINE_SIMD_X86
 
-// GCC 12's false positive on the intrinsics' own _mm512_undefined_ps() (GCC bug 105593; see silu.hpp).
+// The cells are written once over simd.hpp's traits; GCC's notes on their by-value vectors, and its false
+// positive on the intrinsics' own _mm512_undefined_ps() (GCC bug 105593; see silu.hpp), are moot here.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+// simd.hpp's traits with the gates' sigmoid and tanh, and whether the sum over k is unrolled (see
+// recurrent_product).
+struct Avx512Cells : simd::Avx512 {
+  static constexpr bool unroll_k = false;
+  __attribute__((target("avx512f"))) static V sigmoid(V z) { return silu::sigmoid16(z); }
+  __attribute__((target("avx512f"))) static V tanh(V z) { return silu::tanh16(z); }
+};
+
+struct Avx2Cells : simd::Avx2 {
+  static constexpr bool unroll_k = true;
+  // sigmoid by one_plus_exp2_8 and a division (exact to rounding; saturates to 0 and 1 for finite z).
+  __attribute__((target("avx2,fma"))) static V sigmoid(V z) {
+    return _mm256_div_ps(_mm256_set1_ps(1.0f),
+                         silu::one_plus_exp2_8(_mm256_mul_ps(z, _mm256_set1_ps(silu::kMinusLog2e))));
+  }
+  __attribute__((target("avx2,fma"))) static V tanh(V z) {
+    return _mm256_fmsub_ps(_mm256_set1_ps(2.0f), sigmoid(_mm256_add_ps(z, z)), _mm256_set1_ps(1.0f));
+  }
+};
+static_assert(Avx512Cells::width == kLanes && Avx2Cells::width == kLanes8, "RnnShape::lanes is the traits' width");
+
+// One k of the product: the Rows h values broadcast, each gate's weight vector loaded once for all rows.
+template <typename T, int Blocks, int Rows, int Gates>
+inline __attribute__((always_inline)) void product_step(const float* const (&h_rows)[Rows], const float* w,
+                                                        std::int64_t block_floats, std::int64_t k,
+                                                        typename T::V (&acc)[Rows][Blocks][Gates]) {
+  constexpr auto lanes = static_cast<std::int64_t>(T::width);
+  typename T::V hk[Rows];
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r) hk[r] = T::set1(h_rows[r][k]);
+#pragma GCC unroll 4
+  for (int b = 0; b < Blocks; ++b)
+#pragma GCC unroll 4
+    for (int q = 0; q < Gates; ++q) {
+      const typename T::V wq = T::load(w + b * block_floats + (k * Gates + q) * lanes);
+#pragma GCC unroll 4
+      for (int r = 0; r < Rows; ++r) acc[r][b][q] = T::fmadd(hk[r], wq, acc[r][b][q]);
+    }
+}
+
 // acc[r][b][q] += h_prev[r] R_q^T over the `Gates` gates of blocks [block, block + Blocks): the weights of
-// block j are [H][Gates][16] at r_packed + j * H * Gates * 16, read once for all rows.
-template <int Blocks, int Rows, int Gates>
-__attribute__((target("avx512f"))) inline void recurrent_product(const CellArgs& a, std::int64_t block,
-                                                                 __m512 (&acc)[Rows][Blocks][Gates]) {
-  const std::int64_t block_floats = a.hidden * Gates * kLanes;
+// block j are [H][Gates][lanes] at r_packed + j * H * Gates * lanes, read once for all rows.
+template <typename T, int Blocks, int Rows, int Gates>
+inline __attribute__((always_inline)) void recurrent_product(const CellArgs& a, std::int64_t block,
+                                                             typename T::V (&acc)[Rows][Blocks][Gates]) {
+  // The trip count and the rows' addresses in locals: read through `a` the loop reloaded the count and
+  // recomputed each row's address at every k (one Zen 3 core, H 256, 128 steps, -O3: batch 8 7.77-7.81 ->
+  // 7.62-7.70 ms, batch 4 4.36-4.42 -> 4.28-4.30, batch 1 unchanged; at -O2 3-7%).
+  // Unrolled on AVX2: 4 steps of k per iteration ran a 3-row cell at 62 instead of 47 GFLOP/s on one Zen 3
+  // core (weights in L1). Tried and slower on the LSTM tagger's recurrence: software prefetch of the next
+  // block's weights; the sum over k in two halves so the row groups share 16 KB of weights at a time (one core,
+  // batch 8, H 256, 128 steps: 10.7-11.8 ms against 8.7-9.2 whole); gates in pairs (4 or 6 rows x 2 gates, 2
+  // weight loads per k, the block's weights in two 16 KB passes): 9.6-10.4 against 8.7 ms; the 4 steps of k
+  // written out by hand (GCC then spills accumulators): 10.0 against 7.9 ms.
+  const std::int64_t hidden = a.hidden, block_floats = hidden * Gates * static_cast<std::int64_t>(T::width);
   const float* w = a.r_packed + block * block_floats;
-  for (std::int64_t k = 0; k < a.hidden; ++k) {
-    __m512 hk[Rows];
+  const float* h_rows[Rows];
+  for (int r = 0; r < Rows; ++r) h_rows[r] = a.h_prev + r * a.h_prev_stride;
+  if constexpr (T::unroll_k) {
 #pragma GCC unroll 4
-    for (int r = 0; r < Rows; ++r) hk[r] = _mm512_set1_ps(a.h_prev[r * a.h_prev_stride + k]);
-#pragma GCC unroll 4
-    for (int b = 0; b < Blocks; ++b)
-#pragma GCC unroll 4
-      for (int q = 0; q < Gates; ++q) {
-        const __m512 wq = _mm512_loadu_ps(w + b * block_floats + (k * Gates + q) * kLanes);
-#pragma GCC unroll 4
-        for (int r = 0; r < Rows; ++r) acc[r][b][q] = _mm512_fmadd_ps(hk[r], wq, acc[r][b][q]);
-      }
+    for (std::int64_t k = 0; k < hidden; ++k) product_step<T, Blocks, Rows, Gates>(h_rows, w, block_floats, k, acc);
+  } else {
+    for (std::int64_t k = 0; k < hidden; ++k) product_step<T, Blocks, Rows, Gates>(h_rows, w, block_floats, k, acc);
   }
 }
 
-// The mask of the hidden units of the block that starts at `unit` (the last block may be partial).
-inline __mmask16 lanes_of(std::int64_t unit, std::int64_t hidden) {
-  const std::int64_t valid = std::min<std::int64_t>(kLanes, hidden - unit);
-  return static_cast<__mmask16>((1u << valid) - 1u);
+// How many hidden units the block of `lanes` that starts at `unit` holds (the last block may be partial).
+inline int units_in_block(std::int64_t unit, std::int64_t hidden, std::int64_t lanes) {
+  return static_cast<int>(std::min(lanes, hidden - unit));
 }
 
 // LSTM (gates i o f c, ONNX's order; G holds X W^T + Wb + Rb in this header's padded layout):
 // acc = G + h_prev R^T, then c = f c + i tanh(acc_c), h = o tanh(c).
-template <int Blocks, int Rows>
-__attribute__((target("avx512f"))) inline void lstm_cell(const CellArgs& a, std::int64_t block) {
-  __m512 acc[Rows][Blocks][4];
+template <typename T, int Blocks, int Rows>
+inline __attribute__((always_inline)) void lstm_cell(const CellArgs& a, std::int64_t block) {
+  using V = typename T::V;
+  constexpr auto lanes = static_cast<std::int64_t>(T::width);
+  V acc[Rows][Blocks][4];
 #pragma GCC unroll 4
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
     for (int b = 0; b < Blocks; ++b)
 #pragma GCC unroll 4
-      for (int q = 0; q < 4; ++q) acc[r][b][q] = _mm512_loadu_ps(a.g + r * a.g_stride + ((block + b) * 4 + q) * kLanes);
-  recurrent_product<Blocks, Rows, 4>(a, block, acc);
+      for (int q = 0; q < 4; ++q) acc[r][b][q] = T::load(a.g + r * a.g_stride + ((block + b) * 4 + q) * lanes);
+  recurrent_product<T, Blocks, Rows, 4>(a, block, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
     for (int b = 0; b < Blocks; ++b) {
-      const std::int64_t unit = (block + b) * kLanes;  // first hidden unit of the block
-      const __m512 i = silu::sigmoid16(acc[r][b][0]), o = silu::sigmoid16(acc[r][b][1]);
-      const __m512 f = silu::sigmoid16(acc[r][b][2]), cand = silu::tanh16(acc[r][b][3]);
+      const std::int64_t unit = (block + b) * lanes;  // first hidden unit of the block
+      const V i = T::sigmoid(acc[r][b][0]), o = T::sigmoid(acc[r][b][1]);
+      const V f = T::sigmoid(acc[r][b][2]), cand = T::tanh(acc[r][b][3]);
       float* cp = a.c + r * a.c_stride + unit;  // padded to whole blocks: no mask
-      const __m512 c_new = _mm512_fmadd_ps(f, _mm512_loadu_ps(cp), _mm512_mul_ps(i, cand));
-      _mm512_storeu_ps(cp, c_new);
-      const __m512 h = _mm512_mul_ps(o, silu::tanh16(c_new));
-      _mm512_mask_storeu_ps(a.h_out + r * a.h_out_stride + unit, lanes_of(unit, a.hidden), h);
+      const V c_new = T::fmadd(f, T::load(cp), T::mul(i, cand));
+      T::store(cp, c_new);
+      const V h = T::mul(o, T::tanh(c_new));
+      T::mask_store(a.h_out + r * a.h_out_stride + unit, T::tail(units_in_block(unit, a.hidden, lanes)), h);
     }
 }
 
 // GRU with linear_before_reset (gates z r h; G holds X W^T as the graph computed it, [D*3H] per row;
-// bias per block [bz = Wbz + Rbz, br = Wbr + Rbr, Wbh, Rbh] x 16):
+// bias per block [bz = Wbz + Rbz, br = Wbr + Rbr, Wbh, Rbh] x lanes):
 // z = s(Gz + bz + h Rz^T), r = s(Gr + br + h Rr^T), n = tanh(Gh + Wbh + r (h Rh^T + Rbh)), h' = n + z (h - n).
-template <int Blocks, int Rows>
-__attribute__((target("avx512f"))) inline void gru_cell(const CellArgs& a, std::int64_t block) {
-  __m512 acc[Rows][Blocks][3];
+template <typename T, int Blocks, int Rows>
+inline __attribute__((always_inline)) void gru_cell(const CellArgs& a, std::int64_t block) {
+  using V = typename T::V;
+  constexpr auto lanes = static_cast<std::int64_t>(T::width);
+  V acc[Rows][Blocks][3];
   const std::int64_t h = a.hidden;
 #pragma GCC unroll 4
   for (int b = 0; b < Blocks; ++b) {
-    const std::int64_t unit = (block + b) * kLanes;
-    const __mmask16 m = lanes_of(unit, h);
-    const float* bias = a.bias + (block + b) * 4 * kLanes;
+    const std::int64_t unit = (block + b) * lanes;
+    const typename T::Mask m = T::tail(units_in_block(unit, h, lanes));
+    const float* bias = a.bias + (block + b) * 4 * lanes;
 #pragma GCC unroll 4
     for (int r = 0; r < Rows; ++r) {
       const float* g = a.g + r * a.g_stride + unit;
-      acc[r][b][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g), _mm512_loadu_ps(bias));
-      acc[r][b][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g + h), _mm512_loadu_ps(bias + kLanes));
-      acc[r][b][2] = _mm512_loadu_ps(bias + 3 * kLanes);
+      acc[r][b][0] = T::add(T::maskz_load(m, g), T::load(bias));
+      acc[r][b][1] = T::add(T::maskz_load(m, g + h), T::load(bias + lanes));
+      acc[r][b][2] = T::load(bias + 3 * lanes);
     }
   }
-  recurrent_product<Blocks, Rows, 3>(a, block, acc);
+  recurrent_product<T, Blocks, Rows, 3>(a, block, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
     for (int b = 0; b < Blocks; ++b) {
-      const std::int64_t unit = (block + b) * kLanes;
-      const __mmask16 m = lanes_of(unit, h);
-      const float* bias = a.bias + (block + b) * 4 * kLanes;
-      const __m512 z = silu::sigmoid16(acc[r][b][0]), reset = silu::sigmoid16(acc[r][b][1]);
-      const __m512 gh = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a.g + r * a.g_stride + 2 * h + unit),
-                                      _mm512_loadu_ps(bias + 2 * kLanes));
-      const __m512 n = silu::tanh16(_mm512_fmadd_ps(reset, acc[r][b][2], gh));
-      const __m512 prev = _mm512_maskz_loadu_ps(m, a.h_prev + r * a.h_prev_stride + unit);
-      _mm512_mask_storeu_ps(a.h_out + r * a.h_out_stride + unit, m, _mm512_fmadd_ps(z, _mm512_sub_ps(prev, n), n));
+      const std::int64_t unit = (block + b) * lanes;
+      const typename T::Mask m = T::tail(units_in_block(unit, h, lanes));
+      const float* bias = a.bias + (block + b) * 4 * lanes;
+      const V z = T::sigmoid(acc[r][b][0]), reset = T::sigmoid(acc[r][b][1]);
+      const V gh = T::add(T::maskz_load(m, a.g + r * a.g_stride + 2 * h + unit), T::load(bias + 2 * lanes));
+      const V n = T::tanh(T::fmadd(reset, acc[r][b][2], gh));
+      const V prev = T::maskz_load(m, a.h_prev + r * a.h_prev_stride + unit);
+      T::mask_store(a.h_out + r * a.h_out_stride + unit, m, T::fmadd(z, T::sub(prev, n), n));
     }
+}
+
+// The cells of each ISA, `Blocks` blocks of hidden units x `Rows` batch rows.
+template <Cell C, int Blocks, int Rows>
+__attribute__((target("avx512f"))) inline void cell_avx512(const CellArgs& a, std::int64_t block) {
+  if constexpr (C == Cell::Lstm) lstm_cell<Avx512Cells, Blocks, Rows>(a, block);
+  else gru_cell<Avx512Cells, Blocks, Rows>(a, block);
+}
+template <Cell C, int Blocks, int Rows>
+__attribute__((target("avx2,fma"))) inline void cell_avx2(const CellArgs& a, std::int64_t block) {
+  if constexpr (C == Cell::Lstm) lstm_cell<Avx2Cells, Blocks, Rows>(a, block);
+  else gru_cell<Avx2Cells, Blocks, Rows>(a, block);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 
-inline const CellTable& lstm_cells() {
-  static const CellTable t{lstm_cell<4, 1>, lstm_cell<2, 1>, lstm_cell<1, 1>, lstm_cell<2, 2>,
-                           lstm_cell<1, 2>, lstm_cell<1, 3>, lstm_cell<1, 4>};
+// AVX-512 (32 zmm registers): up to 16 accumulators, 4 blocks of one row or up to 4 rows.
+template <Cell C>
+inline const CellTable& cells_avx512() {
+  static const CellTable t{cell_avx512<C, 4, 1>, cell_avx512<C, 2, 1>, cell_avx512<C, 1, 1>, cell_avx512<C, 2, 2>,
+                           cell_avx512<C, 1, 2>, cell_avx512<C, 1, 3>, cell_avx512<C, 1, 4>};
   return t;
 }
-inline const CellTable& gru_cells() {
-  static const CellTable t{gru_cell<4, 1>, gru_cell<2, 1>, gru_cell<1, 1>, gru_cell<2, 2>,
-                           gru_cell<1, 2>, gru_cell<1, 3>, gru_cell<1, 4>};
-  return t;
+inline const CellTable& lstm_cells() { return cells_avx512<Cell::Lstm>(); }
+inline const CellTable& gru_cells() { return cells_avx512<Cell::Gru>(); }
+
+// The operands `a` from batch row r0 on.
+inline CellArgs from_row(CellArgs a, std::int64_t r0) {
+  a.g += r0 * a.g_stride;
+  a.h_prev += r0 * a.h_prev_stride;
+  if (a.c) a.c += r0 * a.c_stride;
+  a.h_out += r0 * a.h_out_stride;
+  return a;
 }
 
 // One time step of `rows` batch rows (any count) over hidden blocks [block_begin, block_end): blocks of 4
@@ -217,11 +281,7 @@ inline void time_step(const CellTable& cells, CellArgs a, std::int64_t block_beg
                       std::int64_t rows) {
   for (std::int64_t r0 = 0; r0 < rows;) {
     const std::int64_t take = std::min<std::int64_t>(4, rows - r0);
-    CellArgs at = a;
-    at.g += r0 * a.g_stride;
-    at.h_prev += r0 * a.h_prev_stride;
-    if (at.c) at.c += r0 * a.c_stride;
-    at.h_out += r0 * a.h_out_stride;
+    const CellArgs at = from_row(a, r0);
     for (std::int64_t j = block_begin; j < block_end;) {
       const std::int64_t left = block_end - j;
       auto call = [&](CellFn fn, std::int64_t step) {
@@ -240,143 +300,20 @@ inline void time_step(const CellTable& cells, CellArgs a, std::int64_t block_beg
   }
 }
 
-// The same cells on AVX2 (16 ymm registers): blocks of 8 hidden units, at most 12 accumulators (3 blocks of
-// one row, or one block of up to 3 rows), so the broadcast h values stay in registers and the weights are
-// memory operands; the row groups of a step reuse a block's weights ([H][Gates][8]: 32 KB for an LSTM of
-// H 256) from L1. Twins of the AVX-512 cells rather than one template over a vector type: a function's
-// target attribute, which the intrinsics need, cannot depend on a template parameter.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
-// One k of the product: the Rows h values broadcast, each gate's weight vector loaded once for all rows.
-template <int Blocks, int Rows, int Gates>
-__attribute__((target("avx2,fma"))) inline void product_step8(const float* const (&h_rows)[Rows], const float* w,
-                                                              std::int64_t block_floats, std::int64_t k,
-                                                              __m256 (&acc)[Rows][Blocks][Gates]) {
-  __m256 hk[Rows];
-#pragma GCC unroll 4
-  for (int r = 0; r < Rows; ++r) hk[r] = _mm256_broadcast_ss(h_rows[r] + k);
-#pragma GCC unroll 4
-  for (int b = 0; b < Blocks; ++b)
-#pragma GCC unroll 4
-    for (int q = 0; q < Gates; ++q) {
-      const __m256 wq = _mm256_loadu_ps(w + b * block_floats + (k * Gates + q) * kLanes8);
-#pragma GCC unroll 4
-      for (int r = 0; r < Rows; ++r) acc[r][b][q] = _mm256_fmadd_ps(hk[r], wq, acc[r][b][q]);
-    }
-}
-
-template <int Blocks, int Rows, int Gates>
-__attribute__((target("avx2,fma"))) inline void recurrent_product8(const CellArgs& a, std::int64_t block,
-                                                                   __m256 (&acc)[Rows][Blocks][Gates]) {
-  // The trip count and the rows' addresses in locals: read through `a` the loop reloaded the count and
-  // recomputed each row's address at every k (one Zen 3 core, H 256, 128 steps, -O3: batch 8 7.77-7.81 ->
-  // 7.62-7.70 ms, batch 4 4.36-4.42 -> 4.28-4.30, batch 1 unchanged; at -O2 3-7%).
-  // Unrolled: 4 steps of k per iteration ran a 3-row cell at 62 instead of 47 GFLOP/s on one Zen 3 core
-  // (weights in L1). Tried and slower on the LSTM tagger's recurrence: software prefetch of the next block's
-  // weights; the sum over k in two halves so the row groups share 16 KB of weights at a time (one core,
-  // batch 8, H 256, 128 steps: 10.7-11.8 ms against 8.7-9.2 whole); gates in pairs (4 or 6 rows x 2 gates, 2
-  // weight loads per k, the block's weights in two 16 KB passes): 9.6-10.4 against 8.7 ms; the 4 steps of k
-  // written out by hand (GCC then spills accumulators): 10.0 against 7.9 ms.
-  const std::int64_t hidden = a.hidden, block_floats = hidden * Gates * kLanes8;
-  const float* w = a.r_packed + block * block_floats;
-  const float* h_rows[Rows];
-  for (int r = 0; r < Rows; ++r) h_rows[r] = a.h_prev + r * a.h_prev_stride;
-#pragma GCC unroll 4
-  for (std::int64_t k = 0; k < hidden; ++k) product_step8<Blocks, Rows, Gates>(h_rows, w, block_floats, k, acc);
-}
-
-// The lanes of the hidden units of the block that starts at `unit`, as maskload/maskstore's sign bits.
-__attribute__((target("avx2"))) inline __m256i lanes8_of(std::int64_t unit, std::int64_t hidden) {
-  const int valid = static_cast<int>(std::min<std::int64_t>(kLanes8, hidden - unit));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-// sigmoid by one_plus_exp2_8 and a division (exact to rounding; saturates to 0 and 1 for finite z).
-__attribute__((target("avx2,fma"))) inline __m256 sigmoid8(__m256 z) {
-  return _mm256_div_ps(_mm256_set1_ps(1.0f), silu::one_plus_exp2_8(_mm256_mul_ps(z, _mm256_set1_ps(silu::kMinusLog2e))));
-}
-__attribute__((target("avx2,fma"))) inline __m256 tanh8(__m256 z) {
-  return _mm256_fmsub_ps(_mm256_set1_ps(2.0f), sigmoid8(_mm256_add_ps(z, z)), _mm256_set1_ps(1.0f));
-}
-
-template <int Blocks, int Rows>
-__attribute__((target("avx2,fma"))) inline void lstm_cell8(const CellArgs& a, std::int64_t block) {
-  __m256 acc[Rows][Blocks][4];
-#pragma GCC unroll 4
-  for (int r = 0; r < Rows; ++r)
-#pragma GCC unroll 4
-    for (int b = 0; b < Blocks; ++b)
-#pragma GCC unroll 4
-      for (int q = 0; q < 4; ++q) acc[r][b][q] = _mm256_loadu_ps(a.g + r * a.g_stride + ((block + b) * 4 + q) * kLanes8);
-  recurrent_product8<Blocks, Rows, 4>(a, block, acc);
-#pragma GCC unroll 4
-  for (int r = 0; r < Rows; ++r)
-#pragma GCC unroll 4
-    for (int b = 0; b < Blocks; ++b) {
-      const std::int64_t unit = (block + b) * kLanes8;
-      const __m256 i = sigmoid8(acc[r][b][0]), o = sigmoid8(acc[r][b][1]);
-      const __m256 f = sigmoid8(acc[r][b][2]), cand = tanh8(acc[r][b][3]);
-      float* cp = a.c + r * a.c_stride + unit;  // padded to whole blocks: no mask
-      const __m256 c_new = _mm256_fmadd_ps(f, _mm256_loadu_ps(cp), _mm256_mul_ps(i, cand));
-      _mm256_storeu_ps(cp, c_new);
-      _mm256_maskstore_ps(a.h_out + r * a.h_out_stride + unit, lanes8_of(unit, a.hidden), _mm256_mul_ps(o, tanh8(c_new)));
-    }
-}
-
-template <int Blocks, int Rows>
-__attribute__((target("avx2,fma"))) inline void gru_cell8(const CellArgs& a, std::int64_t block) {
-  __m256 acc[Rows][Blocks][3];
-  const std::int64_t h = a.hidden;
-#pragma GCC unroll 4
-  for (int b = 0; b < Blocks; ++b) {
-    const std::int64_t unit = (block + b) * kLanes8;
-    const __m256i m = lanes8_of(unit, h);
-    const float* bias = a.bias + (block + b) * 4 * kLanes8;
-#pragma GCC unroll 4
-    for (int r = 0; r < Rows; ++r) {
-      const float* g = a.g + r * a.g_stride + unit;
-      acc[r][b][0] = _mm256_add_ps(_mm256_maskload_ps(g, m), _mm256_loadu_ps(bias));
-      acc[r][b][1] = _mm256_add_ps(_mm256_maskload_ps(g + h, m), _mm256_loadu_ps(bias + kLanes8));
-      acc[r][b][2] = _mm256_loadu_ps(bias + 3 * kLanes8);
-    }
-  }
-  recurrent_product8<Blocks, Rows, 3>(a, block, acc);
-#pragma GCC unroll 4
-  for (int r = 0; r < Rows; ++r)
-#pragma GCC unroll 4
-    for (int b = 0; b < Blocks; ++b) {
-      const std::int64_t unit = (block + b) * kLanes8;
-      const __m256i m = lanes8_of(unit, h);
-      const float* bias = a.bias + (block + b) * 4 * kLanes8;
-      const __m256 z = sigmoid8(acc[r][b][0]), reset = sigmoid8(acc[r][b][1]);
-      const __m256 gh = _mm256_add_ps(_mm256_maskload_ps(a.g + r * a.g_stride + 2 * h + unit, m),
-                                      _mm256_loadu_ps(bias + 2 * kLanes8));
-      const __m256 n = tanh8(_mm256_fmadd_ps(reset, acc[r][b][2], gh));
-      const __m256 prev = _mm256_maskload_ps(a.h_prev + r * a.h_prev_stride + unit, m);
-      _mm256_maskstore_ps(a.h_out + r * a.h_out_stride + unit, m, _mm256_fmadd_ps(z, _mm256_sub_ps(prev, n), n));
-    }
-}
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-// The AVX2 shapes: blocks of 3 for one row, rows in groups of up to 3 on one block.
+// AVX2 (16 ymm registers): blocks of 8 hidden units, at most 12 accumulators (3 blocks of one row, or one
+// block of up to 3 rows), so the broadcast h values stay in registers and the weights are memory operands;
+// the row groups of a step reuse a block's weights ([H][Gates][8]: 32 KB for an LSTM of H 256) from L1.
 struct CellTable8 {
   CellFn b3r1, b2r1, b1r1, b1r2, b1r3;
 };
-inline const CellTable8& lstm_cells8() {
-  static const CellTable8 t{lstm_cell8<3, 1>, lstm_cell8<2, 1>, lstm_cell8<1, 1>, lstm_cell8<1, 2>, lstm_cell8<1, 3>};
+template <Cell C>
+inline const CellTable8& cells_avx2() {
+  static const CellTable8 t{cell_avx2<C, 3, 1>, cell_avx2<C, 2, 1>, cell_avx2<C, 1, 1>, cell_avx2<C, 1, 2>,
+                            cell_avx2<C, 1, 3>};
   return t;
 }
-inline const CellTable8& gru_cells8() {
-  static const CellTable8 t{gru_cell8<3, 1>, gru_cell8<2, 1>, gru_cell8<1, 1>, gru_cell8<1, 2>, gru_cell8<1, 3>};
-  return t;
-}
+inline const CellTable8& lstm_cells8() { return cells_avx2<Cell::Lstm>(); }
+inline const CellTable8& gru_cells8() { return cells_avx2<Cell::Gru>(); }
 
 // One time step on AVX2, as time_step: each block of hidden units for every row group before the next block,
 // so the row groups share the block's weights in L1.
@@ -394,21 +331,16 @@ inline void time_step8(const CellTable8& cells, CellArgs a, std::int64_t block_b
   for (std::int64_t j = block_begin; j < block_end; ++j)
     for (std::int64_t r0 = 0; r0 < rows;) {
       const std::int64_t take = std::min<std::int64_t>(3, rows - r0);
-      CellArgs at = a;
-      at.g += r0 * a.g_stride;
-      at.h_prev += r0 * a.h_prev_stride;
-      if (at.c) at.c += r0 * a.c_stride;
-      at.h_out += r0 * a.h_out_stride;
-      (take == 3 ? cells.b1r3 : take == 2 ? cells.b1r2 : cells.b1r1)(at, j);
+      (take == 3 ? cells.b1r3 : take == 2 ? cells.b1r2 : cells.b1r1)(from_row(a, r0), j);
       r0 += take;
     }
 }
 
-#endif  // ONDINE_SILU_X86
+#endif  // ONDINE_SIMD_X86
 
 // Whether these kernels can run on oneDNN's effective ISA (AVX-512, or AVX2 with FMA) in this build.
 inline bool available(bool avx512, bool avx2) {
-#ifdef ONDINE_SILU_X86
+#ifdef ONDINE_SIMD_X86
   return avx512 || avx2;
 #else
   (void)avx512, (void)avx2;
@@ -435,7 +367,7 @@ inline bool is_column_selection(const Tensor& w, std::int64_t dirs, std::int64_t
   return true;
 }
 
-// The recurrent weights R [D, G*H, H] (ONNX) of direction d, packed [blocks][H][G][16].
+// The recurrent weights R [D, G*H, H] (ONNX) of direction d, packed [blocks][H][G][lanes].
 inline std::vector<float> pack_recurrent(const Tensor& r, const RnnShape& s, std::int64_t d) {
   const std::int64_t h = s.hidden, blocks = s.blocks(), gates = s.gates();
   std::vector<float> out(static_cast<std::size_t>(blocks * h * gates * s.lanes), 0.0f);
@@ -614,7 +546,7 @@ class RecurrenceStep : public runtime::Step {
   // Every time step of direction d for hidden blocks [j0, j1); `sync`: a barrier after each step (the
   // threads that share the direction read all of h).
   void steps(runtime::ExecContext& ctx, State& st, std::int64_t d, std::int64_t j0, std::int64_t j1, bool sync) const {
-#ifdef ONDINE_SILU_X86
+#ifdef ONDINE_SIMD_X86
     const std::int64_t n = s_.batch, h = s_.hidden, dh = s_.dirs * h;
     CellArgs a{};
     a.g = static_cast<const float*>(ctx.ptr(slots_.gates)) + d * s_.g_cols();

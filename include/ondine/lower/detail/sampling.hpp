@@ -27,6 +27,9 @@
 // row blending its two image rows once (roi_plane_avg). The ROIs are checked first (batch index in range,
 // an adaptive grid at most 65536 a side), outside the parallel loop, so a bad one is an ondine::Error
 // naming the node, as on the reference executor.
+//
+// Each kernel is one source, a template over simd.hpp's traits, instantiated for AVX-512 and AVX2 (and the
+// GridSample sum for scalar code), so the ISA variants compute the same sums in the same order.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +43,7 @@
 #include "ondine/ir/infer/sampling.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/silu.hpp"
+#include "ondine/lower/detail/simd.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/sampling.hpp"
 
@@ -51,64 +55,55 @@ namespace ref = ::ondine::reference::detail::sampling;
 namespace spec = ::ondine::infer::detail_sampling;
 using silu::Kernel;
 
-// dst[j] = sum_k w[k * n + j] * img[off[k * n + j]] for j < n: the taps of n points, k-major.
-inline void gather_sum_scalar(const float* img, const std::int32_t* off, const float* w, int taps, std::int64_t n,
-                              std::int64_t begin, float* dst) {
-  for (std::int64_t j = begin; j < n; ++j) {
-    float acc = 0.0f;
-    for (int k = 0; k < taps; ++k) acc += w[k * n + j] * img[off[k * n + j]];
-    dst[j] = acc;
-  }
-}
-
-#ifdef ONDINE_SILU_X86
+// The kernels below are written once over simd.hpp's traits; GCC's notes on their by-value vectors, and its
+// false positive on the intrinsics' own _mm512_undefined_ps() (GCC bug 105593, as in silu.hpp), are moot here.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in silu.hpp
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+// dst[j] = sum_k w[k * n + j] * img[off[k * n + j]] for j in [begin, n): the taps of n points, k-major;
+// T::width points at a time, the last ones (fewer than a vector) one by one.
+template <typename T>
+inline __attribute__((always_inline)) void gather_sum_from(const float* img, const std::int32_t* off, const float* w,
+                                                           int taps, std::int64_t n, std::int64_t begin, float* dst) {
+  constexpr auto width = static_cast<std::int64_t>(T::width);
+  std::int64_t j = begin;
+  for (; j + width <= n; j += width) {
+    typename T::V acc = T::zero();
+    for (int k = 0; k < taps; ++k) acc = T::fmadd(T::load(w + k * n + j), T::gather(img, off + k * n + j), acc);
+    T::store(dst + j, acc);
+  }
+  if constexpr (width > 1) gather_sum_from<simd::Scalar>(img, off, w, taps, n, j, dst);
+}
+
+#ifdef ONDINE_SIMD_X86
 __attribute__((target("avx512f"))) inline void gather_sum_avx512(const float* img, const std::int32_t* off,
                                                                  const float* w, int taps, std::int64_t n, float* dst) {
-  std::int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int k = 0; k < taps; ++k) {
-      const __m512i idx = _mm512_loadu_si512(off + k * n + j);
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + k * n + j), _mm512_i32gather_ps(idx, img, 4), acc);
-    }
-    _mm512_storeu_ps(dst + j, acc);
-  }
-  gather_sum_scalar(img, off, w, taps, n, j, dst);
+  gather_sum_from<simd::Avx512>(img, off, w, taps, n, 0, dst);
 }
 
 __attribute__((target("avx2,fma"))) inline void gather_sum_avx2(const float* img, const std::int32_t* off,
                                                                 const float* w, int taps, std::int64_t n, float* dst) {
-  std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int k = 0; k < taps; ++k) {
-      const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(off + k * n + j));
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * n + j), _mm256_i32gather_ps(img, idx, 4), acc);
-    }
-    _mm256_storeu_ps(dst + j, acc);
-  }
-  gather_sum_scalar(img, off, w, taps, n, j, dst);
+  gather_sum_from<simd::Avx2>(img, off, w, taps, n, 0, dst);
 }
+#endif  // ONDINE_SIMD_X86
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#endif  // ONDINE_SILU_X86
 
 inline void gather_sum(Kernel kernel, const float* img, const std::int32_t* off, const float* w, int taps,
                        std::int64_t n, float* dst) {
-#ifdef ONDINE_SILU_X86
+#ifdef ONDINE_SIMD_X86
   if (kernel == Kernel::Avx512) return gather_sum_avx512(img, off, w, taps, n, dst);
   if (kernel == Kernel::Avx2) return gather_sum_avx2(img, off, w, taps, n, dst);
 #else
   (void)kernel;
 #endif
-  gather_sum_scalar(img, off, w, taps, n, 0, dst);
+  gather_sum_from<simd::Scalar>(img, off, w, taps, n, 0, dst);
 }
 
 // The taps along one axis of a coordinate c (already rounded, clamped or reflected by grid_coordinate):
@@ -362,132 +357,97 @@ inline void channel_taps(const std::vector<SampleTap>& taps, std::int64_t stride
     out[i] = ChannelTap{taps[i].lo * stride, taps[i].hi * stride, taps[i].w_lo, taps[i].w_hi, taps[i].valid};
 }
 
-#ifdef ONDINE_SILU_X86
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__)  // as for gather_sum_from
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in silu.hpp
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-// One ROI, 16 channels starting at `base` (its pixel (0, 0)): tile[(ph * PW + pw) * 16 + k] for channel k.
-// Mode avg: each sample is wx_lo (wy_lo p[ylo][xlo] + wy_hi p[yhi][xlo]) + wx_hi (... [xhi]); the sum over
-// the bin's samples, over the sample count. Mode max: the largest of the four weighted corners, the
-// largest over the samples (a sample outside the image is 0), each std::max as the reference takes it:
-// std::max(a, b) is _mm512_max_ps(b, a) for NaNs too (both return their first operand then).
+// One ROI, T::width channels (B) starting at `base` (its pixel (0, 0)), the first `lanes` of them read:
+// tile[(ph * PW + pw) * B + k] for channel k. Mode avg: each sample is wx_lo (wy_lo p[ylo][xlo] + wy_hi
+// p[yhi][xlo]) + wx_hi (... [xhi]); the sum over the bin's samples, over the sample count. Mode max: the
+// largest of the four weighted corners, the largest over the samples (a sample outside the image is 0), each
+// std::max as the reference takes it: std::max(a, b) is T::max(b, a) for NaNs too (both return their first
+// operand then).
+template <typename T>
+inline __attribute__((always_inline)) void roi_chunk(const RoiGeometry& g, const Roi& roi,
+                                                     const std::vector<ChannelTap>& ys,
+                                                     const std::vector<ChannelTap>& xs, const float* base, int lanes,
+                                                     float* tile) {
+  using V = typename T::V;
+  const std::int64_t PH = g.s.output_height, PW = g.s.output_width, gh = roi.gh, gw = roi.gw;
+  const typename T::Mask mask = T::tail(lanes);
+  const V inv = T::set1(1.0f / static_cast<float>(std::max<std::int64_t>(gh * gw, 1)));
+  for (std::int64_t ph = 0; ph < PH; ++ph) {
+    const ChannelTap* yrow = ys.data() + ph * gh;
+    for (std::int64_t pw = 0; pw < PW; ++pw) {
+      const ChannelTap* xrow = xs.data() + pw * gw;
+      V acc = T::zero();
+      if (!g.s.max) {
+        for (std::int64_t iy = 0; iy < gh; ++iy) {
+          const ChannelTap& y = yrow[iy];
+          if (!y.valid) continue;
+          const float *r0 = base + y.lo, *r1 = base + y.hi;
+          const V wy0 = T::set1(y.w_lo), wy1 = T::set1(y.w_hi);
+          for (std::int64_t ix = 0; ix < gw; ++ix) {
+            const ChannelTap& x = xrow[ix];
+            if (!x.valid) continue;
+            const V p00 = T::maskz_load(mask, r0 + x.lo), p01 = T::maskz_load(mask, r0 + x.hi);
+            const V p10 = T::maskz_load(mask, r1 + x.lo), p11 = T::maskz_load(mask, r1 + x.hi);
+            const V lo = T::fmadd(wy1, p10, T::mul(wy0, p00));
+            const V hi = T::fmadd(wy1, p11, T::mul(wy0, p01));
+            acc = T::fmadd(T::set1(x.w_lo), lo, acc);
+            acc = T::fmadd(T::set1(x.w_hi), hi, acc);
+          }
+        }
+        acc = T::mul(acc, inv);
+      } else {
+        bool any = false;
+        for (std::int64_t iy = 0; iy < gh; ++iy) {
+          const ChannelTap& y = yrow[iy];
+          const float *r0 = base + y.lo, *r1 = base + y.hi;
+          for (std::int64_t ix = 0; ix < gw; ++ix) {
+            const ChannelTap& x = xrow[ix];
+            V m = T::zero();
+            if (y.valid && x.valid) {
+              const V a = T::mul(T::set1(y.w_lo * x.w_lo), T::maskz_load(mask, r0 + x.lo));
+              const V b = T::mul(T::set1(y.w_lo * x.w_hi), T::maskz_load(mask, r0 + x.hi));
+              const V c = T::mul(T::set1(y.w_hi * x.w_lo), T::maskz_load(mask, r1 + x.lo));
+              const V d = T::mul(T::set1(y.w_hi * x.w_hi), T::maskz_load(mask, r1 + x.hi));
+              m = T::max(T::max(d, c), T::max(b, a));
+            }
+            acc = any ? T::max(m, acc) : m;
+            any = true;
+          }
+        }
+      }
+      T::store(tile + (ph * PW + pw) * static_cast<std::int64_t>(T::width), acc);
+    }
+  }
+}
+
+#ifdef ONDINE_SIMD_X86
+// 16 channels a vector (AVX-512 machines, whose convolutions write aBcd16b).
 __attribute__((target("avx512f"))) inline void roi_chunk_avx512(const RoiGeometry& g, const Roi& roi,
                                                                 const std::vector<ChannelTap>& ys,
                                                                 const std::vector<ChannelTap>& xs, const float* base,
                                                                 int lanes, float* tile) {
-  const std::int64_t PH = g.s.output_height, PW = g.s.output_width, gh = roi.gh, gw = roi.gw;
-  const auto mask = static_cast<__mmask16>((1u << lanes) - 1);
-  const __m512 inv = _mm512_set1_ps(1.0f / static_cast<float>(std::max<std::int64_t>(gh * gw, 1)));
-  for (std::int64_t ph = 0; ph < PH; ++ph) {
-    const ChannelTap* yrow = ys.data() + ph * gh;
-    for (std::int64_t pw = 0; pw < PW; ++pw) {
-      const ChannelTap* xrow = xs.data() + pw * gw;
-      __m512 acc = _mm512_setzero_ps();
-      if (!g.s.max) {
-        for (std::int64_t iy = 0; iy < gh; ++iy) {
-          const ChannelTap& y = yrow[iy];
-          if (!y.valid) continue;
-          const float *r0 = base + y.lo, *r1 = base + y.hi;
-          const __m512 wy0 = _mm512_set1_ps(y.w_lo), wy1 = _mm512_set1_ps(y.w_hi);
-          for (std::int64_t ix = 0; ix < gw; ++ix) {
-            const ChannelTap& x = xrow[ix];
-            if (!x.valid) continue;
-            const __m512 p00 = _mm512_maskz_loadu_ps(mask, r0 + x.lo), p01 = _mm512_maskz_loadu_ps(mask, r0 + x.hi);
-            const __m512 p10 = _mm512_maskz_loadu_ps(mask, r1 + x.lo), p11 = _mm512_maskz_loadu_ps(mask, r1 + x.hi);
-            const __m512 lo = _mm512_fmadd_ps(wy1, p10, _mm512_mul_ps(wy0, p00));
-            const __m512 hi = _mm512_fmadd_ps(wy1, p11, _mm512_mul_ps(wy0, p01));
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(x.w_lo), lo, acc);
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(x.w_hi), hi, acc);
-          }
-        }
-        acc = _mm512_mul_ps(acc, inv);
-      } else {
-        bool any = false;
-        for (std::int64_t iy = 0; iy < gh; ++iy) {
-          const ChannelTap& y = yrow[iy];
-          const float *r0 = base + y.lo, *r1 = base + y.hi;
-          for (std::int64_t ix = 0; ix < gw; ++ix) {
-            const ChannelTap& x = xrow[ix];
-            __m512 m = _mm512_setzero_ps();
-            if (y.valid && x.valid) {
-              const __m512 a = _mm512_mul_ps(_mm512_set1_ps(y.w_lo * x.w_lo), _mm512_maskz_loadu_ps(mask, r0 + x.lo));
-              const __m512 b = _mm512_mul_ps(_mm512_set1_ps(y.w_lo * x.w_hi), _mm512_maskz_loadu_ps(mask, r0 + x.hi));
-              const __m512 c = _mm512_mul_ps(_mm512_set1_ps(y.w_hi * x.w_lo), _mm512_maskz_loadu_ps(mask, r1 + x.lo));
-              const __m512 d = _mm512_mul_ps(_mm512_set1_ps(y.w_hi * x.w_hi), _mm512_maskz_loadu_ps(mask, r1 + x.hi));
-              m = _mm512_max_ps(_mm512_max_ps(d, c), _mm512_max_ps(b, a));
-            }
-            acc = any ? _mm512_max_ps(m, acc) : m;
-            any = true;
-          }
-        }
-      }
-      _mm512_storeu_ps(tile + (ph * PW + pw) * 16, acc);
-    }
-  }
+  roi_chunk<simd::Avx512>(g, roi, ys, xs, base, lanes, tile);
 }
 
-// The same, 8 channels a vector (AVX2 machines, whose convolutions write aBcd8b).
+// 8 channels a vector (AVX2 machines, whose convolutions write aBcd8b).
 __attribute__((target("avx2,fma"))) inline void roi_chunk_avx2(const RoiGeometry& g, const Roi& roi,
                                                                const std::vector<ChannelTap>& ys,
                                                                const std::vector<ChannelTap>& xs, const float* base,
                                                                int lanes, float* tile) {
-  const std::int64_t PH = g.s.output_height, PW = g.s.output_width, gh = roi.gh, gw = roi.gw;
-  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256 inv = _mm256_set1_ps(1.0f / static_cast<float>(std::max<std::int64_t>(gh * gw, 1)));
-  for (std::int64_t ph = 0; ph < PH; ++ph) {
-    const ChannelTap* yrow = ys.data() + ph * gh;
-    for (std::int64_t pw = 0; pw < PW; ++pw) {
-      const ChannelTap* xrow = xs.data() + pw * gw;
-      __m256 acc = _mm256_setzero_ps();
-      if (!g.s.max) {
-        for (std::int64_t iy = 0; iy < gh; ++iy) {
-          const ChannelTap& y = yrow[iy];
-          if (!y.valid) continue;
-          const float *r0 = base + y.lo, *r1 = base + y.hi;
-          const __m256 wy0 = _mm256_set1_ps(y.w_lo), wy1 = _mm256_set1_ps(y.w_hi);
-          for (std::int64_t ix = 0; ix < gw; ++ix) {
-            const ChannelTap& x = xrow[ix];
-            if (!x.valid) continue;
-            const __m256 p00 = _mm256_maskload_ps(r0 + x.lo, mask), p01 = _mm256_maskload_ps(r0 + x.hi, mask);
-            const __m256 p10 = _mm256_maskload_ps(r1 + x.lo, mask), p11 = _mm256_maskload_ps(r1 + x.hi, mask);
-            const __m256 lo = _mm256_fmadd_ps(wy1, p10, _mm256_mul_ps(wy0, p00));
-            const __m256 hi = _mm256_fmadd_ps(wy1, p11, _mm256_mul_ps(wy0, p01));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(x.w_lo), lo, acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(x.w_hi), hi, acc);
-          }
-        }
-        acc = _mm256_mul_ps(acc, inv);
-      } else {
-        bool any = false;
-        for (std::int64_t iy = 0; iy < gh; ++iy) {
-          const ChannelTap& y = yrow[iy];
-          const float *r0 = base + y.lo, *r1 = base + y.hi;
-          for (std::int64_t ix = 0; ix < gw; ++ix) {
-            const ChannelTap& x = xrow[ix];
-            __m256 m = _mm256_setzero_ps();
-            if (y.valid && x.valid) {
-              const __m256 a = _mm256_mul_ps(_mm256_set1_ps(y.w_lo * x.w_lo), _mm256_maskload_ps(r0 + x.lo, mask));
-              const __m256 b = _mm256_mul_ps(_mm256_set1_ps(y.w_lo * x.w_hi), _mm256_maskload_ps(r0 + x.hi, mask));
-              const __m256 c = _mm256_mul_ps(_mm256_set1_ps(y.w_hi * x.w_lo), _mm256_maskload_ps(r1 + x.lo, mask));
-              const __m256 d = _mm256_mul_ps(_mm256_set1_ps(y.w_hi * x.w_hi), _mm256_maskload_ps(r1 + x.hi, mask));
-              m = _mm256_max_ps(_mm256_max_ps(d, c), _mm256_max_ps(b, a));
-            }
-            acc = any ? _mm256_max_ps(m, acc) : m;
-            any = true;
-          }
-        }
-      }
-      _mm256_storeu_ps(tile + (ph * PW + pw) * 8, acc);
-    }
-  }
+  roi_chunk<simd::Avx2>(g, roi, ys, xs, base, lanes, tile);
 }
+#endif  // ONDINE_SIMD_X86
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#endif  // ONDINE_SILU_X86
 
 }  // namespace sampling
 
@@ -629,7 +589,7 @@ class RoiAlignStep : public runtime::Step {
         const float* base = x + roi.batch * l.sN + cb * l.sCB;
         // A last block of channels-last X reads only its channels (a blocked layout pads its last block).
         const std::int64_t lanes = std::min(l.B, g.C - cb * l.B);
-#ifdef ONDINE_SILU_X86
+#ifdef ONDINE_SIMD_X86
         if (kernel_ == silu::Kernel::Avx512)
           sampling::roi_chunk_avx512(g, roi, cys, cxs, base, static_cast<int>(lanes), tile.data());
         else
