@@ -3,8 +3,9 @@
 # Compiles an ONNX model into an artifact at build time (`ondine compile MODEL -o <name>.ondine`, rebuilt when
 # the model or the ondine tool changes) and generates <name>.hpp (`ondine header`): class <name> with one typed
 # make_<input>(dims...) per input, struct Outputs, and run(); it includes only ondine/ir/typed_tensor.hpp, and
-# its implementation <name>.cpp (the runtime) is compiled once into the static library target <name>, which
-# carries the header's folder and links ondine::runtime (no ONNX or protobuf in the program). Without EMBED the class loads the
+# its implementation <name>.cpp (over ondine/runtime.hpp: light too) is compiled into the static library target
+# <name>, which carries the header's folder and links ondine::runtime, the prebuilt runtime (no ONNX or protobuf
+# in the program). Without EMBED the class loads the
 # artifact from where the build wrote it (the target property ONDINE_ARTIFACT names the file, to install it
 # beside the program: install(FILES $<TARGET_PROPERTY:<name>,ONDINE_ARTIFACT> ...)); with EMBED the artifact is
 # linked into the program through an assembly file (.incbin, 64-byte aligned; the project needs the ASM
@@ -53,7 +54,7 @@ function(ondine_add_model name)
     DEPENDS "${model}" ondine::cli
     COMMENT "ondine: compiling ${ARG_MODEL} into ${name}.ondine and ${name}.hpp"
     VERBATIM)
-  # A static library: the generated NAME.cpp (the runtime, compiled once) and, with EMBED, the artifact's
+  # A static library: the generated NAME.cpp (Model over ondine::runtime) and, with EMBED, the artifact's
   # bytes. Its users include only the light NAME.hpp.
   if(ARG_EMBED)
     add_library(${name} STATIC "${source}" "${out}/${name}_data.S" "${header}")

@@ -2,8 +2,9 @@
 // for a compiled artifact, which `ondine_add_model()` (cmake/ondineAddModel.cmake) generates at build time.
 //
 // The header declares class NAME over ondine/ir/typed_tensor.hpp alone, so including it costs under a second;
-// NAME.cpp, written beside it, implements it over ondine/runtime.hpp and is compiled once into the program
-// (ondine_add_model adds it to the model's library). The class has a constructor loading the artifact (the file, or
+// NAME.cpp, written beside it, implements it over ondine/runtime.hpp (ondine::Model, declarations only: the
+// library ondine::runtime holds the compiler), so it too compiles in about a second (ondine_add_model adds it to
+// the model's library). The class has a constructor loading the artifact (the file, or
 // with --embed the bytes linked into the program by the assembly file ondine_add_model writes), one
 // typed, shaped accessor per input and output: `NAME::<input>_t`, an ondine::TypedTensor<element, rank>
 // (ir/typed_tensor.hpp), made by `make_<input>(dims...)` (symbolic dims are the arguments, static ones
@@ -187,7 +188,7 @@ inline std::string generate_header(const Graph& g, const artifact::Info& info, c
   return h.str();
 }
 
-// NAME.cpp: loads the artifact into a lower::ShapeCache (ondine/runtime.hpp) and runs it.
+// NAME.cpp: loads the artifact into an ondine::Model (ondine/runtime.hpp) and runs it.
 inline std::string generate_source(const Graph& g, const std::string& name, const std::string& artifact_path,
                                    bool embed) {
   using namespace header_detail;
@@ -200,23 +201,22 @@ inline std::string generate_source(const Graph& g, const std::string& name, cons
   if (embed)
     c << "extern \"C\" const unsigned char " << p.symbol << "_data[];\nextern \"C\" const unsigned long long "
       << p.symbol << "_size;\n\n";
-  c << "struct " << q << "Impl {\n  std::unique_ptr<ondine::lower::ShapeCache> model;\n};\n\n";
+  c << "struct " << q << "Impl {\n  explicit Impl(ondine::Model m) : model(std::move(m)) {}\n  ondine::Model model;\n};\n\n"
+    << "static ondine::lower::CompileOptions " << p.symbol << "_options(int threads) {\n"
+    << "  ondine::lower::CompileOptions options;\n  options.threads = threads;\n  return options;\n}\n\n";
   if (embed) {
-    c << q << cls << "(int threads) : impl_(std::make_unique<Impl>()) {\n"
-      << "  ondine::artifact::Artifact a = ondine::lower::load_artifact_memory(" << p.symbol << "_data, " << p.symbol
-      << "_size, " << quoted(name + " (embedded)") << ");\n";
+    c << q << cls << "(int threads)\n    : impl_(std::make_unique<Impl>(ondine::Model::load_memory(" << p.symbol
+      << "_data, " << p.symbol << "_size, " << quoted(name + " (embedded)") << ", " << p.symbol
+      << "_options(threads)))) {}\n\n";
   } else {
     c << q << cls << "(int threads) : " << cls << "(" << quoted(artifact_path) << ", threads) {}\n\n"
-      << q << cls << "(const std::string& path, int threads) : impl_(std::make_unique<Impl>()) {\n"
-      << "  ondine::artifact::Artifact a = ondine::lower::load_artifact(path);\n";
+      << q << cls << "(const std::string& path, int threads)\n    : impl_(std::make_unique<Impl>(ondine::Model::load(path, "
+      << p.symbol << "_options(threads)))) {}\n\n";
   }
-  c << "  ondine::lower::CompileOptions options;\n  options.threads = threads;\n"
-    << "  options = ondine::lower::artifact_options(options, a);\n"
-    << "  impl_->model = std::make_unique<ondine::lower::ShapeCache>(std::move(a.graph), options);\n}\n\n"
-    << q << "~" << cls << "() = default;\n"
+  c << q << "~" << cls << "() = default;\n"
     << q << cls << "(" << cls << "&&) noexcept = default;\n"
     << cls << "& " << q << "operator=(" << cls << "&&) noexcept = default;\n\n";
-  c << run_signature(p, q) << " {\n  std::map<std::string, ondine::Tensor> outputs_ = impl_->model->run({";
+  c << run_signature(p, q) << " {\n  std::map<std::string, ondine::Tensor> outputs_ = impl_->model.run({";
   for (std::size_t i = 0; i < p.input_ids.size(); ++i) {
     const bool typed = accessor_type(g.inputs()[i]) != "ondine::Tensor";
     c << (i ? ", " : "") << "{" << quoted(g.inputs()[i]->name()) << ", " << p.input_ids[i]

@@ -4,8 +4,9 @@
 // Including it brings the core of the library: IR, ONNX import/export, shape inference, the pass layer
 // and the reference executor. Two parts are opt-in, each one include away: "ondine/quant.hpp"
 // (calibration, Q/DQ insertion, dynamic quantization, error metrics) and "ondine/lower/lower.hpp" (the
-// compiler onto oneDNN, which also registers the quantization passes). Code that only needs the IR
-// includes "ondine/ir/graph.hpp" and does not pay for protobuf's or oneDNN's headers.
+// compiler onto oneDNN). Code that only needs the IR includes "ondine/ir/graph.hpp" and does not pay for
+// protobuf's or oneDNN's headers; code that only compiles and runs models includes "ondine/model.hpp"
+// (declarations; the compiler is the prebuilt library ondine::compiled).
 #pragma once
 
 #include "ondine/error.hpp"

@@ -98,7 +98,7 @@ struct CompileOptions {
   std::set<std::string> reference_ops;
   // The passes run on compile's own copy of the graph before lowering, as a pipeline string
   // (ondine/passes/pipeline.hpp: "fold-bn,fuse", "default" for the default pipeline); "" or "none": none.
-  // They need the pass layer (lower/lower.hpp); ondine/runtime.hpp alone compiles with "none".
+  // An artifact's graph compiles with "none" (lower/artifact.hpp, artifact_options): its passes already ran.
   std::string passes = "default";
   // Packed constants shared with other compiles (lower/packed_weights.hpp); null: this compile's own.
   // ShapeCache sets one for all the shapes it compiles.
