@@ -19,6 +19,7 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
+#include "ondine/runtime/streams.hpp"
 #include "support.hpp"
 
 namespace test_threads {
@@ -217,6 +218,52 @@ TEST_CASE("10000 runs of a small model in one process: resident memory flat afte
   // A leak of one output tensor (40 bytes) or one context's arena (~100 KiB) per run would add 350 KiB to
   // 900 MiB; the allocator's own drift stays far below 1 MiB.
   CHECK(after - after_warmup < 1024);
+}
+
+TEST_CASE("run_streams: requests from N streams of their own threads, outputs in request order, as one stream's",
+          "[threads][streams]") {
+  lower::CompileOptions options;
+  options.threads = 1;  // each stream runs it with its own one-thread team
+  lower::ShapeCache model(ondine::onnx::load_model(kMnist + "/mnist_cnn.onnx"), options);
+  std::vector<Tensor> inputs, expected;
+  for (unsigned i = 0; i < 24; ++i) {
+    inputs.push_back(uniform_tensor({i % 3 ? 1 : 2, 1, 28, 28}, 300 + i, 0.0f, 1.0f));
+    expected.push_back(model.run({{"input", inputs.back()}}).at("logits"));
+  }
+  for (int streams : {1, 2, 3}) {
+    runtime::StreamOptions so;
+    so.streams = streams;
+    so.threads = streams;  // streams of one thread; pinned where the CPU set has that many cores
+    const runtime::StreamPlan plan = runtime::plan_streams(so, inputs.size());
+    CHECK(plan.streams == streams);
+    CHECK(plan.threads_per_stream == 1);
+    auto outputs = runtime::run_streams<Tensor>(inputs.size(), plan, [&](std::size_t i) {
+      return model.run({{"input", inputs[i]}}).at("logits");
+    });
+    REQUIRE(outputs.size() == inputs.size());
+    int mismatches = 0;
+    for (std::size_t i = 0; i < inputs.size(); ++i) mismatches += same_bits(outputs[i], expected[i]) ? 0 : 1;
+    INFO(streams << " streams");
+    CHECK(mismatches == 0);
+  }
+  // Never more streams than requests; threads split between them, at least one each.
+  runtime::StreamOptions many;
+  many.streams = 8;
+  many.threads = 4;
+  CHECK(runtime::plan_streams(many, 3).streams == 3);
+  CHECK(runtime::plan_streams(many, 100).threads_per_stream == 1);
+  many.streams = 2;
+  CHECK(runtime::plan_streams(many, 100).threads_per_stream == 2);
+  // A request that fails: its error comes back, after the streams stop.
+  runtime::StreamOptions two;
+  two.streams = 2;
+  two.threads = 2;
+  CHECK_THROWS_WITH(runtime::run_streams<Tensor>(inputs.size(), runtime::plan_streams(two, inputs.size()),
+                                                 [&](std::size_t i) {
+                                                   if (i == 5) throw Error("request 5 failed");
+                                                   return model.run({{"input", inputs[i]}}).at("logits");
+                                                 }),
+                    Catch::Contains("request 5 failed"));
 }
 
 }  // namespace test_threads

@@ -346,7 +346,11 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
 
   std::vector<float> bias;
   if (b) bias.assign(b->constant().data<float>(), b->constant().data<float>() + g.out_channels);
-  const memory weights = L.constant_memory(winograd::transform_weights(w->constant()), pd.weights_desc());
+  // Keyed by the plain weights: a stored packing (an artifact's) is found without transforming them again.
+  constexpr std::uint64_t kWinogradF43 = 0x57494e4f47524144ull;  // "WINOGRAD": not a stride hash
+  const Tensor& plain = w->constant();
+  const memory weights = L.derived_constant_memory(
+      plain, kWinogradF43, [&plain] { return winograd::transform_weights(plain); }, pd.weights_desc());
   const SlotId src = L.slot_in(x, *x_blocked);
   bool sum = false;
   const SlotId dst = post_op_dst(L, chain, *y_blocked, sum);
