@@ -21,6 +21,7 @@
 #include "ondine/ir/npy.hpp"
 #include "ondine/ir/tensor.hpp"
 #include "ondine/lower/options.hpp"
+#include "ondine/runtime/streams.hpp"
 
 namespace ondine {
 
@@ -45,6 +46,11 @@ class Model {
 
   // The outputs for `inputs` by name (checked: names, dtypes, ranks, one size per symbolic dim).
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
+  // The outputs of every feed, in order, run from several streams at once (runtime/streams.hpp: threads of their
+  // own, each with its share of `options.threads`, pinned where the CPU set allows). Compile the model for a
+  // stream's share of the threads (CompileOptions::threads), which each of its runs uses.
+  std::vector<std::map<std::string, Tensor>> run_many(const std::vector<std::map<std::string, Tensor>>& feeds,
+                                                      const runtime::StreamOptions& options = {}) const;
 
   std::vector<std::string> input_names() const;
   std::vector<std::string> output_names() const;

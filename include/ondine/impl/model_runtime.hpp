@@ -59,6 +59,13 @@ std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& in
   return impl_->cache.run(inputs);
 }
 
+std::vector<std::map<std::string, Tensor>> Model::run_many(const std::vector<std::map<std::string, Tensor>>& feeds,
+                                                         const runtime::StreamOptions& options) const {
+  const runtime::StreamPlan plan = runtime::plan_streams(options, feeds.size());
+  return runtime::run_streams<std::map<std::string, Tensor>>(feeds.size(), plan,
+                                                             [&](std::size_t i) { return impl_->cache.run(feeds[i]); });
+}
+
 std::vector<std::string> Model::input_names() const { return impl_->inputs; }
 std::vector<std::string> Model::output_names() const { return impl_->outputs; }
 std::vector<std::string> Model::input_shapes() const { return impl_->input_shapes; }
