@@ -374,20 +374,8 @@ class Lowering {
     if (source)
       for (int i = 0; i < source->data.ndims; ++i)
         layout = (layout ^ static_cast<std::uint64_t>(source->data.format_desc.blocking.strides[i] + 1)) * 0x100000001b3ull;
-    auto pack = [&] {
-      memory::desc from = source ? *source : plain_md(want.dims(), dt);
-      memory src(from, engine(), const_cast<void*>(t.raw()));
-      memory dst(want, engine());
-      dnnl::stream s(engine());
-      dnnl::reorder(src, dst).execute(s, src, dst);
-      s.wait();
-      return dst;
-    };
-    constant_bytes += want.get_size();
-    return options.packed_weights
-               ? options.packed_weights->get(t, want, pack, layout,
-                                             current ? current->name() + " (" + current->op_type() + ")" : std::string())
-               : pack();
+    const memory::desc from = source ? *source : plain_md(want.dims(), dt);
+    return packed_constant(t, layout, want, [&] { return reordered(from, t.raw(), want); });
   }
   // A constant computed from the constant `source` by `derive` (Winograd's transformed weights, float32,
   // row-major in `want`'s dims), packed into `want`. The packing is keyed by the source's bytes and `tag`, so a
@@ -395,23 +383,32 @@ class Lowering {
   // again: at load that was most of an artifact's start-up.
   memory derived_constant_memory(const Tensor& source, std::uint64_t tag, const std::function<Tensor()>& derive,
                                  const memory::desc& want) {
-    auto pack = [&] {
+    return packed_constant(source, tag, want, [&] {
       Tensor t = derive();
       if (t.dtype() != DType::Float32 || t.numel() != md_numel(want))
         throw Error("internal: a derived constant of " + std::to_string(t.numel()) + " elements for a layout of " +
                     std::to_string(md_numel(want)));
-      memory src(plain_md(want.dims()), engine(), const_cast<void*>(t.raw()));
-      memory dst(want, engine());
-      dnnl::stream s(engine());
-      dnnl::reorder(src, dst).execute(s, src, dst);
-      s.wait();
-      return dst;
-    };
+      return reordered(plain_md(want.dims()), t.raw(), want);
+    });
+  }
+  // The packing of `source` (`layout` tells two readings of its bytes apart) into `want`: shared through
+  // options.packed_weights when there is one, else `pack()`'s own.
+  memory packed_constant(const Tensor& source, std::uint64_t layout, const memory::desc& want,
+                         const std::function<memory()>& pack) {
     constant_bytes += want.get_size();
     return options.packed_weights
-               ? options.packed_weights->get(source, want, pack, tag,
+               ? options.packed_weights->get(source, want, pack, layout,
                                              current ? current->name() + " (" + current->op_type() + ")" : std::string())
                : pack();
+  }
+  // `data`, read as `from`, reordered into new memory of layout `want`.
+  memory reordered(const memory::desc& from, const void* data, const memory::desc& want) {
+    memory src(from, engine(), const_cast<void*>(data));
+    memory dst(want, engine());
+    dnnl::stream s(engine());
+    dnnl::reorder(src, dst).execute(s, src, dst);
+    s.wait();
+    return dst;
   }
   memory constant_memory(const std::vector<float>& values, const memory::desc& want) {
     return constant_memory(Tensor::from_vector<float>({static_cast<std::int64_t>(values.size())}, values), want);
