@@ -65,6 +65,13 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
   audio_encoder    opset 14  "mel" f32 [batch,16,frames] -> "features" [batch,time,64]; Whisper-like Conv1d +
                    GELU, Conv1d stride 2 + GELU, sinusoidal positions sliced to the runtime length (Slice),
                    2 nn.TransformerEncoderLayer, LayerNorm. Cases [1,16,20] and [2,16,34] (time 10 and 17).
+  bird_classifier  opset 17  "audio" f32 [batch,samples] (32 kHz; 160000 = 5 s in use) -> "logits" [batch,24]; BirdCLEF-
+                   style: a log-mel front end in the graph (reflect Pad of 512 as torch.stft(center=True) pads; the
+                   STFT as a Conv1d, n_fft 1024 = kernel, hop 320 = stride, of fixed Hann-windowed cos/-sin DFT
+                   kernels [1026,1,1024], since torch 1.13 exports no aten::stft at any opset; re^2 + im^2; MatMul by
+                   a [513,64] HTK mel filterbank (Slaney area norm, 50 Hz-16 kHz); log(x + 1e-6)), 4 Conv 3x3 + BN
+                   + ReLU + MaxPool 2 blocks (16 to 128 channels) over [batch,1,64,frames], mean over frequency and
+                   time, Linear. 4.5 MiB (the DFT kernels: 4 MiB). Cases [1,16000], [2,9600] (51 and 31 frames).
   seq2seq          opset 14  "src_ids" i64 [batch,src_seq], "tgt_ids" i64 [batch,tgt_seq] -> "logits"
                    [batch,tgt_seq,50]; nn.Transformer (1 encoder + 1 decoder layer, d 64, 4 heads, ff 128) with
                    a causal tgt mask from generate_square_subsequent_mask(tgt length). Cases src/tgt [1,7]/[1,5]
@@ -1051,6 +1058,104 @@ def torch_audio_encoder(rng):
                      "positions sliced to the runtime length, 2 nn.TransformerEncoderLayer (gelu), LayerNorm")
 
 
+def mel_filterbank(sample_rate, n_fft, n_mels, fmin, fmax):
+    """Triangular mel filters as a [n_fft // 2 + 1, n_mels] float32 matrix (power spectrum @ filters = mel
+    energies): HTK mel scale (2595 log10(1 + f / 700)), n_mels + 2 points evenly spaced in mel from fmin to
+    fmax, each filter rising from one point to the next and falling to the one after, on the frequencies of
+    the rfft bins; Slaney-style area normalization (each triangle scaled by 2 / its width in Hz), as
+    librosa.filters.mel(htk=True, norm="slaney") computes it."""
+    def hz_to_mel(f):
+        return 2595.0 * np.log10(1.0 + np.asarray(f, np.float64) / 700.0)
+
+    def mel_to_hz(m):
+        return 700.0 * (10.0 ** (np.asarray(m, np.float64) / 2595.0) - 1.0)
+
+    bins = np.arange(n_fft // 2 + 1) * sample_rate / n_fft
+    edges = mel_to_hz(np.linspace(hz_to_mel(fmin), hz_to_mel(fmax), n_mels + 2))
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (bins[None, :] - lower) / (centre - lower)
+    falling = (upper - bins[None, :]) / (upper - centre)
+    filters = np.maximum(0.0, np.minimum(rising, falling)) * (2.0 / (upper - lower))
+    return filters.T.astype(np.float32)
+
+
+def torch_bird_classifier(rng):
+    import torch
+    from torch import nn
+
+    # A BirdCLEF-style clip classifier on raw 32 kHz audio (5-second windows, 160000 samples, in real use): a
+    # log-mel front end computed in the graph (STFT n_fft 1024, hop 320, periodic Hann window, centred with
+    # reflect padding as torch.stft(center=True) pads; power spectrum; 64 mel filters from 50 Hz to 16 kHz by
+    # MatMul; log(x + 1e-6)), then a small CNN over the [batch, 1, 64, frames] image (4 blocks of Conv 3x3 +
+    # BatchNorm + ReLU + MaxPool 2, 16 to 128 channels), the mean over frequency and time, a Linear to 24
+    # classes. torch 1.13 has no ONNX symbolic for aten::stft at any opset (UnsupportedOperatorError at opset 17),
+    # so the STFT is written as audio repositories write it for export (torchlibrosa, nnAudio): a Conv1d, stride
+    # = hop, whose 1026 fixed kernels are the Hann-windowed cos and -sin rows of the DFT (513 real and 513
+    # imaginary bins). The kernel is 1026 x 1024 float32: 4 MiB of the model's size.
+    sample_rate, n_fft, hop, n_mels, classes = 32000, 1024, 320, 64, 24
+    widths = (16, 32, 64, 128)
+
+    class BirdClassifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            n = np.arange(n_fft)
+            k = np.arange(n_fft // 2 + 1)[:, None]
+            window = 0.5 - 0.5 * np.cos(2.0 * math.pi * n / n_fft)  # torch.hann_window(n_fft), periodic
+            phase = 2.0 * math.pi * ((k * n) % n_fft) / n_fft
+            kernels = np.concatenate([np.cos(phase) * window, -np.sin(phase) * window])[:, None, :]
+            self.stft = nn.Conv1d(1, 2 * (n_fft // 2 + 1), n_fft, stride=hop, bias=False)
+            self.stft.weight.data = torch.from_numpy(kernels.astype(np.float32))
+            self.stft.weight.requires_grad_(False)
+            self.register_buffer("mel_filters", torch.from_numpy(mel_filterbank(sample_rate, n_fft, n_mels,
+                                                                                50.0, sample_rate / 2)))
+            blocks = []
+            for cin, cout in zip((1,) + widths[:-1], widths):
+                blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                           nn.MaxPool2d(2)]
+            self.features = nn.Sequential(*blocks)
+            self.head = nn.Linear(widths[-1], classes)
+
+        def spectrogram(self, audio):
+            """|STFT|^2 [batch, 513, frames], as torch.stft(audio, n_fft, hop, window=hann, center=True)."""
+            x = nn.functional.pad(audio.unsqueeze(1), (n_fft // 2, n_fft // 2), mode="reflect")
+            spec = self.stft(x)
+            real, imag = spec[:, : n_fft // 2 + 1], spec[:, n_fft // 2 + 1:]
+            return real * real + imag * imag
+
+        def forward(self, audio):
+            power = self.spectrogram(audio).transpose(1, 2)  # [batch, frames, 513]
+            mel = torch.log(torch.matmul(power, self.mel_filters) + 1e-6)  # [batch, frames, 64]
+            x = self.features(mel.transpose(1, 2).unsqueeze(1))  # [batch, 128, 64 / 16, frames / 16]
+            return self.head(x.mean(dim=(2, 3)))
+
+    module = BirdClassifier()
+    spread_init(module.features, (nn.Conv2d,))
+
+    def recording(samples):
+        """Audio-like input in [-1, 1]: a rising chirp, a harmonic tone and background noise."""
+        t = np.arange(samples) / sample_rate
+        f0, f1 = rng.uniform(1000.0, 3000.0), rng.uniform(4000.0, 8000.0)
+        chirp = np.sin(2 * math.pi * (f0 * t + (f1 - f0) * t * t / (2 * t[-1])))
+        tone = sum(np.sin(2 * math.pi * h * rng.uniform(500.0, 1500.0) * t) / h for h in (1, 2, 3))
+        return 0.3 * chirp + 0.1 * tone + 0.05 * rng.standard_normal(samples)
+
+    cases = [{"audio": np.stack([recording(samples) for _ in range(batch)]).astype(np.float32)}
+             for batch, samples in ((1, 16000), (2, 9600))]
+    # The Conv1d is the STFT: check it against torch.stft on case 0.
+    audio = torch.from_numpy(cases[0]["audio"])
+    with torch.no_grad():
+        expected = torch.stft(audio, n_fft, hop_length=hop, window=torch.hann_window(n_fft), center=True,
+                              pad_mode="reflect", return_complex=True).abs() ** 2
+        error = float((module.spectrogram(audio) - expected).abs().max() / expected.abs().max())
+    assert error < 1e-5, f"the Conv1d STFT differs from torch.stft: {error:.3g}"
+    return TorchSpec(module, 17, ["audio"], ["logits"], {"audio": {0: "batch", 1: "samples"}, "logits": {0: "batch"}},
+                     cases, f"BirdCLEF-style: log-mel front end (STFT as a Conv1d of Hann-windowed DFT kernels, "
+                            f"n_fft {n_fft}, hop {hop}, reflect-padded; power; {n_mels} mel filters by MatMul; log), "
+                            f"CNN of 4 Conv-BN-ReLU-MaxPool blocks ({widths[0]} to {widths[-1]} channels), mean "
+                            f"over frequency and time, Linear to {classes} classes; Conv1d STFT matches torch.stft "
+                            f"to {error:.1g}")
+
+
 def torch_seq2seq(rng):
     from torch import nn
 
@@ -1756,6 +1861,7 @@ TORCH_MODELS = {
     "gpt2_kv": torch_gpt2_kv,
     "vit_small": torch_vit_small,
     "audio_encoder": torch_audio_encoder,
+    "bird_classifier": torch_bird_classifier,
     "seq2seq": torch_seq2seq,
     "paddle_reshape": torch_paddle_reshape,
     "pad_shape_arith": torch_pad_shape_arith,

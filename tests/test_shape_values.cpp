@@ -58,7 +58,8 @@ std::string elems_str(const Value* v) {
 const char* const kCorpus[] = {"bert_encoder",   "gpt_decoder",     "vit_small",   "audio_encoder",
                                "seq2seq",        "paddle_reshape",  "pad_shape_arith", "lstm_tagger",
                                "gru_tagger",     "lstm_stream",     "scripted_loop",   "gated_encoder",
-                               "text_detector",  "roi_box_head",    "unet",            "face_embedding"};
+                               "text_detector",  "roi_box_head",    "unet",            "face_embedding",
+                               "bird_classifier"};
 
 fs::path corpus_dir(const std::string& model) { return fs::path(ONDINE_TEST_DATA_DIR) / "torch" / model; }
 

@@ -180,8 +180,9 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                "weights computed at run time, clip, input_forget, sequence_lens shorter than the sequence, "
                "non-default activations, or layout 1",
                true};
-    t["Pad"] = {lower_pad, "Ondine's copy: the fill, then each row's kept part in one block (any dtype)",
-                "mode reflect, edge or wrap, or pads, axes or the value computed at run time"};
+    t["Pad"] = {lower_pad, "Ondine's copy, any dtype: constant, the fill then each row's kept part in one block; "
+                "reflect, edge, wrap: each row from the input row it maps to",
+                "pads, axes or the value computed at run time; reflect pads past the axis"};
     t["Split"] = {lower_split, "strided views of the input, one per output (an alias when there is one output)",
                   "a constant input, an empty part, more than 6 dims"};
     t["Identity"] = {lower_identity, "an alias (no copy)", "dims not static"};

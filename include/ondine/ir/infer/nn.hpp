@@ -936,6 +936,8 @@ inline void infer_pad(Node& n) {
       out[i] = xs[i].value + total;
     } else if (total == 0) {
       out[i] = xs[i];
+    } else {  // a symbolic axis grows by its pads: "samples + 1024" (an STFT's centring pad)
+      out[i] = sym_add(SymInt::of(xs[i]), SymInt(total)).as_dim();
     }
   }
   set_output(n, 0, x.dtype(), Shape(out));

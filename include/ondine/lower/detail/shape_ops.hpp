@@ -722,19 +722,35 @@ inline bool lower_view(Lowering& L, const Node& n) {
   return true;
 }
 
-// Pad in constant mode, row-major, any dtype: the output filled with the value where some pad is positive,
-// then each input row's kept part copied in one block (negative pads crop). Rows are split over threads.
+// Pad, row-major, any dtype. Constant mode: the output filled with the value where some pad is positive, then
+// each input row's kept part copied in one block (negative pads crop). Reflect, edge and wrap: each output row
+// from the input row its indices map to, its middle copied in one block and its pads element by element (an
+// STFT's centring pad, reflect, in front of every torch.stft-style audio front end). Rows split over threads.
+enum class PadMode { Constant, Reflect, Edge, Wrap };
+
+// The input index output index `i` (less the begin pad) reads along an axis of `n` elements.
+inline std::int64_t pad_source_index(PadMode mode, std::int64_t i, std::int64_t n) {
+  if (i >= 0 && i < n) return i;
+  if (mode == PadMode::Edge) return i < 0 ? 0 : n - 1;
+  if (mode == PadMode::Wrap) return ((i % n) + n) % n;
+  if (n == 1) return 0;  // reflect: the sequence 0 1 .. n-1 n-2 .. 1 repeated
+  const std::int64_t period = 2 * (n - 1), k = ((i % period) + period) % period;
+  return k < n ? k : period - k;
+}
+
 class PadStep : public runtime::Step {
  public:
-  PadStep(runtime::StepInfo info, SlotId x, SlotId y, Dims xd, Dims yd, Dims begin, std::vector<unsigned char> fill)
+  PadStep(runtime::StepInfo info, SlotId x, SlotId y, Dims xd, Dims yd, Dims begin, std::vector<unsigned char> fill,
+          PadMode mode = PadMode::Constant, std::size_t element_size = 0)
       : Step(std::move(info), {x}, {y}), x_(x), y_(y), xd_(std::move(xd)), yd_(std::move(yd)), begin_(std::move(begin)),
-        fill_(std::move(fill)) {}
+        fill_(std::move(fill)), mode_(mode), es_(element_size ? element_size : fill_.size()) {}
 
   void execute(runtime::ExecContext& ctx) const override {
     ctx.backend()->wait();
     const auto* x = static_cast<const unsigned char*>(ctx.ptr(x_));
     auto* y = static_cast<unsigned char*>(ctx.ptr(y_));
-    const std::size_t es = fill_.size(), rank = xd_.size();
+    if (mode_ != PadMode::Constant) return execute_mapped(x, y);
+    const std::size_t es = es_, rank = xd_.size();
     std::int64_t out_count = 1;
     for (std::int64_t d : yd_) out_count *= d;
     bool grows = false;  // some output position has no source
@@ -775,19 +791,58 @@ class PadStep : public runtime::Step {
   }
 
  private:
+  // Reflect, edge, wrap: every output row reads the input row its indices map to.
+  void execute_mapped(const unsigned char* x, unsigned char* y) const {
+    const std::size_t es = es_, rank = xd_.size(), last = rank - 1;
+    for (std::size_t a = 0; a < rank; ++a)
+      if (xd_[a] == 0 && yd_[a] > 0) return;  // nothing to read (compile refuses it; the reference says why)
+    Dims x_stride(rank, 1);
+    for (std::size_t a = last; a-- > 0;) x_stride[a] = x_stride[a + 1] * xd_[a + 1];
+    std::int64_t rows = 1;
+    for (std::size_t a = 0; a < last; ++a) rows *= yd_[a];
+    const std::int64_t n = xd_[last], width = yd_[last], b = begin_[last];
+    const std::int64_t mid_lo = std::max<std::int64_t>(0, b), mid_hi = std::min<std::int64_t>(width, b + n);
+#pragma omp parallel for schedule(static) if (rows > 64 && rows * width * static_cast<std::int64_t>(es) > (1 << 18))
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int64_t rest = r, x_off = 0;
+      for (std::size_t a = last; a-- > 0;) {
+        const std::int64_t o = rest % yd_[a];
+        rest /= yd_[a];
+        x_off += pad_source_index(mode_, o - begin_[a], xd_[a]) * x_stride[a];
+      }
+      const unsigned char* src = x + static_cast<std::size_t>(x_off) * es;
+      unsigned char* dst = y + static_cast<std::size_t>(r * width) * es;
+      auto one = [&](std::int64_t j) {
+        std::memcpy(dst + static_cast<std::size_t>(j) * es,
+                    src + static_cast<std::size_t>(pad_source_index(mode_, j - b, n)) * es, es);
+      };
+      for (std::int64_t j = 0; j < std::min(mid_lo, width); ++j) one(j);
+      if (mid_hi > mid_lo)
+        std::memcpy(dst + static_cast<std::size_t>(mid_lo) * es, src + static_cast<std::size_t>(mid_lo - b) * es,
+                    static_cast<std::size_t>(mid_hi - mid_lo) * es);
+      for (std::int64_t j = std::max(mid_hi, mid_lo); j < width; ++j) one(j);
+    }
+  }
+
   SlotId x_, y_;
   Dims xd_, yd_, begin_;
   std::vector<unsigned char> fill_;
+  PadMode mode_;
+  std::size_t es_;
 };
 
-// Pad, constant mode, with pads, axes and the value known when the model compiles; other modes (reflect,
-// edge, wrap) run the reference kernel.
+// Pad with pads, axes (and the constant value) known when the model compiles, any mode.
 inline bool lower_pad(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
   if (!x || !y || x->dtype() == DType::String || dtype_size(x->dtype()) == 0) return false;
   if (!x->shape().is_static() || !y->shape().is_static() || x->shape().rank() == 0) return false;
-  if (infer::detail_nn::pad_mode(n) != "constant") return false;
+  const std::string mode_name = infer::detail_nn::pad_mode(n);
+  const PadMode mode = mode_name == "reflect" ? PadMode::Reflect
+                       : mode_name == "edge"  ? PadMode::Edge
+                       : mode_name == "wrap"  ? PadMode::Wrap
+                                              : PadMode::Constant;
+  if (mode == PadMode::Constant && mode_name != "constant") return false;
   const std::size_t rank = x->shape().rank();
   auto constant_or_null = [&](std::size_t i) -> const Tensor* {
     const Value* v = n.input(i);
@@ -810,14 +865,19 @@ inline bool lower_pad(Lowering& L, const Node& n) {
   }
   const Dims xd = x->shape().sizes(), yd = y->shape().sizes();
   Dims begin(pads->begin(), pads->begin() + static_cast<std::ptrdiff_t>(rank));
-  for (std::size_t a = 0; a < rank; ++a)
+  for (std::size_t a = 0; a < rank; ++a) {
     if (yd[a] != xd[a] + (*pads)[a] + (*pads)[a + rank]) return false;  // the reference kernel says why
+    if (mode != PadMode::Constant && xd[a] == 0 && yd[a] > 0) return false;  // nothing to reflect: the same
+    // Reflect past a whole period of the axis: the reference kernel's answer (and error) stand.
+    if (mode == PadMode::Reflect && ((*pads)[a] >= xd[a] || (*pads)[a + rank] >= xd[a]) && yd[a] != xd[a]) return false;
+  }
   SlotId xs = L.row_major_slot(x), ys = L.new_plain_slot(y);
   L.define_plain(y, ys);
+  const std::size_t es = dtype_size(x->dtype());
   L.add_step(std::make_unique<PadStep>(
       runtime::StepInfo{n.name(), n.op_type(), "ondine:copy",
-                        "constant, pads " + dims_str(*pads) + ", " + Graph::value_type_str(x) + " -> " + Graph::value_type_str(y)},
-      xs, ys, xd, yd, std::move(begin), std::move(fill)));
+                        mode_name + ", pads " + dims_str(*pads) + ", " + Graph::value_type_str(x) + " -> " + Graph::value_type_str(y)},
+      xs, ys, xd, yd, std::move(begin), std::move(fill), mode, es));
   return true;
 }
 
