@@ -4,12 +4,16 @@
 // Usage:
 //   node bench/ort_run.mjs MODEL.onnx --input NAME=in.npy [--input NAME=in.npy ...] --output-dir DIR
 //        [--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]]
-//        [--profile PREFIX]
+//        [--profile PREFIX] [--concurrent N]
 //
 // Every graph output is written as DIR/<output name>.npy (characters outside [A-Za-z0-9._-] in the name
 // become '_'). Inputs: little-endian .npy, C order, dtypes float32, float64, int64, int32, int8, uint8, bool.
 // --threads sets intraOpNumThreads (default: ONNX Runtime's choice); graph optimization defaults to 'all'.
 // --iterations N times N runs after --warmup runs (default 1) and prints the latencies as one JSON line.
+// --concurrent N with --iterations M: throughput, as many requests at once as N: N sessions (one per worker
+// thread: onnxruntime-node runs a session's `run` on the JavaScript thread, so concurrency needs threads of
+// their own), each with --threads intra-op threads, taking the M requests from one shared counter after
+// --warmup runs each; prints requests/s and the latency percentiles as one JSON line (bench/throughput.py).
 // --profile PREFIX: ONNX Runtime's own profiler (a Chrome trace, PREFIX_<date>.json, its path on stderr): the
 // time per node and kernel, to set beside `ondine bench --profile` (bench/ort_profile.py sums it per op).
 // Setup (once): cd bench && npm ci --onnxruntime-node-install=skip
@@ -18,9 +22,11 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import process from 'node:process';
+import {Worker, isMainThread, parentPort, workerData} from 'node:worker_threads';
 
 const USAGE = 'usage: node bench/ort_run.mjs MODEL.onnx --input NAME=in.npy [...] --output-dir DIR ' +
-    '[--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]] [--profile PREFIX]';
+    '[--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]] [--profile PREFIX] ' +
+    '[--concurrent N]';
 
 class UsageError extends Error {}
 
@@ -41,7 +47,7 @@ const ORT_TO_DESCR = {
 
 function parseArgs(argv) {
   const opts = {model: null, inputs: [], outputDir: null, threads: 0, optLevel: 'all', iterations: 0, warmup: 1,
-                profile: null};
+                profile: null, concurrent: 0};
   const value = (i, flag) => {
     if (i + 1 >= argv.length) throw new UsageError(`${flag} needs a value`);
     return argv[i + 1];
@@ -69,6 +75,8 @@ function parseArgs(argv) {
         throw new UsageError(`--opt-level must be disabled, basic, extended or all, got '${opts.optLevel}'`);
     } else if (arg === '--iterations') {
       opts.iterations = positiveInt(value(i++, arg), arg);
+    } else if (arg === '--concurrent') {
+      opts.concurrent = positiveInt(value(i++, arg), arg);
     } else if (arg === '--warmup') {
       opts.warmup = positiveInt(value(i++, arg), arg);
     } else if (arg === '-h' || arg === '--help') {
@@ -84,6 +92,7 @@ function parseArgs(argv) {
   }
   if (opts.model === null) throw new UsageError('missing MODEL.onnx');
   if (opts.outputDir === null && opts.iterations === 0) throw new UsageError('missing --output-dir');
+  if (opts.concurrent > 0 && opts.iterations === 0) throw new UsageError('--concurrent needs --iterations (the requests)');
   return opts;
 }
 
@@ -147,9 +156,8 @@ function safeFileName(name) {
   return name.replace(/[^A-Za-z0-9._-]/g, '_');
 }
 
-async function main() {
-  const opts = parseArgs(process.argv.slice(2));
-  if (!fs.existsSync(opts.model)) throw new Error(`${opts.model}: no such file`);
+// The session and its feeds, as the options say.
+async function openSession(opts) {
   let ort;
   try {
     ort = await import('onnxruntime-node');
@@ -173,6 +181,55 @@ async function main() {
   }
   const missing = session.inputNames.filter((name) => !(name in feeds));
   if (missing.length) throw new Error(`missing --input for model input(s): ${missing.join(', ')}`);
+  return {session, feeds};
+}
+
+const quantile = (sorted, q) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
+
+// --concurrent: a worker thread's part (its own session; requests from the shared counter once told to go).
+async function concurrentWorker() {
+  const {opts, counter} = workerData;
+  const {session, feeds} = await openSession(opts);
+  for (let i = 0; i < opts.warmup; ++i) await session.run(feeds);
+  parentPort.postMessage({ready: true});
+  await new Promise((resolve) => parentPort.once('message', resolve));
+  const times = [];
+  while (Atomics.add(counter, 0, 1) < opts.iterations) {
+    const start = process.hrtime.bigint();
+    await session.run(feeds);
+    times.push(Number(process.hrtime.bigint() - start) / 1e6);
+  }
+  parentPort.postMessage({times});
+}
+
+async function concurrent(opts) {
+  const counter = new Int32Array(new SharedArrayBuffer(4));
+  const workers = [];
+  for (let w = 0; w < opts.concurrent; ++w)
+    workers.push(new Worker(new URL(import.meta.url), {workerData: {opts, counter}}));
+  const message = (worker) => new Promise((resolve, reject) => {
+    worker.once('message', resolve);
+    worker.once('error', reject);
+  });
+  await Promise.all(workers.map(message));  // every session made and warmed up
+  const done = workers.map(message);
+  const start = process.hrtime.bigint();
+  for (const worker of workers) worker.postMessage('go');
+  const times = (await Promise.all(done)).flatMap((m) => m.times);
+  const wallMs = Number(process.hrtime.bigint() - start) / 1e6;
+  const sorted = [...times].sort((a, b) => a - b);
+  console.log(JSON.stringify({
+    model: opts.model, threads: opts.threads || 'default', concurrent: opts.concurrent, requests: times.length,
+    wall_ms: wallMs, requests_per_s: times.length * 1000 / wallMs, p50_ms: quantile(sorted, 0.5),
+    p90_ms: quantile(sorted, 0.9), p99_ms: quantile(sorted, 0.99),
+  }));
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  if (!fs.existsSync(opts.model)) throw new Error(`${opts.model}: no such file`);
+  if (opts.concurrent > 0) return concurrent(opts);
+  const {session, feeds} = await openSession(opts);
 
   let results;
   if (opts.iterations > 0) {
@@ -207,7 +264,7 @@ async function main() {
   }
 }
 
-main().catch((e) => {
+(isMainThread ? main() : concurrentWorker()).catch((e) => {
   if (e instanceof UsageError) console.error(`ort_run: ${e.message}\n${USAGE}`);
   else console.error(`ort_run: ${e.message}`);
   process.exit(1);

@@ -27,6 +27,8 @@ on 8 seeded token sequences when missing), which ONNX Runtime cannot run: its li
 Runtime's fp32 only.
 With --dynamic, the workloads whose shapes change from call to call follow (bench/dynamic_shapes.py with the
 same --threads and --rounds: a stream of mixed-length encoder requests, a decode with a KV cache).
+With --throughput, the same models follow at batch 1 as requests served at once (bench/throughput.py: --threads
+streams of one thread against as many concurrent ONNX Runtime sessions of one thread).
 With --plot FILE.png, the Ondine / ONNX Runtime ratios are also drawn as a bar chart (matplotlib: Debian's
 python3-matplotlib).
 
@@ -63,10 +65,15 @@ INPUTS = {"resnet50": ("input", "image", 128), "mobilenetv2": ("input", "image",
           "lraspp_pt": ("image", "segment", 512), "deeplab_pt": ("image", "segment", 512),
           "roihead_pt": ("image", "roi", 800), "resnet18_pt": ("image", "image", 0),
           "unet_pt": ("image", "mask", 256), "unet_fp16_pt": ("image", "mask", 256),
-          "unet_dynq_pt": ("image", "mask", 256), "faceembed_pt": ("face", "face", 112)}
+          "unet_dynq_pt": ("image", "mask", 256), "faceembed_pt": ("face", "face", 112),
+          "bird_classifier": ("audio", "audio", 160000)}
+# Models of the test corpus (tests/data/torch/<name>/model.onnx), small enough to be committed.
+CORPUS = {"bird_classifier"}
 
 
 def model_path(models_dir, model):
+    if model in CORPUS:
+        return os.path.join(REPO, "tests", "data", "torch", model, "model.onnx")
     return os.path.join(models_dir, "torch", model, "model.onnx") if model.endswith("_pt") else \
         os.path.join(models_dir, f"{model}.onnx")
 
@@ -104,6 +111,8 @@ def write_input(model, batch, directory):
     elif kind == "gated":  # one second of 16 kHz audio per batch item, and the sample rate that picks the branch
         arrays = {name: rng.standard_normal((batch, 1, 16000), dtype=np.float32),
                   "sample_rate": np.array(16000, np.int64)}
+    elif kind == "audio":  # [batch, samples]: 5-second windows of 32 kHz audio-like noise in [-1, 1]
+        arrays = {name: np.clip(0.2 * rng.standard_normal((batch, seq), dtype=np.float32), -1, 1)}
     elif kind == "stream":
         arrays = {"frame": rng.standard_normal((batch, 512), dtype=np.float32),
                   "h": 0.5 * rng.standard_normal((2, batch, 64), dtype=np.float32),
@@ -280,6 +289,9 @@ def main():
     p.add_argument("--dynamic", action="store_true",
                    help="also the workloads whose shapes change from call to call (bench/dynamic_shapes.py: a stream "
                         "of 200 mixed-length encoder requests, a 64-token decode with a KV cache), after the rest")
+    p.add_argument("--throughput", action="store_true",
+                   help="also throughput at batch 1: --threads streams of one thread against as many concurrent ONNX "
+                        "Runtime sessions (bench/throughput.py), after the rest")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",") if b]
@@ -421,6 +433,12 @@ def main():
         sys.stdout.flush()
         subprocess.run([sys.executable, os.path.join(REPO, "bench", "dynamic_shapes.py"), "--build", a.build,
                         "--models-dir", a.models_dir, "--threads", str(a.threads), "--rounds", str(a.rounds)],
+                       check=False)
+    if a.throughput:  # requests from N streams against N concurrent ONNX Runtime sessions (bench/throughput.py)
+        sys.stdout.flush()
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "throughput.py"), "--build", a.build,
+                        "--models-dir", a.models_dir, "--threads", str(a.threads), "--rounds", str(a.rounds),
+                        "--models", ",".join(m for m in models if INPUTS[m][1] in ("image", "tokens", "audio"))],
                        check=False)
 
 

@@ -237,7 +237,7 @@ TEST_CASE("run_streams: requests from N streams of their own threads, outputs in
     const runtime::StreamPlan plan = runtime::plan_streams(so, inputs.size());
     CHECK(plan.streams == streams);
     CHECK(plan.threads_per_stream == 1);
-    auto outputs = runtime::run_streams<Tensor>(inputs.size(), plan, [&](std::size_t i) {
+    auto outputs = runtime::run_streams<Tensor>(inputs.size(), plan, [&](std::size_t i, int) {
       return model.run({{"input", inputs[i]}}).at("logits");
     });
     REQUIRE(outputs.size() == inputs.size());
@@ -259,7 +259,7 @@ TEST_CASE("run_streams: requests from N streams of their own threads, outputs in
   two.streams = 2;
   two.threads = 2;
   CHECK_THROWS_WITH(runtime::run_streams<Tensor>(inputs.size(), runtime::plan_streams(two, inputs.size()),
-                                                 [&](std::size_t i) {
+                                                 [&](std::size_t i, int) {
                                                    if (i == 5) throw Error("request 5 failed");
                                                    return model.run({{"input", inputs[i]}}).at("logits");
                                                  }),

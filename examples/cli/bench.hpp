@@ -19,6 +19,7 @@
 #include "bench_batches.hpp"
 #include "bench_decode.hpp"
 #include "bench_stream.hpp"
+#include "bench_throughput.hpp"
 #include "common.hpp"
 #include "engine.hpp"
 
@@ -31,6 +32,16 @@ inline int cmd_bench(const std::string& path, const std::vector<std::int64_t>& b
   std::vector<std::string> specs = dim_specs;
   shape_args.ranges = take_dim_ranges(specs);
   const bool through_cache = shape_args.decode_steps > 0 || !shape_args.ranges.empty();
+  const ThroughputArgs& tp = shape_args.throughput;
+  const bool streams_mode = tp.streams > 0 || !tp.hint.empty();
+  if (tp.requests > 0 && !streams_mode) throw UsageError("--requests applies to --streams or --hint");
+  if (streams_mode) {
+    const std::string mode = tp.streams > 0 ? "--streams" : "--hint";
+    if (through_cache) throw UsageError(mode + " runs one batch size: it is not combined with --decode or a --dim range");
+    if (batch_list.size() > 1) throw UsageError(mode + " runs one batch size: give one --batch");
+    if (use_reference) throw UsageError(mode + " measures the compiled model: not combined with --reference");
+    if (profile) throw UsageError("--profile is not combined with " + mode);
+  }
   if (shape_args.kv_cache != "auto" && shape_args.decode_steps == 0) throw UsageError("--kv-cache applies to --decode");
   if (through_cache) {
     const std::string mode = shape_args.decode_steps > 0 ? "--decode" : "a --dim NAME=LO:HI range";
@@ -77,6 +88,9 @@ inline int cmd_bench(const std::string& path, const std::vector<std::int64_t>& b
   }
   BatchDims dims = batch_dims(g, dim_specs, path);
   auto batches = bench_batches(g, dims, batch_list, path);
+  if (streams_mode)
+    return bench_throughput(path, g, dims, batches.front(), threads, warmup, runs, seed, json_file, pipeline,
+                            passes_given, file_packed ? file_packed : std::make_shared<lower::PackedWeights>(), tp);
   auto flops = flops_per_sample(g, dims);
   int used_threads = threads > 0 ? threads : omp_get_max_threads();
 

@@ -26,6 +26,7 @@
 #include "ondine/lower/lower.hpp"
 #include "ondine/lower/shape_cache.hpp"
 #include "common.hpp"
+#include "bench_throughput.hpp"
 #include "engine.hpp"
 #include "progress.hpp"
 
@@ -42,8 +43,10 @@ struct DimRange {
   std::int64_t lo = 0, hi = 0;
 };
 
-// What bench does besides one compile per batch size: the stream's ranges, --decode, --shape-plan.
+// What bench does besides one compile per batch size: the stream's ranges, --decode, --shape-plan; and
+// --streams, --requests, --hint (bench_throughput.hpp).
 struct ShapeBenchArgs {
+  ThroughputArgs throughput;
   std::map<std::string, DimRange> ranges;  // --dim NAME=LO:HI
   int decode_steps = 0;                    // --decode STEPS (0: none)
   std::string kv_cache = "auto";           // --kv-cache auto|in-place|feed

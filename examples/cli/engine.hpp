@@ -34,6 +34,7 @@ struct Engine {
   double compile_ms = 0;  // time lower::compile took
   std::string precision;  // the compile log's "precision: ..." line (--precision bf16), else empty
   std::function<std::map<std::string, Tensor>(const std::map<std::string, Tensor>&)> run;
+  std::shared_ptr<CompiledModel> model;  // compiled engine only: for contexts of other threads (bench --streams)
   // Compiled engine only: `runs` profiled runs, then CompiledModel::profile_text.
   std::function<std::string(const std::map<std::string, Tensor>&, int runs)> profile;
 };
@@ -172,6 +173,7 @@ inline Engine make_engine(const Graph& g, bool use_reference, int threads, const
   engine.compile_ms = elapsed_ms(t0);
   auto context = std::make_shared<ExecContext>(model->make_context());
   engine.name = "compiled";
+  engine.model = model;
   engine.isa = model->isa();
   engine.run = [model, context](const std::map<std::string, Tensor>& in) { return model->run(*context, in); };
   engine.profile = [model, context](const std::map<std::string, Tensor>& in, int runs) {

@@ -13,6 +13,7 @@
 //                [--passes P] [--precision fp32|bf16 [--keep-fp32 GLOB]... [--max-error E]] [--profile]
 //   ondine bench MODEL --dim NAME=LO:HI [--dim NAME=SIZE]... [--shape-plan auto|per-shape|shape-free] ...
 //   ondine bench MODEL --decode STEPS [--dim SEQ=N] [--batch B] [--shape-plan ...] ...
+//   ondine bench MODEL --streams N | --hint latency|throughput [--requests M] [--threads T] [--batch B] ...
 //   ondine compare A.onnx B.onnx [--input FILE.npy]... [--seed N] [--per-layer] [--json] [--compiled]
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method M] [--max-samples N] [--exclude ..] [--include ..]
 //                   [--keep-fp32-ends] [--activations u8|s8] [--save-calibration FILE] [--passes P]
@@ -263,6 +264,17 @@ int main(int argc, char** argv) {
                         "with a --dim range or --decode: auto (default: the shape-free plan where it covers the model "
                         "at fp32, else one compile per shape), per-shape, or shape-free")
           ->check(CLI::IsMember({"auto", "per-shape", "shape-free"}));
+  bench->add_option("--streams", shape_bench_args.throughput.streams,
+                    "run requests from N streams at once, each with its share of --threads (--streams 2 --threads 2: "
+                    "two streams of one thread), pinned to cores of their own: throughput and latency p50/p90/p99")
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--requests", shape_bench_args.throughput.requests,
+                    "with --streams or --hint: requests timed (default --runs per stream)")
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--hint", shape_bench_args.throughput.hint,
+                    "streams chosen for you: latency (one stream of every thread) or throughput (streams of 1-4 "
+                    "threads by the model's FLOPs per request)")
+      ->check(CLI::IsMember({"latency", "throughput"}));
   bench->add_option("--seed", seed, "seed of the random inputs");
   bench->add_option("--json", json_file, "also write the results as JSON to this file");
   bench->add_flag("--reference", reference, "measure the reference executor instead of the compiled model");

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,10 @@
 #include "ondine/runtime/streams.hpp"
 
 namespace ondine {
+
+namespace lower {
+class PlanCache;
+}
 
 class Model {
  public:
@@ -47,8 +52,11 @@ class Model {
   // The outputs for `inputs` by name (checked: names, dtypes, ranks, one size per symbolic dim).
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
   // The outputs of every feed, in order, run from several streams at once (runtime/streams.hpp: threads of their
-  // own, each with its share of `options.threads`, pinned where the CPU set allows). Compile the model for a
-  // stream's share of the threads (CompileOptions::threads), which each of its runs uses.
+  // own, each with its share of `options.threads`, pinned where the CPU set allows). Each stream runs plans
+  // compiled for its share of the threads: the model's own where CompileOptions::threads is that share, else a
+  // second set compiled at the first run_many (sharing the packed weights). A request that fails stops the
+  // others and its error is thrown, naming the request ("request 3 of 10: ..."); ondine::Streams answers each
+  // request on its own.
   std::vector<std::map<std::string, Tensor>> run_many(const std::vector<std::map<std::string, Tensor>>& feeds,
                                                       const runtime::StreamOptions& options = {}) const;
 
@@ -63,7 +71,32 @@ class Model {
   explicit Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
  private:
+  friend class Streams;
   std::shared_ptr<Impl> impl_;
+};
+
+// A model served by N streams that stay up (a server's request queue; OpenVINO's asynchronous infer requests):
+// each submitted request runs on the first stream free and is answered by its future, which carries the outputs
+// or the request's own error; the other requests go on. Streams and threads as for Model::run_many. The
+// destructor answers what was submitted, then stops the streams.
+//
+//   ondine::Streams streams(model, runtime::options_for_hint(runtime::Hint::Throughput, 0));
+//   auto outputs = streams.submit({{"input", x}});   // std::future; outputs.get() waits
+class Streams {
+ public:
+  explicit Streams(const Model& model, const runtime::StreamOptions& options = {});
+  ~Streams();
+  Streams(const Streams&) = delete;
+  Streams& operator=(const Streams&) = delete;
+
+  std::future<std::map<std::string, Tensor>> submit(std::map<std::string, Tensor> inputs);
+  int streams() const;
+  int threads_per_stream() const;
+
+ private:
+  std::shared_ptr<Model::Impl> impl_;
+  lower::PlanCache* cache_;  // the plans its streams run (owned by impl_)
+  std::unique_ptr<runtime::StreamPool> pool_;
 };
 
 }  // namespace ondine

@@ -4,6 +4,8 @@
 // ondine/model_impl.hpp). It holds the whole lowering, which is why ondine/model.hpp does not.
 #pragma once
 
+#include <omp.h>
+
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -22,7 +24,16 @@ struct Model::Impl {
   Impl(Graph graph, lower::CompileOptions options) : cache(std::move(graph), std::move(options)) {}
   lower::ShapeCache cache;
   std::vector<std::string> inputs, outputs, input_shapes;
+  bool compile_now = false;  // static shapes: lowered at once, errors from compile/load
+
+  // The plans for runs of `threads` threads (PlanCache::for_threads), with a static shape compiled at once.
+  lower::PlanCache& cache_for(int threads) {
+    lower::PlanCache& c = cache.for_threads(threads);
+    if (compile_now) c.get(lower::PlanCache::Binding{});
+    return c;
+  }
 };
+
 
 // A graph whose inputs all have static shapes (and whose input values decide no shape) is lowered now, so that
 // its errors come from compile/load rather than from the first run.
@@ -35,12 +46,14 @@ Model Model::from_graph(Graph graph, const lower::CompileOptions& options) {
     fixed = fixed && v->is_tensor() && v->shape().is_static();
   }
   for (const Value* v : graph.outputs()) outputs.push_back(v->name());
-  auto impl = std::make_shared<Impl>(std::move(graph), options);
+  lower::CompileOptions resolved = options;
+  if (resolved.threads <= 0) resolved.threads = omp_get_max_threads();  // what "OpenMP's default" is now
+  auto impl = std::make_shared<Impl>(std::move(graph), std::move(resolved));
   impl->inputs = std::move(inputs);
   impl->outputs = std::move(outputs);
   impl->input_shapes = std::move(shapes);
-  if (fixed && !impl->cache.shape_free() && impl->cache.shape_input_names().empty())
-    impl->cache.get(lower::ShapeCache::Binding{});
+  impl->compile_now = fixed && !impl->cache.shape_free() && impl->cache.shape_input_names().empty();
+  if (impl->compile_now) impl->cache.get(lower::ShapeCache::Binding{});
   return Model(std::move(impl));
 }
 
@@ -62,9 +75,32 @@ std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& in
 std::vector<std::map<std::string, Tensor>> Model::run_many(const std::vector<std::map<std::string, Tensor>>& feeds,
                                                          const runtime::StreamOptions& options) const {
   const runtime::StreamPlan plan = runtime::plan_streams(options, feeds.size());
-  return runtime::run_streams<std::map<std::string, Tensor>>(feeds.size(), plan,
-                                                             [&](std::size_t i) { return impl_->cache.run(feeds[i]); });
+  lower::PlanCache& cache = impl_->cache_for(plan.threads_per_stream);
+  return runtime::run_streams<std::map<std::string, Tensor>>(feeds.size(), plan, [&](std::size_t i, int) {
+    try {
+      return cache.run(feeds[i]);
+    } catch (const Error& e) {
+      throw runtime::request_error(e, i, feeds.size());
+    }
+  });
 }
+
+Streams::Streams(const Model& model, const runtime::StreamOptions& options)
+    : impl_(model.impl_),
+      cache_(nullptr),
+      pool_(std::make_unique<runtime::StreamPool>(runtime::plan_streams(options, static_cast<std::size_t>(-1)))) {
+  cache_ = &impl_->cache_for(pool_->plan().threads_per_stream);
+}
+
+Streams::~Streams() = default;
+
+std::future<std::map<std::string, Tensor>> Streams::submit(std::map<std::string, Tensor> inputs) {
+  lower::PlanCache* cache = cache_;
+  return pool_->submit([cache, inputs = std::move(inputs)](int) { return cache->run(inputs); });
+}
+
+int Streams::streams() const { return pool_->plan().streams; }
+int Streams::threads_per_stream() const { return pool_->plan().threads_per_stream; }
 
 std::vector<std::string> Model::input_names() const { return impl_->inputs; }
 std::vector<std::string> Model::output_names() const { return impl_->outputs; }

@@ -232,6 +232,24 @@ class PlanCache {
   }
   // The packed constants all shapes share (lower/packed_weights.hpp): bytes(), size(), hits().
   const PackedWeights& packed_weights() const { return *options_.packed_weights; }
+  const CompileOptions& options() const { return options_; }
+
+  // The same model's plans for runs of `threads` threads: this cache where it compiles for that many (or
+  // `threads` is 0), else a cache of its own over the same graph, options and packed weights, made at the
+  // first call and kept. A plan's kernels split their work for the threads they were created with (oneDNN
+  // sizes its parallel regions when a primitive is created), so runs from streams of another thread count
+  // (runtime/streams.hpp) run plans made for it; the weights stay packed once.
+  PlanCache& for_threads(int threads) {
+    if (threads <= 0 || threads == options_.threads) return *this;
+    std::lock_guard<std::mutex> lock(siblings_mutex_);
+    std::unique_ptr<PlanCache>& sibling = siblings_[threads];
+    if (!sibling) {
+      CompileOptions options = options_;
+      options.threads = threads;
+      sibling = std::make_unique<PlanCache>(graph_.clone(), std::move(options), capacity_, compile_);
+    }
+    return *sibling;
+  }
   std::size_t compilations() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return compilations_;
@@ -307,6 +325,8 @@ class PlanCache {
   std::size_t compilations_ = 0;
   std::shared_ptr<const DynamicModel> shape_free_;
   std::string shape_plan_reason_;
+  std::mutex siblings_mutex_;
+  std::map<int, std::unique_ptr<PlanCache>> siblings_;  // for_threads
 };
 
 }  // namespace ondine::lower

@@ -20,12 +20,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <exception>
+#include <functional>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include "ondine/error.hpp"
 
 namespace ondine::runtime {
 
@@ -51,6 +60,36 @@ inline std::vector<int> usable_cpus() {
   return cpus;
 }
 
+// What the streams are chosen for when StreamOptions::streams is not given (OpenVINO's performance hints).
+// Latency: one stream with every thread (each request as fast as it goes). Throughput: streams of one thread;
+// on 8 threads or more, streams of two threads for requests over kThroughputFlopsPerThread and of four over
+// four times that (many streams of a large model hold many activations in the shared cache). On 2 cores, one-
+// thread streams were measured faster at every size tried, MobileNetV2 (0.6 GFLOP) to U-Net at 512x512 (97
+// GFLOP): docs/performance.md, "Throughput".
+enum class Hint { Latency, Throughput };
+
+inline const char* hint_name(Hint h) { return h == Hint::Latency ? "latency" : "throughput"; }
+
+// The work of one request (floating-point operations) below which a throughput stream runs on one thread.
+constexpr double kThroughputFlopsPerThread = 16e9;
+
+// The StreamOptions `hint` gives for requests of `flops_per_request` operations (0: unknown, taken as small)
+// over `threads` threads (0: the cores this process may run on).
+inline StreamOptions options_for_hint(Hint hint, double flops_per_request, int threads = 0) {
+  StreamOptions o;
+  o.threads = threads > 0 ? threads : static_cast<int>(usable_cpus().size());
+  if (hint == Hint::Latency) {
+    o.streams = 1;
+    return o;
+  }
+  const int per_stream = o.threads < 8                                      ? 1
+                         : flops_per_request > 4 * kThroughputFlopsPerThread ? 4
+                         : flops_per_request > kThroughputFlopsPerThread     ? 2
+                                                                             : 1;
+  o.streams = std::max(1, o.threads / per_stream);
+  return o;
+}
+
 // How `requests` requests run: the number of streams, the threads of each, and each stream's cores (empty when
 // not pinned).
 struct StreamPlan {
@@ -59,11 +98,12 @@ struct StreamPlan {
   std::vector<std::vector<int>> cpus;
 };
 
+// `requests`: how many there will be (never more streams than that); SIZE_MAX where unknown (a StreamPool).
 inline StreamPlan plan_streams(const StreamOptions& options, std::size_t requests) {
   const std::vector<int> cpus = usable_cpus();
   const int total = options.threads > 0 ? options.threads : static_cast<int>(cpus.size());
   int streams = options.streams > 0 ? options.streams : total;
-  streams = std::max(1, std::min<int>(streams, static_cast<int>(std::max<std::size_t>(requests, 1))));
+  if (requests < static_cast<std::size_t>(streams)) streams = static_cast<int>(std::max<std::size_t>(requests, 1));
   StreamPlan plan;
   plan.streams = streams;
   plan.threads_per_stream = std::max(1, total / streams);
@@ -88,8 +128,9 @@ inline bool pin_this_thread(const std::vector<int>& cpus) {
 }
 }  // namespace detail
 
-// Runs `run(i)` for every request i in [0, requests) on the streams `plan` describes, and returns the results
-// in request order. `run` is called from the streams' threads at once (it must be thread-safe, as a compiled
+// Runs `run(i, stream)` for every request i in [0, requests) on the streams `plan` describes (`stream`: which one,
+// 0 to plan.streams - 1, for state a stream keeps, such as an execution context), and returns the results in
+// request order. `run` is called from the streams' threads at once (it must be thread-safe, as a compiled
 // model's run is), each with OpenMP set to its stream's share of the threads. The first exception a request
 // throws stops the streams taking new requests and is rethrown here, once every stream has stopped.
 template <typename Result, typename Run>
@@ -104,7 +145,7 @@ std::vector<Result> run_streams(std::size_t requests, const StreamPlan& plan, Ru
     omp_set_num_threads(plan.threads_per_stream);
     for (std::size_t i = next++; i < requests && !failed; i = next++) {
       try {
-        results[i] = run(i);
+        results[i] = run(i, s);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -126,5 +167,75 @@ std::vector<Result> run_streams(std::size_t requests, const StreamPlan& plan, Ru
   if (error) std::rethrow_exception(error);
   return results;
 }
+
+// Request i's error, naming it: "request 3 of 10: ...", its node, op and file kept.
+inline Error request_error(const Error& e, std::size_t i, std::size_t n) {
+  Error named("request " + std::to_string(i) + " of " + std::to_string(n) + ": " + e.message());
+  if (!e.node().empty() || !e.op().empty()) named.at_node(e.node(), e.op());
+  if (!e.file().empty()) named.in_file(e.file());
+  return named;
+}
+
+// Streams that stay up and take requests as they come (a server's queue): `submit(f)` queues `f(stream)` and
+// returns its future, which carries its result or the exception it threw (one request's failure is its own).
+// Each stream is a thread of its own, pinned as `plan` says, with OpenMP set to its share of the threads.
+// Requests run in the order submitted, each on the first stream free. The destructor runs what is queued, then
+// stops the streams.
+class StreamPool {
+ public:
+  explicit StreamPool(StreamPlan plan) : plan_(std::move(plan)) {
+    threads_.reserve(static_cast<std::size_t>(plan_.streams));
+    for (int s = 0; s < plan_.streams; ++s) threads_.emplace_back([this, s] { work(s); });
+  }
+  ~StreamPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  StreamPool(const StreamPool&) = delete;
+  StreamPool& operator=(const StreamPool&) = delete;
+
+  template <typename F>
+  std::future<std::invoke_result_t<F&, int>> submit(F&& f) {
+    using Result = std::invoke_result_t<F&, int>;
+    auto task = std::make_shared<std::packaged_task<Result(int)>>(std::forward<F>(f));
+    std::future<Result> result = task->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.emplace_back([task](int stream) { (*task)(stream); });
+    }
+    ready_.notify_one();
+    return result;
+  }
+
+  const StreamPlan& plan() const { return plan_; }
+
+ private:
+  void work(int s) {
+    if (!plan_.cpus.empty()) detail::pin_this_thread(plan_.cpus[static_cast<std::size_t>(s)]);
+    omp_set_num_threads(plan_.threads_per_stream);
+    for (;;) {
+      std::function<void(int)> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task(s);  // a packaged_task: what it throws goes to its future
+    }
+  }
+
+  StreamPlan plan_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void(int)>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
 
 }  // namespace ondine::runtime
