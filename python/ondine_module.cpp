@@ -25,13 +25,20 @@
 // (ShapeCache is thread-safe, each call has its own ExecContext).
 // Errors: ondine::Error becomes ondine.Error (a RuntimeError) with what() as its message and the context
 // as attributes (file, node, op, message); argument types wrong for pybind11 are TypeErrors.
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,6 +51,7 @@
 #include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
 #include "ondine/quant/fallback.hpp"
+#include "ondine/runtime/streams.hpp"
 
 namespace py = pybind11;
 using namespace ondine;
@@ -355,6 +363,73 @@ py::dict run_into(const Model& m, py::handle feeds, py::handle buffers, py::hand
   return out;
 }
 
+// The module's ondine.Error type (set when the module loads), for errors returned rather than raised.
+py::handle g_error_type;
+
+// `e` as an ondine.Error object, with its context as attributes (as raised errors have).
+py::object error_object(const Error& e) {
+  py::object err = g_error_type(e.what());
+  err.attr("message") = e.message();
+  err.attr("file") = e.file();
+  err.attr("node") = e.node();
+  err.attr("op") = e.op();
+  return err;
+}
+
+// run_many(feeds, streams=, threads=): every feed run from `streams` streams of threads of their own
+// (runtime/streams.hpp; each stream runs plans compiled for its share of `threads`), the GIL released while
+// they run; the outputs as dicts in feed order. errors='raise': the first failing request stops the others and
+// its error is raised, naming it ("request 3 of 10: ..."); 'return': its entry is the ondine.Error instead and
+// the others complete.
+py::list run_many(const Model& m, py::iterable feeds, int streams, int threads, bool pin, const std::string& errors) {
+  if (errors != "raise" && errors != "return")
+    throw py::value_error("errors must be 'raise' or 'return', got '" + errors + "'");
+  std::vector<std::map<std::string, Tensor>> inputs;
+  for (py::handle f : feeds) inputs.push_back(to_feeds(m.graph, f));
+  runtime::StreamOptions so;
+  so.streams = streams;
+  so.threads = threads > 0 ? threads : m.options.threads;
+  so.pin = pin;
+  const std::size_t n = inputs.size();
+  std::vector<std::map<std::string, Tensor>> outputs;
+  std::vector<std::optional<Error>> failed(n);
+  {
+    py::gil_scoped_release release;
+    const runtime::StreamPlan plan = runtime::plan_streams(so, n);
+    lower::PlanCache* cache = m.fixed ? nullptr : &m.cache->for_threads(plan.threads_per_stream);
+    outputs = runtime::run_streams<std::map<std::string, Tensor>>(n, plan, [&](std::size_t i, int) {
+      try {
+        if (!cache) {
+          check_inputs(m.graph, inputs[i]);
+          return m.fixed->run(inputs[i]);
+        }
+        return cache->run(inputs[i]);
+      } catch (const Error& e) {
+        Error named = runtime::request_error(e, i, n);
+        named.in_file(m.source);
+        if (errors == "raise") throw named;
+        failed[i] = named;
+        return std::map<std::string, Tensor>{};
+      }
+    });
+  }
+  py::list out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (failed[i]) {
+      out.append(error_object(*failed[i]));
+      continue;
+    }
+    py::dict d;
+    for (const Value* o : m.graph.outputs()) {
+      auto it = outputs[i].find(o->name());
+      if (it == outputs[i].end()) throw Error("the compiled model has no output '" + o->name() + "'").in_file(m.source);
+      d[py::str(o->name())] = to_array(std::move(it->second), o->name());
+    }
+    out.append(d);
+  }
+  return out;
+}
+
 py::dict run_dict(const Model& m, py::handle feeds, py::handle kv_cache) {
   py::dict out;
   for (auto& [name, arr] : run_model(m, feeds, kv_cache)) out[py::str(name)] = arr;
@@ -573,6 +648,72 @@ void save(const Model& m, const std::string& path) {
   lower::save_artifact(g, path, info, m.dims);
 }
 
+// ---- pickling ----
+
+// A Model pickles as its compiled artifact (the bytes of the artifact it was loaded from, else save()'s), so
+// that it can travel to other processes (Dask workers): unpickling loads it, checked for that CPU and oneDNN.
+std::string temp_artifact_path() {
+  static std::atomic<unsigned> counter{0};
+  return (std::filesystem::temp_directory_path() /
+          ("ondine-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".ondine"))
+      .string();
+}
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read the artifact to pickle").in_file(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+py::tuple model_state(const Model& m) {
+  std::string bytes;
+  if (m.artifact && std::filesystem::exists(m.source) && !m.fixed) {
+    bytes = read_file_bytes(m.source);
+  } else {
+    const std::string tmp = temp_artifact_path();
+    try {
+      save(m, tmp);
+      bytes = read_file_bytes(tmp);
+    } catch (...) {
+      std::filesystem::remove(tmp);
+      throw;
+    }
+    std::filesystem::remove(tmp);
+  }
+  const std::string plan = m.options.shape_plan == lower::ShapePlan::PerShape    ? "per-shape"
+                           : m.options.shape_plan == lower::ShapePlan::ShapeFree ? "shape-free"
+                                                                                  : "auto";
+  return py::make_tuple(py::bytes(bytes), m.source, m.options.threads, plan);
+}
+
+// The artifact bytes written to a file of this process's own, loaded (mapped) and the file removed: the
+// mapping keeps the bytes. Errors name the model's source with "(pickled)".
+std::shared_ptr<Model> model_from_state(const py::tuple& state) {
+  if (state.size() != 4) throw Error("a pickled ondine.Model holds 4 fields, this one " + std::to_string(state.size()));
+  const py::bytes data = state[0].cast<py::bytes>();
+  const std::string source = state[1].cast<std::string>();
+  const int threads = state[2].cast<int>();
+  const std::string shape_plan = state[3].cast<std::string>();
+  const std::string tmp = temp_artifact_path();
+  {
+    std::string_view view = data;
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(view.data(), static_cast<std::streamsize>(view.size()));
+    if (!out) throw Error("cannot write a temporary file to load the pickled artifact from").in_file(tmp);
+  }
+  try {
+    std::shared_ptr<Model> m = load(tmp, threads, std::nullopt, 8, shape_plan);
+    m->source = source + " (pickled)";
+    std::filesystem::remove(tmp);
+    return m;
+  } catch (Error& e) {
+    std::filesystem::remove(tmp);
+    Error named(e.message());
+    if (!e.node().empty() || !e.op().empty()) named.at_node(e.node(), e.op());
+    throw named.in_file(source + " (pickled)");
+  }
+}
+
 // ---- quantize ----
 
 // `ondine quantize` with its calibration samples from a Python iterable (examples/cli/quantize.hpp):
@@ -760,6 +901,7 @@ PYBIND11_MODULE(ondine, mod) {
   // ondine::Error -> ondine.Error(what()), with the context as attributes. The type lives as long as the
   // module (pybind11's documented pattern for a custom exception).
   static py::exception<Error> error_type(mod, "Error", PyExc_RuntimeError);
+  g_error_type = error_type;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -853,6 +995,13 @@ PYBIND11_MODULE(ondine, mod) {
              return out;
            }, py::arg("input_feed"), "the same run on Ondine's reference executor (slow; the oracle of its tests)")
       .def("save", &save, py::arg("path"), "write a compiled artifact (.ondine) that ondine.load() reads")
+      .def("run_many", &run_many, py::arg("feeds"), py::kw_only(), py::arg("streams") = 0, py::arg("threads") = 0,
+           py::arg("pin") = true, py::arg("errors") = "raise",
+           "run_many([{name: array}, ...], streams=N, threads=T) -> [{output name: array}, ...] in order: the feeds "
+           "run from N streams (0: one per thread) sharing T threads (0: the model's, else every core), each pinned "
+           "to cores of its own, the GIL released. errors='raise' (the first failure, naming its request) or "
+           "'return' (a failed feed's entry is its ondine.Error; the others complete)")
+      .def(py::pickle(&model_state, &model_from_state))  // as its compiled artifact, checked where unpickled
       .def("_time_native", [](const Model& m, py::handle feeds, int runs) {
              // The C++ call alone, for bench/python_overhead.py: `runs` calls of the same run, no conversion.
              std::map<std::string, Tensor> inputs = to_feeds(m.graph, feeds);

@@ -16,6 +16,7 @@ packages=(
   libonnx-testdata               # the ONNX backend conformance cases
   python3-onnx python3-numpy     # scripts/make_models.py (example models, built locally)
   pybind11-dev python3-dev python3-pytest  # the Python module (python/) and its CTest test
+  python3-distributed            # Dask: examples/python/dask_batch.py and its CTest test (python_dask)
 )
 
 missing=()
