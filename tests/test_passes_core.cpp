@@ -12,6 +12,7 @@
 
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/deconv_as_conv.hpp"
+#include "ondine/passes/dft_conv_as_stft.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/fold_pad.hpp"
@@ -22,6 +23,7 @@
 #include "ondine/passes/scatter_slices.hpp"
 #include "ondine/passes/unroll_loops.hpp"
 #include "ondine/ir/stats.hpp"
+#include "ondine/onnx/import.hpp"
 #include "ondine/reference/executor.hpp"
 
 // Each test file in its own namespace: the tests build as a unity build (tests/CMakeLists.txt).
@@ -1268,5 +1270,122 @@ TEST_CASE("scatter-slices must not fire where the indices are not one box", "[pa
   }
 }
 
-}  // namespace test_passes_core
+// dft-conv-as-stft: a Conv1d by windowed DFT rows as an STFT.
+// Kernels [C, 1, K]: `cosine` rows k = 0..bins-1 of w(n) cos(2 pi k n / K), then `sine` rows of sign * w(n)
+// sin(2 pi k n / K), with a periodic Hann window, as the exporters build them in float64.
+Tensor dft_kernels(std::int64_t k, std::int64_t bins, bool cosine, bool sine, double sign) {
+  const std::int64_t rows = (cosine ? bins : 0) + (sine ? bins : 0);
+  Tensor w(DType::Float32, {rows, 1, k});
+  const double pi = 3.14159265358979323846;
+  std::int64_t r = 0;
+  for (int part = 0; part < 2; ++part) {
+    if ((part == 0 && !cosine) || (part == 1 && !sine)) continue;
+    for (std::int64_t bin = 0; bin < bins; ++bin, ++r)
+      for (std::int64_t n = 0; n < k; ++n) {
+        const double window = 0.5 - 0.5 * std::cos(2 * pi * static_cast<double>(n) / static_cast<double>(k));
+        const double angle = 2 * pi * static_cast<double>((bin * n) % k) / static_cast<double>(k);
+        w.data<float>()[r * k + n] = static_cast<float>(window * (part == 0 ? std::cos(angle) : sign * std::sin(angle)));
+      }
+  }
+  return w;
+}
 
+TEST_CASE("dft-conv-as-stft: the bird classifier's Conv1d STFT (PyTorch export) runs as an STFT, outputs as before",
+          "[passes][dft-conv-as-stft]") {
+  Graph g = ondine::onnx::load_model(std::string(ONDINE_TEST_DATA_DIR) + "/torch/bird_classifier/model.onnx");
+  infer_shapes(g);
+  Graph before = g.clone();
+  PassContext ctx;
+  CHECK(run_pass<DftConvAsStft>(g, &ctx));
+  CHECK(ctx.rewrites() == 1);
+  CHECK(g.count_ops("STFT") == 1);
+  CHECK(g.count_ops("Conv") == before.count_ops("Conv") - 1);
+  CHECK(g.find_value("logits")->is_graph_output());
+  infer_shapes(g);
+  CHECK(g.find_value("logits")->shape() == before.find_value("logits")->shape());
+  const std::map<std::string, std::int64_t> dims{{"batch", 2}, {"samples", 9600}};
+  bind_dims(before, dims);
+  bind_dims(g, dims);
+  check_same_outputs(before, g, 1e-5);
+}
+
+TEST_CASE("dft-conv-as-stft: cosine and sine rows of either sign, either part alone, fewer bins than K/2 + 1",
+          "[passes][dft-conv-as-stft]") {
+  struct Case {
+    const char* what;
+    std::int64_t k, bins, stride;
+    bool cosine, sine;
+    double sign;
+  };
+  const std::vector<Case> cases = {
+      {"cos then -sin (ONNX's imaginary part)", 16, 9, 4, true, true, -1.0},
+      {"cos then +sin", 16, 9, 5, true, true, 1.0},
+      {"cos then -sin, 5 of 9 bins (a Slice)", 16, 5, 4, true, true, -1.0},
+      {"cosine only (torchlibrosa's conv_real)", 32, 17, 8, true, false, 1.0},
+      {"sine only, -sin (torchlibrosa's conv_imag)", 32, 17, 8, false, true, -1.0},
+      {"sine only, +sin, 10 bins", 32, 10, 3, false, true, 1.0},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{Dim::named("batch"), Dim(1), Dim::named("samples")});
+    Value* w = g.add_constant("w", dft_kernels(c.k, c.bins, c.cosine, c.sine, c.sign));
+    Node* conv = g.add_node("Conv", {x, w}, {"spec"}, {{"strides", Dims{c.stride}}}, "stft_conv");
+    g.add_output(g.add_node("Relu", {conv->output(0)}, {"y"}, {}, "relu")->output(0));
+    infer_shapes(g);
+    Graph before = g.clone();
+    CHECK(run_pass<DftConvAsStft>(g));
+    CHECK(g.count_ops("Conv") == 0);
+    CHECK(g.count_ops("STFT") == 1);
+    infer_shapes(g);
+    const std::map<std::string, std::int64_t> dims{{"batch", 2}, {"samples", 101}};
+    bind_dims(before, dims);
+    bind_dims(g, dims);
+    check_same_outputs(before, g, 1e-5);
+  }
+}
+
+TEST_CASE("dft-conv-as-stft must not fire on other kernels, a bias, padding, dilation or several channels",
+          "[passes][dft-conv-as-stft]") {
+  struct Case {
+    const char* what;
+    Tensor w;
+    std::map<std::string, Attribute> attrs;
+    std::int64_t channels = 1;
+    bool bias = false;
+  };
+  Tensor perturbed = dft_kernels(16, 9, true, true, -1.0);
+  perturbed.data<float>()[3 * 16 + 5] += 0.01f;  // one weight off the DFT
+  Tensor two_channels(DType::Float32, {18, 2, 16});
+  for (std::int64_t i = 0; i < two_channels.numel(); ++i) two_channels.data<float>()[i] = 0.5f;
+  const Tensor dft = dft_kernels(16, 9, true, true, -1.0);
+  std::vector<Case> cases;
+  cases.push_back({"random kernels", random_tensor({18, 1, 16}, 3), {{"strides", Dims{4}}}});
+  cases.push_back({"one weight off the DFT", perturbed, {{"strides", Dims{4}}}});
+  cases.push_back({"a bias", dft, {{"strides", Dims{4}}}, 1, true});
+  cases.push_back({"pads", dft, {{"strides", Dims{4}}, {"pads", Dims{8, 8}}}});
+  cases.push_back({"dilations 2", dft, {{"strides", Dims{4}}, {"dilations", Dims{2}}}});
+  cases.push_back({"two input channels", two_channels, {{"strides", Dims{4}}}, 2});
+  for (const Case& c : cases) {
+    INFO(c.what);
+    Graph g;
+    Value* x = g.add_input("x", DType::Float32, Shape{1, c.channels, 64});
+    std::vector<Value*> in{x, g.add_constant("w", c.w)};
+    if (c.bias) in.push_back(constant(g, "b", {c.w.dims()[0]}, 5));
+    g.add_output(g.add_node("Conv", in, {"y"}, c.attrs, "conv")->output(0));
+    infer_shapes(g);
+    CHECK_FALSE(run_pass<DftConvAsStft>(g));
+    CHECK(g.count_ops("Conv") == 1);
+  }
+  // Off by option (a build without KissFFT).
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape{1, 1, 64});
+  g.add_output(g.add_node("Conv", {x, g.add_constant("w", dft)}, {"y"}, {{"strides", Dims{4}}}, "conv")->output(0));
+  infer_shapes(g);
+  PassContext ctx;
+  ctx.options["dft-conv-as-stft.off"] = "1";
+  ctx.begin_pass(DftConvAsStft::name);
+  CHECK_FALSE(DftConvAsStft{}.run(g, ctx));
+}
+
+}  // namespace test_passes_core

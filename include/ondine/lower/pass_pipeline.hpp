@@ -26,11 +26,16 @@ inline void register_quantization_passes() {
 }
 
 // The pass options the target ISA (by default this CPU's) needs (true when it set some): without VNNI,
-// fuse-qdq leaves int8 layers with 8-bit weights in float (or, `int8_7bit_weights`, requantizes them).
+// fuse-qdq leaves int8 layers with 8-bit weights in float (or, `int8_7bit_weights`, requantizes them). Also,
+// whatever the ISA, dft-conv-as-stft is off in a build without KissFFT.
 // compile() sets them itself; whoever runs a pipeline for a compiled model outside compile() (`ondine compile
 // -o MODEL.ondine --target ...`) sets them with this.
 inline bool set_isa_pass_options(PassManager& pm, const IsaInfo& target = effective_isa(),
                                  bool int8_7bit_weights = true) {
+#if !(defined(ONDINE_HAVE_KISSFFT) && __has_include(<kissfft/kiss_fft.h>))
+  // STFT would run the reference kernel (lower/detail/signal.hpp): a DFT convolution stays a convolution.
+  pm.context().options.emplace("dft-conv-as-stft.off", "1");
+#endif
   if (target.int8_vnni) return false;
   limit_int8_fusion(pm, int8_7bit_weights);
   return true;

@@ -17,6 +17,7 @@
 #include "ondine/passes/cancel_transposes.hpp"
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/deconv_as_conv.hpp"
+#include "ondine/passes/dft_conv_as_stft.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/fold_pad.hpp"
@@ -56,9 +57,10 @@ namespace ondine {
 // pointwise-as-conv runs after fuse-gelu and fuse-layernorm (its detours are LayerNorm, MatMul, Gelu) and
 // before fuse, which then gives the 1x1 Convs it makes their activations and residual sums; unroll-loops
 // runs between two fold-constants: a trip count computed from shapes is folded first, and the unrolled
-// iterations' reads of the iteration number, and the sequence elements they build, fold after.
+// iterations' reads of the iteration number, and the sequence elements they build, fold after;
+// dft-conv-as-stft runs before fold-pad and fuse, which would give the DFT's Conv pads or post-ops.
 inline const char* default_pipeline() {
-  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -73,6 +75,7 @@ inline PassRegistry& pass_registry() {
         .add<FoldBatchNorm>()
         .add<FoldPad>()
         .add<DeconvAsConv>()
+        .add<DftConvAsStft>()
         .add<ScatterRows>()
         .add<ScatterSlices>()
         .add<FuseGelu>()
