@@ -47,7 +47,9 @@ def read_wav(path, sample_rate):
         if w.getframerate() != sample_rate:
             raise ValueError(f"{path}: sampled at {w.getframerate()} Hz, the model takes {sample_rate} Hz")
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-    return pcm.astype(np.float32) / 32768.0
+    audio = pcm.astype(np.float32)
+    audio *= 1.0 / 32768.0  # in place: Dask's workers return freed memory eagerly, so each allocation costs
+    return audio
 
 
 def feeds_of(model, path, window_seconds, sample_rate):
@@ -58,10 +60,13 @@ def feeds_of(model, path, window_seconds, sample_rate):
         return [{name: np.load(path)}]
     audio = read_wav(path, sample_rate)
     window = int(window_seconds * sample_rate)
-    windows = max(1, -(-audio.size // window))
-    padded = np.zeros(windows * window, np.float32)
-    padded[:audio.size] = audio
-    return [{name: padded[w * window:(w + 1) * window][None, :]} for w in range(windows)]
+    feeds = [{name: audio[start:start + window][None, :]} for start in range(0, audio.size - window + 1, window)]
+    if audio.size % window or not feeds:  # the last window zero-padded (the full ones are views of the audio)
+        last = np.zeros((1, window), np.float32)
+        rest = audio[len(feeds) * window:]
+        last[0, :rest.size] = rest
+        feeds.append({name: last})
+    return feeds
 
 
 def output_paths(model, path):
