@@ -78,6 +78,13 @@ expect 0 'slowest nodes:' -- "$ondine" bench "$conv" --runs 3 --warmup 1 --threa
 expect 0 'profile: .* per run \(mean of 2 runs\)' -- "$ondine" run "$conv" --runs 2 --threads 1 --profile
 expect 1 "--batch 8: the model has no symbolic dim, its batch is fixed at 1" -- "$ondine" bench "$conv" --batch 1,8
 expect 1 "no symbolic dim of that name" -- "$ondine" bench "$relu" --dim batch
+# bench --streams: N streams with their share of the threads; throughput, latency percentiles, --json; --hint.
+expect 0 'streams: 2 x 1 thread .*20 requests' -- "$ondine" bench "$conv" --streams 2 --threads 2 --requests 20 --warmup 1
+expect 0 'latency: +p50 [0-9.]+ ms, p90 [0-9.]+ ms, p99 [0-9.]+ ms' -- "$ondine" bench "$conv" --streams 2 --threads 2 --requests 8
+expect 0 '"threads_per_stream": 1' -- "$ondine" bench "$conv" --hint throughput --threads 2 --requests 8 --json /dev/stdout
+expect 0 'streams: 1 x 2 threads .*hint latency' -- "$ondine" bench "$conv" --hint latency --threads 2 --requests 4
+expect 2 '--requests applies to --streams or --hint' -- "$ondine" bench "$conv" --requests 4
+expect 2 'not combined with --reference' -- "$ondine" bench "$conv" --streams 2 --reference
 
 # ondine compile: the pass pipeline, its summary, dumps, export and the check against the imported model.
 # A Conv -> Relu -> Add(., x) model, so the default pipeline creates Ondine's own fused ops.

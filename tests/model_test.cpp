@@ -65,7 +65,7 @@ TEST_CASE("Model::run_many: feeds from two streams, outputs in order, equal to r
   }
 }
 
-TEST_CASE("Model::run_many: streams of another thread count run plans of their own; a bad request names itself",
+TEST_CASE("Model::run_many: streams of another thread count run plans of their own, a bad request names itself",
           "[model][streams]") {
   ondine::lower::CompileOptions options;
   options.threads = 2;  // the model's own plans: two threads
@@ -90,7 +90,7 @@ TEST_CASE("Model::run_many: streams of another thread count run plans of their o
   CHECK_THROWS_WITH(m.run_many(bad, so), Catch::Contains("request 3 of 6") && Catch::Contains("input"));
 }
 
-TEST_CASE("Streams: each request answered by its future; a failing one fails alone", "[model][streams]") {
+TEST_CASE("Streams: each request answered by its future, a failing one fails alone", "[model][streams]") {
   ondine::lower::CompileOptions options;
   options.threads = 1;
   const ondine::Model m = ondine::Model::compile(kMnist, options);
