@@ -102,7 +102,10 @@ const char* const kFft = "kissfft";
 const char* const kFft = "reference";
 #endif
 
-bool is_fft(const std::string& impl) { return impl.rfind(kFft, 0) == 0; }
+// KissFFT, or (an STFT of real frames of a power of two, AVX2 or AVX-512) Ondine's frame-per-lane transform.
+bool is_fft(const std::string& impl) {
+  return impl.rfind(kFft, 0) == 0 || (impl.rfind("ondine:", 0) == 0 && impl.size() > 4 && impl.substr(impl.size() - 4) == ":fft");
+}
 
 }  // namespace
 
@@ -171,6 +174,8 @@ TEST_CASE("STFT compiled: windows, hops, odd frames, complex signals", "[fast-ke
     bool window, onesided;
   };
   for (const Case& k : std::vector<Case>{{1000, 64, 16, 1, true, true},
+                                         {20000, 1024, 320, 1, true, true},  // an audio front end's frames
+                                         {300, 8, 3, 1, false, true},
                                          {1000, 64, 16, 1, false, true},
                                          {999, 63, 20, 1, true, true},   // odd frame: the complex path
                                          {500, 50, 7, 1, true, false},  // full spectrum of a real signal
@@ -193,6 +198,14 @@ TEST_CASE("STFT compiled: windows, hops, odd frames, complex signals", "[fast-ke
     Compared c = compare(g, b.feeds, "STFT");
     CHECK(is_fft(c.implementation));
     CHECK(c.error <= fft_bound(k.frame));
+#ifdef ONDINE_KISSFFT
+    // Real frames of a power of two into onesided bins: a frame per SIMD lane where the CPU has AVX2.
+    const bool frames = k.channels == 1 && k.onesided && (k.frame & (k.frame - 1)) == 0;
+    const lower::IsaInfo isa = lower::effective_isa();
+    const bool simd = isa.avx512 || lower::isa_runs_on(lower::CpuIsa::Avx2, isa.isa);
+    CHECK((c.implementation.size() > 4 && c.implementation.substr(c.implementation.size() - 4) == ":fft") ==
+          (frames && simd));
+#endif
   }
 }
 

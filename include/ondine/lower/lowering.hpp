@@ -208,7 +208,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
         "not float32, sizes or axis computed at run time, or a build without KissFFT (ONDINE_HAVE_KISSFFT)";
     t["DFT"] = {lower_dft, "KissFFT (kissfft-float), plans made at compile time; real input on a half-length plan",
                 fft_declines};
-    t["STFT"] = {lower_stft, "KissFFT (kissfft-float) per frame, plans made at compile time",
+    t["STFT"] = {lower_stft, "real frames of a power of two into onesided bins: Ondine's FFT, a frame per SIMD lane "
+                 "(AVX-512 / AVX2); else KissFFT (kissfft-float) per frame, plans made at compile time",
                  "not float32, frame_step or frame_length computed at run time, or a build without KissFFT "
                  "(ONDINE_HAVE_KISSFFT)"};
     t["GridSample"] = {lower_grid_sample, "Ondine's gather kernel (AVX-512 / AVX2 / C++), taps computed once per point",

@@ -50,12 +50,7 @@ inline std::int64_t block_size(const Node& n) {
   if (!x->shape()[1].is_static() || x->shape()[1].value != wd[0] || wd[2] != wd[3] || wd[2] < 1) return 0;
   const std::int64_t k = wd[2];
   auto all = [&](const char* attr, std::int64_t want, std::size_t count) {
-    if (!n.has_attr(attr)) return true;
-    const std::vector<std::int64_t> v = n.attr_ints(attr);
-    if (v.size() != count) return false;
-    for (std::int64_t e : v)
-      if (e != want) return false;
-    return true;
+    return rewrite::ints_attr_all(n, attr, want, count);
   };
   if (n.attr_int("group", 1) != 1 || n.has_attr("output_shape")) return 0;
   if (n.has_attr("auto_pad") && n.attr_string("auto_pad", "NOTSET") != "NOTSET") return 0;

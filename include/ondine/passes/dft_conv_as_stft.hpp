@@ -43,15 +43,6 @@ struct DftRows {
   std::vector<float> window;                       // w, K values
 };
 
-inline bool all_equal(const Node& n, const char* attr, std::int64_t want, std::size_t count) {
-  if (!n.has_attr(attr)) return true;
-  const std::vector<std::int64_t> v = n.attr_ints(attr);
-  if (v.size() != count) return false;
-  for (std::int64_t e : v)
-    if (e != want) return false;
-  return true;
-}
-
 // The rows of `n` when it is a Conv the rewrite applies to.
 inline std::optional<DftRows> dft_rows(const Node& n) {
   if (n.op_type() != "Conv" || !n.domain().empty() || n.num_outputs() != 1) return std::nullopt;
@@ -73,7 +64,7 @@ inline std::optional<DftRows> dft_rows(const Node& n) {
   if (n.attr_int("group", 1) != 1) return std::nullopt;
   if (n.has_attr("auto_pad") && n.attr_string("auto_pad", "NOTSET") != "NOTSET") return std::nullopt;
   if (n.has_attr("kernel_shape") && n.attr_ints("kernel_shape") != std::vector<std::int64_t>{k}) return std::nullopt;
-  if (!all_equal(n, "pads", 0, 2) || !all_equal(n, "dilations", 1, 1)) return std::nullopt;
+  if (!rewrite::ints_attr_all(n, "pads", 0, 2) || !rewrite::ints_attr_all(n, "dilations", 1, 1)) return std::nullopt;
   const std::vector<std::int64_t> strides = n.has_attr("strides") ? n.attr_ints("strides") : std::vector<std::int64_t>{1};
   if (strides.size() != 1 || strides[0] < 1) return std::nullopt;
 

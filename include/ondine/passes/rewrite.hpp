@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +19,17 @@ namespace ondine::rewrite {
 
 // True when `v` has exactly one reader and is not a graph output: a rewrite may make it disappear.
 inline bool single_use(const Value* v) { return v && v->uses().size() == 1 && !v->is_graph_output(); }
+
+// True when `n` lacks the ints attribute `attr`, or has `count` values all equal to `want` (pads all 0,
+// dilations all 1: the preconditions rewrites of convolutions check).
+inline bool ints_attr_all(const Node& n, const char* attr, std::int64_t want, std::size_t count) {
+  if (!n.has_attr(attr)) return true;
+  const std::vector<std::int64_t> v = n.attr_ints(attr);
+  if (v.size() != count) return false;
+  for (std::int64_t e : v)
+    if (e != want) return false;
+  return true;
+}
 
 // Every reader of `from` reads `to` instead. When `from` was a graph output, the output keeps its
 // name: `to` is renamed to it, or, when `to`'s own name is part of the interface too (a graph input,

@@ -40,6 +40,7 @@
 
 #include "ondine/ir/infer/signal.hpp"
 #include "ondine/lower/detail/context.hpp"
+#include "ondine/lower/detail/fft_frames.hpp"
 
 #if defined(ONDINE_HAVE_KISSFFT) && __has_include(<kissfft/kiss_fft.h>)
 #include <kissfft/kiss_fft.h>
@@ -143,19 +144,24 @@ struct LineLayout {
 
 }  // namespace fft
 
-// A DFT or STFT node on KissFFT: x (and the STFT's window, read each run) -> y, float32, row-major.
+// A DFT or STFT node on KissFFT: x (and the STFT's window, read each run) -> y, float32, row-major. An STFT of
+// a real signal into its onesided bins, with frames of a power of two, runs fft_frames.hpp's transform instead,
+// a frame per SIMD lane (`frames`).
 class FftStep : public runtime::Step {
  public:
   FftStep(runtime::StepInfo info, SlotId x, std::optional<SlotId> window, SlotId y, fft::LineLayout layout,
-          std::shared_ptr<const fft::LineTransform> transform)
+          std::shared_ptr<const fft::LineTransform> transform,
+          std::shared_ptr<const fft_frames::Plan> frames = nullptr, fft_frames::Kernel kernel = fft_frames::Kernel::Scalar)
       : Step(std::move(info), window ? std::vector<SlotId>{x, *window} : std::vector<SlotId>{x}, {y}),
-        x_(x), window_(window), y_(y), layout_(layout), transform_(std::move(transform)) {}
+        x_(x), window_(window), y_(y), layout_(layout), transform_(std::move(transform)), frames_(std::move(frames)),
+        kernel_(kernel) {}
 
   void execute(runtime::ExecContext& ctx) const override {
     ctx.backend()->wait();
     const auto* x = static_cast<const float*>(ctx.ptr(x_));
     const float* w = window_ ? static_cast<const float*>(ctx.ptr(*window_)) : nullptr;
     auto* y = static_cast<float*>(ctx.ptr(y_));
+    if (frames_) return execute_frames(x, w, y);
     const fft::LineLayout& l = layout_;
     const std::int64_t n = transform_->length();
     const bool real_path = transform_->real_path();
@@ -188,6 +194,31 @@ class FftStep : public runtime::Step {
   }
 
  private:
+  // STFT frames in groups of one per lane: frame i of the batch's frames reads x from (b * signal + f * step).
+  void execute_frames(const float* x, const float* w, float* y) const {
+    const fft::LineLayout& l = layout_;
+    const auto lanes = static_cast<std::int64_t>(fft_frames::lanes(kernel_));
+    const std::int64_t groups = (l.lines + lanes - 1) / lanes;
+    const std::int64_t work = l.lines * transform_->length() * 8;
+#pragma omp parallel if (groups > 1 && work > (1 << 15))
+    {
+      std::vector<float> scratch(fft_frames::scratch_floats(*frames_, kernel_));
+      std::vector<const float*> src(static_cast<std::size_t>(lanes));
+      std::vector<float*> dst(static_cast<std::size_t>(lanes));
+#pragma omp for schedule(static)
+      for (std::int64_t g = 0; g < groups; ++g) {
+        const std::int64_t first = g * lanes, count = std::min(lanes, l.lines - first);
+        for (std::int64_t i = 0; i < count; ++i) {
+          const std::int64_t line = first + i, b = line / l.frames, f = line % l.frames;
+          src[static_cast<std::size_t>(i)] = x + b * l.signal + f * l.step;
+          dst[static_cast<std::size_t>(i)] = y + line * l.n_out * 2;
+        }
+        fft_frames::run(kernel_, *frames_, src.data(), static_cast<std::size_t>(count), w, scratch.data(), dst.data(),
+                        static_cast<std::size_t>(l.n_out));
+      }
+    }
+  }
+
   // The line's points (times the window) into `line`: n reals or n complex pairs, zero past n_in.
   void gather(const float* src, std::int64_t stride, const float* w, float* line, std::int64_t n, bool real_path) const {
     const fft::LineLayout& l = layout_;
@@ -206,6 +237,8 @@ class FftStep : public runtime::Step {
   SlotId y_;
   fft::LineLayout layout_;
   std::shared_ptr<const fft::LineTransform> transform_;
+  std::shared_ptr<const fft_frames::Plan> frames_;
+  fft_frames::Kernel kernel_;
 };
 
 #endif  // ONDINE_KISSFFT
@@ -308,6 +341,12 @@ inline bool lower_stft(Lowering& L, const Node& n) {
   l.channels = dims[2];
   if (out != Dims{dims[0], l.frames, l.n_out, 2}) return false;
   auto transform = std::make_shared<const fft::LineTransform>(frame, l.channels == 1, false, l.n_out);
+  // A real signal into onesided bins, frames of a power of two, a CPU with AVX2 or AVX-512: a frame per lane.
+  std::shared_ptr<const fft_frames::Plan> frames;
+  const IsaInfo isa = effective_isa();
+  const fft_frames::Kernel kernel = silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa));
+  if (l.channels == 1 && onesided && fft_frames::applies(frame) && kernel != fft_frames::Kernel::Scalar)
+    frames = std::make_shared<const fft_frames::Plan>(fft_frames::make_plan(frame));
   SlotId xs = L.row_major_slot(x);
   std::optional<SlotId> ws;
   if (window) ws = L.row_major_slot(window);
@@ -315,10 +354,13 @@ inline bool lower_stft(Lowering& L, const Node& n) {
   L.define_plain(y, ys);
   std::string detail = Graph::value_type_str(x) + " -> " + Graph::value_type_str(y) + ": " + std::to_string(l.lines) +
                        " frames of " + std::to_string(frame) + ", step " + std::to_string(step) +
-                       (window ? ", windowed" : "") + (transform->real_path() ? ", real split over a half-length plan" : "");
-  L.add_step(std::make_unique<FftStep>(
-      runtime::StepInfo{n.name(), n.op_type(), transform->real_path() ? "kissfft:real" : "kissfft:complex", detail},
-      xs, ws, ys, l, std::move(transform)));
+                       (window ? ", windowed" : "") +
+                       (frames ? ", " + std::to_string(fft_frames::lanes(kernel)) + " frames at a time (radix 2, a frame per lane)"
+                        : transform->real_path() ? ", real split over a half-length plan" : "");
+  const std::string impl = frames ? std::string(silu::kernel_name(kernel)) + ":fft"
+                                  : transform->real_path() ? "kissfft:real" : "kissfft:complex";
+  L.add_step(std::make_unique<FftStep>(runtime::StepInfo{n.name(), n.op_type(), impl, detail}, xs, ws, ys, l,
+                                       std::move(transform), std::move(frames), kernel));
   return true;
 #endif
 }
