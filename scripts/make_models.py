@@ -60,6 +60,24 @@ folding on); the file is kept exactly as PyTorch writes it (no optimizer, symbol
                    length past: the first step of a decode), (1,1,7), their pasts the presents of the module run on
                    earlier tokens; decode.{prompt,tokens,logits}.npy: a greedy decode (see write_greedy_decode).
                    Bench copy gpt2_kv_pt: distilgpt2-like, 6 layers, d 768, 12 heads, vocab 8000.
+  llama_kv         opset 14  "input_ids" i64 [batch,seq], "attention_mask" i64 [batch,total], "position_ids" i64
+                   [batch,seq], per layer i "past_key_values.i.key", "past_key_values.i.value" f32 [batch,2,past,16] ->
+                   "logits" [batch,seq,128], "present.i.key", "present.i.value" [batch,2,total,16] (Hugging Face
+                   Optimum's names): a Llama decoder with a KV cache written as LlamaForCausalLM does it (2 pre-norm
+                   blocks, d 64, 4 query heads and 2 KV heads: grouped-query attention, the presents = cat(past, new) of
+                   the rotated keys with 2 heads, repeated after by repeat_kv's expand + reshape (Expand, Reshape);
+                   RMSNorm weight * x * rsqrt(mean(x^2) + 1e-6), weights spread (Pow, ReduceMean, Add, Sqrt, Div of 1,
+                   Mul); rotary embeddings of position_ids (cos, sin of position_ids * inv_freq: Cos, Sin; rotate_half:
+                   Slice, Neg, Concat); SwiGLU MLP 176 (SiLU: Sigmoid, Mul); no biases; LM head tied). The additive mask
+                   [batch,1,seq,total] is _prepare_4d_causal_attention_mask's: causal (torch.full of float32 min,
+                   masked_fill by arange < arange + 1: Range, Less, Where; zeros for the past, Concat, Expand) and
+                   float32 min where attention_mask is 0 (Sub, Cast, Where); softmax in float32. Cases (batch, seq,
+                   past) (2,3,5) (the second sample left-padded: attention_mask 0 and id 0 on its first 2 positions,
+                   position_ids cumsum(mask) - 1 clipped at 0, the new tokens' slice), (1,7,0), (1,1,7), pasts the
+                   presents of the module run on earlier tokens; decode.{prompt,tokens,logits}.npy as gpt2_kv's, each
+                   step also fed attention_mask ones [1,past+seq] and position_ids arange(past, past+seq) [1,seq]. Bench
+                   copy llama_kv_pt: 24 layers, d 1024, 16 query and 4 KV heads, MLP 2816, vocab 32000, LM head untied
+                   (336 M parameters, one 1.35 GB file).
   vit_small        opset 14  "pixels" f32 [batch,3,32,32] -> "logits" [batch,10]; torchvision VisionTransformer
                    (patch 8, 2 layers, 4 heads, hidden 64, mlp 128). Dynamic batch only: cases batch 1 and 3.
   audio_encoder    opset 14  "mel" f32 [batch,16,frames] -> "features" [batch,time,64]; Whisper-like Conv1d +
@@ -954,7 +972,233 @@ def torch_gpt2_kv(rng, bench=False):
     return spec
 
 
-def write_greedy_decode(module, model, model_dir, layers, empty_past, rng, prompt_len=8, steps=32):
+def torch_llama_kv(rng, bench=False):
+    import torch
+    from torch import nn
+
+    # Test size, or a 0.34 B-parameter Llama at benchmark size (TinyLlama's layout with hidden 1024, 24 layers).
+    vocab, hidden, layers, heads, kv_heads, intermediate = (32000, 1024, 24, 16, 4, 2816) if bench else \
+        (128, 64, 2, 4, 2, 176)
+    head_dim, n_rep, eps = hidden // heads, heads // kv_heads, 1e-6
+    min_value = torch.finfo(torch.float32).min
+
+    class RMSNorm(nn.Module):
+        """LlamaRMSNorm as Hugging Face writes it."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(hidden))
+            self.variance_epsilon = eps
+
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+
+    class RotaryEmbedding(nn.Module):
+        """LlamaRotaryEmbedding: cos and sin of the run-time position_ids times inv_freq."""
+
+        def __init__(self):
+            super().__init__()
+            inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+        def forward(self, position_ids):
+            freqs = position_ids[..., None].float() * self.inv_freq  # [batch, seq, head_dim / 2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos(), emb.sin()
+
+    def rotate_half(x):
+        x1 = x[..., : x.shape[-1] // 2]
+        x2 = x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, seq, head_dim], broadcast over the heads
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+    def repeat_kv(hidden_states, rep):
+        batch, num_key_value_heads, slen, dim = hidden_states.shape
+        hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, rep, slen, dim)
+        return hidden_states.reshape(batch, num_key_value_heads * rep, slen, dim)
+
+    class Attention(nn.Module):
+        """LlamaAttention with a KV cache and grouped-query attention (eager attention, as Hugging Face writes it)."""
+
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+            self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+            self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+            self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+
+        def forward(self, hidden_states, attention_mask, cos, sin, past_key, past_value):
+            bsz, q_len, _ = hidden_states.size()
+            query_states = self.q_proj(hidden_states).view(bsz, q_len, heads, head_dim).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(bsz, q_len, kv_heads, head_dim).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(bsz, q_len, kv_heads, head_dim).transpose(1, 2)
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+            # The cache (DynamicCache.update): the rotated keys, kv_heads heads, before the repetition.
+            key_states = torch.cat((past_key, key_states), dim=2)
+            value_states = torch.cat((past_value, value_states), dim=2)
+            present = (key_states, value_states)
+            key_states, value_states = repeat_kv(key_states, n_rep), repeat_kv(value_states, n_rep)
+            attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(head_dim)
+            attn_weights = attn_weights + attention_mask
+            attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
+            attn_output = torch.matmul(attn_weights, value_states)
+            attn_output = attn_output.transpose(1, 2).contiguous().reshape(bsz, q_len, hidden)
+            return self.o_proj(attn_output), present
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+            self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+            self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+            self.act_fn = nn.SiLU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    class DecoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = Attention()
+            self.mlp = MLP()
+            self.input_layernorm = RMSNorm()
+            self.post_attention_layernorm = RMSNorm()
+
+        def forward(self, hidden_states, attention_mask, cos, sin, past_key, past_value):
+            residual = hidden_states
+            hidden_states, present = self.self_attn(self.input_layernorm(hidden_states), attention_mask, cos, sin,
+                                                    past_key, past_value)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = residual + self.mlp(self.post_attention_layernorm(hidden_states))
+            return hidden_states, present
+
+    def causal_4d_mask(attention_mask, batch, seq, past_len):
+        """_prepare_4d_causal_attention_mask (AttentionMaskConverter.to_4d): the causal mask [seq, past + seq]
+        (_make_causal_mask) expanded to [batch, 1, seq, past + seq], float32 min wherever the 2-d mask is 0
+        (_expand_mask's inverted mask). Hugging Face skips the zeros for the past when past is 0 and the causal
+        part when seq is 1 (Python conditions a trace would bake in); the empty cat and an all-zero causal part
+        give the same mask, so they are always written."""
+        mask = torch.full((seq, seq), min_value)
+        mask_cond = torch.arange(mask.size(-1))
+        mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
+        mask = torch.cat([torch.zeros(seq, past_len), mask], dim=-1)
+        causal = mask[None, None, :, :].expand(batch, 1, seq, seq + past_len)
+        src_len = attention_mask.shape[1]
+        expanded = attention_mask[:, None, None, :].expand(batch, 1, seq, src_len).to(torch.float32)
+        inverted = 1.0 - expanded
+        inverted = inverted.masked_fill(inverted.to(torch.bool), min_value)
+        return causal.masked_fill(inverted.bool(), min_value)
+
+    class LlamaModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(vocab, hidden)
+            self.layers = nn.ModuleList(DecoderLayer() for _ in range(layers))
+            self.norm = RMSNorm()
+            self.rotary_emb = RotaryEmbedding()
+
+        def forward(self, input_ids, attention_mask, position_ids, past):
+            batch, seq = input_ids.shape
+            past_len = past[0].shape[2]  # Shape -> Gather of past_key_values.0.key
+            mask = causal_4d_mask(attention_mask, batch, seq, past_len)
+            hidden_states = self.embed_tokens(input_ids)
+            cos, sin = self.rotary_emb(position_ids)
+            presents = []
+            for i, layer in enumerate(self.layers):
+                hidden_states, present = layer(hidden_states, mask, cos, sin, past[2 * i], past[2 * i + 1])
+                presents += present
+            return self.norm(hidden_states), presents
+
+    class LlamaForCausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = LlamaModel()
+            self.lm_head = nn.Linear(hidden, vocab, bias=False)
+            if not bench:
+                self.lm_head.weight = self.model.embed_tokens.weight  # tie_word_embeddings
+
+        # past: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ...
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            hidden_states, presents = self.model(input_ids, attention_mask, position_ids, past)
+            return (self.lm_head(hidden_states), *presents)
+
+    module = LlamaForCausalLM()
+    with torch.no_grad():
+        # Variance-preserving projections (std 1 / sqrt(fan in): q, k of order 1, attention far from uniform), the
+        # residual branches' last projections scaled by 1 / sqrt(2 * layers) so that the residual stream ends near
+        # rms 1 after any depth; N(0, 2.4 / sqrt(hidden)) embeddings (and untied head): logits of order 1-10.
+        # RMSNorm weights ~U(0.5, 1.5), so that a runtime dropping or misplacing them shows it.
+        for name, m in module.named_modules():
+            if isinstance(m, nn.Linear) and m is not module.lm_head:
+                scale = 1.0 / math.sqrt(2 * layers) if name.endswith(("o_proj", "down_proj")) else 1.0
+                m.weight.normal_(0.0, scale / math.sqrt(m.in_features))
+            elif isinstance(m, RMSNorm):
+                m.weight.uniform_(0.5, 1.5)
+        module.model.embed_tokens.weight.normal_(0.0, 2.4 / math.sqrt(hidden))
+        if bench:
+            module.lm_head.weight.normal_(0.0, 2.4 / math.sqrt(hidden))
+    module.eval()
+
+    def empty_past(batch):
+        return [torch.zeros(batch, kv_heads, 0, head_dim) for _ in range(2 * layers)]
+
+    def case(batch, seq, past_len, left_pad=0):
+        """input_ids [batch, seq] after a real cache (the presents of the module run on past_len earlier tokens);
+        the last sample's first left_pad positions are padding (id 0, mask 0), positions as Hugging Face's
+        generate derives them from the mask (cumsum - 1, here clipped at 0 in the padding)."""
+        mask = np.ones((batch, past_len + seq), dtype=np.int64)
+        mask[-1, :left_pad] = 0
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        past = empty_past(batch)
+        if past_len:
+            ids = rng.integers(1, vocab, (batch, past_len), dtype=np.int64)
+            ids[mask[:, :past_len] == 0] = 0
+            with torch.no_grad():
+                feed = (ids, mask[:, :past_len], np.ascontiguousarray(positions[:, :past_len]))
+                past = list(module(*(torch.from_numpy(a) for a in feed), *past)[1:])
+        c = {"input_ids": rng.integers(1, vocab, (batch, seq), dtype=np.int64), "attention_mask": mask,
+             "position_ids": np.ascontiguousarray(positions[:, past_len:])}
+        for i in range(layers):
+            c[f"past_key_values.{i}.key"] = past[2 * i].numpy()
+            c[f"past_key_values.{i}.value"] = past[2 * i + 1].numpy()
+        return c
+
+    # Case 0 (the tracing example) has a non-zero past and a left-padded second sample (its first 2 positions,
+    # in the past); case 1 is the first step of a decode (the prompt, a zero-length past), case 2 one decode step.
+    cases = [case(1, 1, 127), case(1, 128, 0), case(1, 1, 255)] if bench else \
+        [case(2, 3, 5, left_pad=2), case(1, 7, 0), case(1, 1, 7)]
+    past_names = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    present_names = [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+            "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    axes.update({n: {0: "batch", 2: "past"} for n in past_names})
+    axes.update({n: {0: "batch", 2: "total"} for n in present_names})
+    spec = TorchSpec(module, 14, ["input_ids", "attention_mask", "position_ids"] + past_names,
+                     ["logits"] + present_names, axes, cases,
+                     f"Llama-style decoder with a KV cache from torch.nn ({layers} pre-norm blocks, d {hidden}, "
+                     f"{heads} query heads, {kv_heads} KV heads (GQA, repeat_kv by expand + reshape), head_dim "
+                     f"{head_dim}, RMSNorm, rotary embeddings of position_ids, SwiGLU MLP {intermediate}, no biases, "
+                     "4-d mask from attention_mask and causality filled with float32 min, "
+                     f"{'untied' if bench else 'tied'} LM head)")
+    if not bench:
+        def step_inputs(seq, past_len):
+            return [np.ones((1, past_len + seq), dtype=np.int64),
+                    np.arange(past_len, past_len + seq, dtype=np.int64).reshape(1, seq)]
+        spec.after_export = lambda module, model, model_dir: write_greedy_decode(module, model, model_dir, layers,
+                                                                                 empty_past, rng,
+                                                                                 step_inputs=step_inputs)
+    return spec
+
+
+def write_greedy_decode(module, model, model_dir, layers, empty_past, rng, prompt_len=8, steps=32, step_inputs=None):
     """A whole greedy decode of the KV-cache decoder, run by the PyTorch module, for a runtime to replay:
       decode.prompt.npy  int64 [1, prompt_len]       the prompt's token ids
       decode.tokens.npy  int64 [steps + 1]            tokens[0] = argmax of the prompt step's last logits;
@@ -962,21 +1206,29 @@ def write_greedy_decode(module, model, model_dir, layers, empty_past, rng, promp
       decode.logits.npy  float32 [steps + 1, vocab]   logits[0] = the prompt step's logits at its last position;
                                                       logits[i] = step i's logits (its only position)
     The prompt step feeds decode.prompt with zero-length pasts ([1, heads, 0, head_dim]); step i (1 .. steps)
-    feeds input_ids [[tokens[i - 1]]] with step i - 1's presents as its pasts (present_key_L -> past_key_L,
-    present_value_L -> past_value_L), so the past of step i has prompt_len + i - 1 positions. tokens[steps] is
-    chosen but never fed. Returns False if the logits are not finite or badly scaled."""
+    feeds input_ids [[tokens[i - 1]]] with step i - 1's presents as its pasts (the presents in output order as
+    the pasts in input order: present_key_L -> past_key_L, present_value_L -> past_value_L for gpt2_kv,
+    present.L.key -> past_key_values.L.key, present.L.value -> past_key_values.L.value for llama_kv), so the past
+    of step i has prompt_len + i - 1 positions. tokens[steps] is chosen but never fed. A model with more inputs
+    than the ids and the pasts gets them from step_inputs(seq, past) -> [int64 arrays], fed in graph order
+    between input_ids and the pasts (llama_kv: attention_mask ones [1, past + seq], position_ids
+    arange(past, past + seq) as [1, seq]). The vocabulary is read from module.lm_head. Returns False if the
+    logits are not finite or badly scaled."""
     import torch
 
-    vocab = module.wte.weight.shape[0]
+    vocab = module.lm_head.weight.shape[0]
     prompt = rng.integers(1, vocab, (1, prompt_len), dtype=np.int64)
+    step_inputs = step_inputs or (lambda seq, past: [])
     tokens, logits = [], []
     with torch.no_grad():
-        ids, past = torch.from_numpy(prompt), empty_past(1)
+        ids, past, past_len = torch.from_numpy(prompt), empty_past(1), 0
         for _ in range(steps + 1):
-            outputs = module(ids, *past)
+            extra = [torch.from_numpy(a) for a in step_inputs(ids.shape[1], past_len)]
+            outputs = module(ids, *extra, *past)
             last = outputs[0][0, -1]
             logits.append(last.numpy().copy())
             tokens.append(int(last.argmax()))
+            past_len += ids.shape[1]
             ids, past = torch.tensor([[tokens[-1]]], dtype=torch.int64), list(outputs[1:])
     tokens, logits = np.array(tokens, dtype=np.int64), np.stack(logits).astype(np.float32)
     np.save(os.path.join(model_dir, "decode.prompt.npy"), prompt)
@@ -996,8 +1248,9 @@ def write_greedy_decode(module, model, model_dir, layers, empty_past, rng, promp
         error = 0.0
         for step in range(steps + 1):
             ids = prompt if step == 0 else tokens[step - 1:step].reshape(1, 1)
+            past_len = 0 if step == 0 else prompt_len + step - 1
             names = [i.name for i in model.graph.input]
-            outputs = evaluator.run(None, dict(zip(names, [ids] + pasts)))
+            outputs = evaluator.run(None, dict(zip(names, [ids] + step_inputs(ids.shape[1], past_len) + pasts)))
             error = max(error, float(np.abs(outputs[0][0, -1] - logits[step]).max() / np.abs(logits).max()))
             pasts = outputs[1:]
         good &= error <= 1e-4
@@ -1859,6 +2112,7 @@ TORCH_MODELS = {
     "gpt_decoder": torch_gpt_decoder,
     "hf_bert": torch_hf_bert,
     "gpt2_kv": torch_gpt2_kv,
+    "llama_kv": torch_llama_kv,
     "vit_small": torch_vit_small,
     "audio_encoder": torch_audio_encoder,
     "bird_classifier": torch_bird_classifier,
@@ -1889,8 +2143,8 @@ TORCH_MODELS = {
 TORCH_BENCH = {"bert_pt": "bert_encoder", "gpt_pt": "gpt_decoder", "vit_pt": "vit_small", "lstm_pt": "lstm_tagger",
                "gru_pt": "gru_tagger", "stream_pt": "lstm_stream", "ssd_pt": "ssdlite_detector",
                "gated_pt": "gated_encoder", "textdet_pt": "text_detector", "roihead_pt": "roi_box_head",
-               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv", "unet_fp16_pt": "unet_fp16",
-               "unet_dynq_pt": "unet_dynq", "faceembed_pt": "face_embedding"}
+               "unet_pt": "unet", "hf_bert_pt": "hf_bert", "gpt2_kv_pt": "gpt2_kv", "llama_kv_pt": "llama_kv",
+               "unet_fp16_pt": "unet_fp16", "unet_dynq_pt": "unet_dynq", "faceembed_pt": "face_embedding"}
 TORCH_BENCH.update({bench_name: arch for arch, bench_name in VISION_NETS.items()})
 
 
