@@ -174,12 +174,16 @@ TEST_CASE("GroupNormalization: scale per group at opset 18 and per channel at op
              Contains("does not divide"));
 }
 
-TEST_CASE("QuantizeLinear (opset 21): output_dtype and refused block quantization", "[opset21][quantize]") {
+TEST_CASE("QuantizeLinear (opset 21): output_dtype and block quantization", "[opset21][quantize]") {
   const Tensor x = ft({4}, {-1, 0.4f, 1, 300});
   const Tensor y = run({"QuantizeLinear", {x, ft({}, {0.5f})}, {{"output_dtype", std::int64_t{3}}}, 21, {1}});
   REQUIRE(y.dtype() == DType::Int8);
   CHECK(y.to_int64s() == Ints{-2, 1, 2, 127});
-  CHECK_THAT(node_error([&] { run({"QuantizeLinear", {x, ft({2}, {0.5f, 1})}, {{"block_size", std::int64_t{2}}, {"axis", std::int64_t{0}}}, 21, {1}}); },
+  // Blocked: elements 0-1 take scale 0.5, 2-3 scale 1 (uint8, zero point 0); a scale of the wrong blocked shape
+  // is refused.
+  CHECK(run({"QuantizeLinear", {x, ft({2}, {0.5f, 1})}, {{"block_size", std::int64_t{2}}, {"axis", std::int64_t{0}}}, 21, {1}})
+            .to_int64s() == Ints{0, 1, 1, 255});
+  CHECK_THAT(node_error([&] { run({"QuantizeLinear", {x, ft({3}, {0.5f, 1, 1})}, {{"block_size", std::int64_t{2}}, {"axis", std::int64_t{0}}}, 21, {1}}); },
                         "QuantizeLinear"),
              Contains("block_size 2"));
   CHECK_THAT(node_error([&] { run({"QuantizeLinear", {x, ft({}, {0.5f})}, {{"output_dtype", std::int64_t{17}}}, 21, {1}}); },
@@ -377,19 +381,23 @@ TEST_CASE("The importer reads opsets 19 to 21 and refuses 22 by number", "[opset
   CHECK_THAT(msg, Contains("unsupported opset 22; Ondine supports opsets 1 to 21"));
 }
 
-TEST_CASE("float8 and int4 tensors are refused naming the type", "[opset21][onnx]") {
+TEST_CASE("float8 and 4-bit float tensors are refused naming the type; int4 ones load", "[opset21][onnx]") {
   // A graph input of FLOAT8E4M3FN (17).
   CHECK_THAT(error_of([] { load(one_op_model(21, "Identity", 17)); }),
              Contains("graph input 'x' has element type FLOAT8E4M3FN"));
-  // An initializer of INT4 (22).
+  // An initializer of FLOAT4E2M1 (23).
   ::onnx::ModelProto m = one_op_model(21, "Identity");
   auto* init = m.mutable_graph()->add_initializer();
   init->set_name("w");
-  init->set_data_type(22);
+  init->set_data_type(23);
   init->add_dims(2);
   init->add_int32_data(0x21);
-  const std::string msg = error_of([&] { load(m); });
-  CHECK_THAT(msg, Contains("unsupported element type INT4"));
+  CHECK_THAT(error_of([&] { load(m); }), Contains("unsupported element type FLOAT4E2M1"));
+  // INT4 (22): two values per int32_data entry, the first in the low nibble (tests/test_weight_only.cpp has more).
+  init->set_data_type(22);
+  Graph g = load(m);
+  CHECK(g.find_value("w")->constant().dtype() == DType::Int4);
+  CHECK(g.find_value("w")->constant().to_int64s() == Ints{1, 2});
 }
 
 }  // namespace test_opset21

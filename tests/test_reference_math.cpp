@@ -494,7 +494,7 @@ TEST_CASE("bad attributes and input types are errors, not crashes", "[math][erro
   expect_node_error([&] { run({"Cast", {x}}); }, "Cast", "'to'");
   expect_node_error([&] { run({"Cast", {x}, {{"to", std::int64_t{99}}}}); }, "Cast", "99");
   expect_node_error([&] { run({"ReduceSum", {x, f32({1}, {0})}, {}, 13, {1}}); }, "ReduceSum", "float32");
-  expect_node_error([&] { run({"QuantizeLinear", {x, f32({}, {1}), f32({}, {0})}, {}, 13}); }, "QuantizeLinear", "uint8 or int8");
+  expect_node_error([&] { run({"QuantizeLinear", {x, f32({}, {1}), f32({}, {0})}, {}, 13}); }, "QuantizeLinear", "uint8, int8, uint4 or int4");
   expect_node_error([&] { run({"DequantizeLinear", {x, f32({}, {1})}, {}, 13}); }, "DequantizeLinear", "float32");
   expect_node_error([&] { run({"Mean", {t<std::int32_t>({1}, {1})}}); }, "Mean", "int32");
   expect_node_error([&] { run({"Add", {f32({3}, {1, 2, 3}), f32({3}, {1, 2, 3})}, {{"broadcast", std::int64_t{1}}, {"axis", std::int64_t{2}}}, 6}); },

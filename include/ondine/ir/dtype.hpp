@@ -28,6 +28,10 @@ enum class DType : std::uint8_t {
   UInt64,
   Bool,
   String,  // recognised so errors can name it; no kernel computes on strings
+  // 4-bit integers (opset 21): held one element per byte in memory (int8 / uint8 storage, values in
+  // [-8, 7] / [0, 15]) so every kernel indexes them like bytes; files pack two per byte, low nibble first.
+  Int4,
+  UInt4,
 };
 
 // IEEE half precision, stored as bits; arithmetic happens in float.
@@ -112,14 +116,14 @@ inline std::size_t dtype_size(DType t) {
     case DType::Float32: case DType::Int32: case DType::UInt32: return 4;
     case DType::Float16: case DType::BFloat16: case DType::Int16: case DType::UInt16: return 2;
     case DType::Float64: case DType::Int64: case DType::UInt64: return 8;
-    case DType::Int8: case DType::UInt8: case DType::Bool: return 1;
+    case DType::Int8: case DType::UInt8: case DType::Bool: case DType::Int4: case DType::UInt4: return 1;
     case DType::String: case DType::Undefined: return 0;
   }
   return 0;
 }
 
 // Names of the ONNX TensorProto element types Ondine does not represent, for error messages: Debian's
-// libonnx (1.12) predates the float8 (opset 19), 4-bit (opset 21) and later codes, so protobuf's own
+// libonnx (1.12) predates the float8 (opset 19), 4-bit float (opset 23) and later codes, so protobuf's own
 // enum cannot name them. Empty for codes with a DType or unknown to ONNX.
 inline std::string_view onnx_unsupported_type_name(std::int64_t code) {
   switch (code) {
@@ -129,8 +133,6 @@ inline std::string_view onnx_unsupported_type_name(std::int64_t code) {
     case 18: return "FLOAT8E4M3FNUZ";
     case 19: return "FLOAT8E5M2";
     case 20: return "FLOAT8E5M2FNUZ";
-    case 21: return "UINT4";
-    case 22: return "INT4";
     case 23: return "FLOAT4E2M1";
     case 24: return "FLOAT8E8M0";
     case 25: return "UINT2";
@@ -156,6 +158,8 @@ inline std::string_view dtype_name(DType t) {
     case DType::UInt64: return "uint64";
     case DType::Bool: return "bool";
     case DType::String: return "string";
+    case DType::Int4: return "int4";
+    case DType::UInt4: return "uint4";
   }
   return "?";
 }
@@ -163,6 +167,12 @@ inline std::string_view dtype_name(DType t) {
 inline bool is_floating(DType t) {
   return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16 || t == DType::Float64;
 }
+inline bool is_int4(DType t) { return t == DType::Int4 || t == DType::UInt4; }
+// The 8-bit integer type that stores a 4-bit one; other types unchanged.
+inline DType int4_storage(DType t) {
+  return t == DType::Int4 ? DType::Int8 : t == DType::UInt4 ? DType::UInt8 : t;
+}
+// Arithmetic integers (the 4-bit types are not: only quantization, casts and data movement take them).
 inline bool is_integer(DType t) {
   return t == DType::Int8 || t == DType::UInt8 || t == DType::Int16 || t == DType::UInt16 ||
          t == DType::Int32 || t == DType::UInt32 || t == DType::Int64 || t == DType::UInt64;
@@ -208,6 +218,8 @@ decltype(auto) dispatch_dtype(DType t, F&& f) {
     case DType::Int64: return f(type_tag<std::int64_t>{});
     case DType::UInt64: return f(type_tag<std::uint64_t>{});
     case DType::Bool: return f(type_tag<bool>{});
+    case DType::Int4: return f(type_tag<std::int8_t>{});   // storage type (see DType::Int4)
+    case DType::UInt4: return f(type_tag<std::uint8_t>{});
     default: break;
   }
   throw Error("unsupported element type " + std::string(dtype_name(t)));

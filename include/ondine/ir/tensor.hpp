@@ -219,7 +219,7 @@ class Tensor {
     return static_cast<std::int64_t>(v);
   }
   template <typename T> void check_type() const {
-    if (dtype_v<T> != dtype_)
+    if (dtype_v<T> != int4_storage(dtype_))  // 4-bit types are read through their byte storage
       throw Error("tensor of " + std::string(dtype_name(dtype_)) + " accessed as " +
                   std::string(dtype_name(dtype_v<T>)));
   }

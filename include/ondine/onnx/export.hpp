@@ -68,7 +68,8 @@ inline void tensor_to_proto_inline(const Tensor& t, const std::string& name, ::o
       tp->add_string_data(t.has_strings() ? t.strings()[static_cast<std::size_t>(i)] : std::string());
     return;
   }
-  tp->set_raw_data(static_cast<const char*>(t.raw()), t.nbytes());
+  if (is_int4(t.dtype())) tp->set_raw_data(pack_int4(static_cast<const std::uint8_t*>(t.raw()), static_cast<std::uint64_t>(t.numel())));
+  else tp->set_raw_data(static_cast<const char*>(t.raw()), t.nbytes());
 }
 
 // Appends tensors to the external-data side file, each at a 4 KiB-aligned offset (mmap friendly).
@@ -90,8 +91,11 @@ class ExternalDataWriter {
     if (aligned > offset_ && std::fwrite(zeros, 1, aligned - offset_, file_.get()) != aligned - offset_)
       throw Error("cannot write external data file '" + path_ + "'");
     offset_ = aligned;
-    const std::uint64_t n = t.nbytes();
-    if (n && std::fwrite(t.raw(), 1, n, file_.get()) != n)
+    const std::string packed =
+        is_int4(t.dtype()) ? pack_int4(static_cast<const std::uint8_t*>(t.raw()), static_cast<std::uint64_t>(t.numel())) : "";
+    const void* data = is_int4(t.dtype()) ? static_cast<const void*>(packed.data()) : t.raw();
+    const std::uint64_t n = is_int4(t.dtype()) ? packed.size() : t.nbytes();
+    if (n && std::fwrite(data, 1, n, file_.get()) != n)
       throw Error("cannot write external data file '" + path_ + "'");
     tensor_header(t, name, tp);
     tp->set_data_location(::onnx::TensorProto::EXTERNAL);

@@ -21,6 +21,7 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/limits.hpp"
 #include "ondine/ir/shape_inference.hpp"
+#include "ondine/onnx/contrib_ops.hpp"
 #include "ondine/onnx/detail/proto.hpp"
 
 namespace ondine::onnx {
@@ -60,6 +61,8 @@ inline std::int64_t checked_numel(const std::vector<std::int64_t>& dims, const s
 }
 
 inline std::string elem_type_name(int elem_type) {
+  if (elem_type == kOnnxInt4) return "INT4";
+  if (elem_type == kOnnxUInt4) return "UINT4";
   if (auto name = onnx_unsupported_type_name(elem_type); !name.empty()) return std::string(name);
   if (::onnx::TensorProto::DataType_IsValid(elem_type))
     return ::onnx::TensorProto::DataType_Name(static_cast<::onnx::TensorProto::DataType>(elem_type));
@@ -116,6 +119,7 @@ inline Tensor read_external_tensor(const ::onnx::TensorProto& tp, DType dtype, s
   if (nbytes && !read_at(f.get(), offset, t.raw(), nbytes))
     throw Error(label + ": cannot read " + std::to_string(nbytes) + " bytes from external data file '" + path + "'");
   normalize_bools(t);
+  if (is_int4(dtype)) unpack_int4_in_place(dtype, static_cast<std::uint8_t*>(t.raw()), static_cast<std::uint64_t>(t.numel()));
   return t;
 }
 
@@ -145,6 +149,17 @@ inline Tensor tensor_from_typed_fields(const ::onnx::TensorProto& tp, DType dtyp
                                        std::int64_t numel, const std::string& label) {
   // Check the count before allocating: a corrupt file may claim a huge shape.
   auto [count, field_name] = typed_field_size(tp, dtype);
+  if (is_int4(dtype)) {  // one packed byte (two elements) per int32
+    const auto packed = static_cast<std::int64_t>(file_bytes(dtype, static_cast<std::uint64_t>(numel)));
+    if (count != packed)
+      throw Error(label + ": " + std::to_string(count) + " values in " + field_name + " for shape " + dims_str(dims) +
+                  " (" + std::to_string(numel) + " 4-bit elements: " + std::to_string(packed) + " packed bytes)");
+    Tensor t(dtype, std::move(dims));
+    auto* bytes = static_cast<std::uint8_t*>(t.raw());
+    for (std::int64_t i = 0; i < packed; ++i) bytes[i] = static_cast<std::uint8_t>(tp.int32_data(static_cast<int>(i)));
+    unpack_int4_in_place(dtype, bytes, static_cast<std::uint64_t>(numel));
+    return t;
+  }
   if (count != numel)
     throw Error(label + ": " + std::to_string(count) + " values in " + field_name + " for shape " + dims_str(dims) +
                 " (" + std::to_string(numel) + " elements)");
@@ -226,8 +241,10 @@ inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string
       throw Error(label + ": " + std::to_string(tp.string_data_size()) + " strings for shape " + dims_str(dims));
     return Tensor::from_strings(std::move(dims), std::vector<std::string>(tp.string_data().begin(), tp.string_data().end()));
   }
-  // Within Limits::max_tensor_bytes, checked before reading or allocating anything.
-  const std::uint64_t nbytes = ondine::detail::checked_tensor_bytes(dims, dtype_size(*dtype), label);
+  // Within Limits::max_tensor_bytes, checked before reading or allocating anything; 4-bit types take half
+  // a byte per element in the file.
+  std::uint64_t nbytes = ondine::detail::checked_tensor_bytes(dims, dtype_size(*dtype), label);
+  if (is_int4(*dtype)) nbytes = file_bytes(*dtype, static_cast<std::uint64_t>(numel));
 
   if (tp.data_location() == ::onnx::TensorProto::EXTERNAL)
     return read_external_tensor(tp, *dtype, std::move(dims), nbytes, base_dir, label);
@@ -240,6 +257,7 @@ inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string
     Tensor t(*dtype, std::move(dims));
     if (nbytes) std::memcpy(t.raw(), raw.data(), nbytes);
     normalize_bools(t);
+    if (is_int4(*dtype)) unpack_int4_in_place(*dtype, static_cast<std::uint8_t*>(t.raw()), static_cast<std::uint64_t>(numel));
     return t;
   }
   return tensor_from_typed_fields(tp, *dtype, std::move(dims), numel, label);
@@ -589,6 +607,7 @@ inline Graph import_model(const ::onnx::ModelProto& model, const std::string& ba
 
   std::vector<std::pair<Value*, DeclaredType>> declared;
   import_graph(gp, g, base_dir, nullptr, declared);
+  rewrite_contrib_ops(g);
 
   if (opts.infer_shapes) {
     try {

@@ -804,11 +804,16 @@ inline std::vector<Tensor> prelu_kernel(const Node& n, const std::vector<Tensor>
   return {y};
 }
 
-// Per-tensor or per-axis quantization parameters: for element i of X, its channel.
+// Per-tensor, per-axis or blocked quantization parameters: for element i of X, its index in the scale.
 struct QuantLayout {
   bool per_axis = false;
   std::int64_t inner = 1, channels = 1;
+  std::int64_t block = 0, blocks = 1;  // blocked: `block` elements of the axis share a scale; `blocks` per axis
   std::size_t channel(std::int64_t i) const {
+    if (block > 0) {
+      const std::int64_t outer = i / (inner * channels), c = (i / inner) % channels, r = i % inner;
+      return static_cast<std::size_t>((outer * blocks + c / block) * inner + r);
+    }
     return per_axis ? static_cast<std::size_t>((i / inner) % channels) : 0;
   }
 };
@@ -819,15 +824,20 @@ inline QuantLayout quant_layout(const Node& n, const Tensor& x, const Tensor& sc
   if (zero_point && zero_point->numel() != scale.numel())
     throw n.error("zero point of shape " + dims_str(zero_point->dims()) + " does not match scale of shape " +
                   dims_str(scale.dims()));
-  if (scale.numel() == 1) return q;
-  if (scale.numel() == 0) throw n.error("scale is empty");
+  const std::int64_t block = n.attr_int("block_size", 0);
+  if (block == 0 && scale.numel() == 1) return q;
+  if (scale.numel() == 0 && x.numel() > 0) throw n.error("scale is empty");
   auto axis = static_cast<std::size_t>(
       ::ondine::reference::detail::normalize_axis(n, n.attr_int("axis", 1), static_cast<std::int64_t>(x.rank())));
-  if (x.dims()[axis] != scale.numel())
+  if (block == 0 && x.dims()[axis] != scale.numel())
     throw n.error("per-axis scale of shape " + dims_str(scale.dims()) + " does not match X of shape " + dims_str(x.dims()));
   q.per_axis = true;
   q.channels = x.dims()[axis];
   for (std::size_t i = axis + 1; i < x.rank(); ++i) q.inner *= x.dims()[i];
+  if (block > 0) {  // check_quant_params checked the scale's shape
+    q.block = block;
+    q.blocks = scale.dims()[axis];
+  }
   return q;
 }
 
@@ -837,7 +847,6 @@ inline std::vector<Tensor> quantize_kernel(const Node& n, const std::vector<Tens
   const Tensor* zp = optional_input(in, 2);
   if (x.dtype() != DType::Int32) check_type(n, 0, x, types::kFloatTypes);
   check_type(n, 1, scale, types::kFloatTypes);
-  types::check_not_blocked(n);
   const DType out = types::quantize_output_type(n, zp ? zp->dtype() : DType::Undefined);
   QuantLayout q = quant_layout(n, x, scale, zp);
   std::vector<double> scales(static_cast<std::size_t>(scale.numel())), zps(scales.size(), 0.0);
@@ -846,6 +855,7 @@ inline std::vector<Tensor> quantize_kernel(const Node& n, const std::vector<Tens
     if (zp) zps[i] = zp->at_double(i);
   }
   Tensor y(out, x.dims());
+  const double lo = out == DType::Int4 ? -8.0 : 0.0, hi = out == DType::Int4 ? 7.0 : 15.0;  // 4-bit ranges
   dispatch_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, std::int32_t> || is_real_v<T>) {
@@ -862,7 +872,8 @@ inline std::vector<Tensor> quantize_kernel(const Node& n, const std::vector<Tens
             } else {
               rounded = std::nearbyint(static_cast<double>(load(px[i])) / scales[c]);
             }
-            py[i] = saturate_from_double<Q>(rounded + zps[c]);  // nearbyint: half to even
+            if (is_int4(out)) py[i] = static_cast<Q>(std::min(hi, std::max(lo, rounded + zps[c])));
+            else py[i] = saturate_from_double<Q>(rounded + zps[c]);  // nearbyint: half to even
           }
         }
       });
@@ -875,9 +886,8 @@ inline std::vector<Tensor> dequantize_kernel(const Node& n, const std::vector<Te
   const Tensor& x = required(n, in, 0);
   const Tensor& scale = required(n, in, 1);
   const Tensor* zp = optional_input(in, 2);
-  check_type(n, 0, x, types::kIntTypes);
+  check_type(n, 0, x, types::kIntTypes | types::kInt4Types);
   check_type(n, 1, scale, types::kFloatTypes);
-  types::check_not_blocked(n);
   if (zp) types::check_same_type(n, 0, x.dtype(), 2, zp->dtype());
   QuantLayout q = quant_layout(n, x, scale, zp);
   std::vector<double> scales(static_cast<std::size_t>(scale.numel())), zps(scales.size(), 0.0);

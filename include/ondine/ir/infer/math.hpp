@@ -25,6 +25,7 @@ enum TypeSet : unsigned {
   kSignedIntTypes = 2u,
   kUnsignedIntTypes = 4u,
   kBoolType = 8u,
+  kInt4Types = 16u,  // int4 / uint4: quantization, casts and data movement only
   kIntTypes = kSignedIntTypes | kUnsignedIntTypes,
   kSignedNumericTypes = kFloatTypes | kSignedIntTypes,
   kNumericTypes = kFloatTypes | kIntTypes,
@@ -37,6 +38,7 @@ inline unsigned type_class(DType t) {
     case DType::Int8: case DType::Int16: case DType::Int32: case DType::Int64: return kSignedIntTypes;
     case DType::UInt8: case DType::UInt16: case DType::UInt32: case DType::UInt64: return kUnsignedIntTypes;
     case DType::Bool: return kBoolType;
+    case DType::Int4: case DType::UInt4: return kInt4Types;
     default: return 0;
   }
 }
@@ -53,6 +55,7 @@ inline std::string type_set_str(unsigned set) {
   add(kSignedIntTypes, "signed integer");
   add(kUnsignedIntTypes, "unsigned integer");
   add(kBoolType, "bool");
+  add(kInt4Types, "4-bit integer");
   return s;
 }
 
@@ -104,6 +107,8 @@ inline DType dtype_from_onnx_code(const Node& n, std::int64_t code) {
     case 13: return DType::UInt64;
     case 16: return DType::BFloat16;
     case 8: throw n.error("casting to string is not supported");
+    case 21: case 22: throw n.error(std::string("unsupported target element type ") + (code == 21 ? "UINT4" : "INT4") +
+                                     ": 4-bit tensors come only from QuantizeLinear");
     default: break;
   }
   if (auto name = onnx_unsupported_type_name(code); !name.empty())
@@ -354,8 +359,30 @@ inline void infer_arg_reduce(Node& n) {
 }
 
 // Checks the scale / zero-point shapes of QuantizeLinear and DequantizeLinear against X: per tensor
-// (one element) or, from opset 13, per axis (1-D of X's size along `axis`).
+// (one element), from opset 13 per axis (1-D of X's size along `axis`), from opset 21 blocked
+// (block_size B > 0: the scale has X's rank and shape except ceil(D / B) along `axis`).
 inline void check_quant_params(const Node& n, const Shape& x, const Shape& scale, const Shape* zero_point) {
+  if (zero_point && zero_point->rank_known() && scale.rank_known() && zero_point->numel() &&
+      zero_point->numel() != scale.numel())
+    throw n.error("zero point of shape " + zero_point->str() + " does not match scale of shape " + scale.str());
+  const std::int64_t block = n.attr_int("block_size", 0);
+  if (block < 0) throw n.error("block_size must be positive, got " + std::to_string(block));
+  if (block > 0) {
+    if (!scale.rank_known() || !x.rank_known()) return;
+    if (scale.rank() != x.rank())
+      throw n.error("blocked quantization (block_size " + std::to_string(block) + ") needs a scale of X's rank " +
+                    std::to_string(x.rank()) + ", got shape " + scale.str());
+    auto axis = static_cast<std::size_t>(normalize_axis(n, n.attr_int("axis", 1), static_cast<std::int64_t>(x.rank())));
+    for (std::size_t i = 0; i < x.rank(); ++i) {
+      if (!x[i].is_static() || !scale[i].is_static()) continue;
+      const std::int64_t want = i == axis ? (x[i].value + block - 1) / block : x[i].value;
+      if (scale[i].value != want)
+        throw n.error("blocked scale of shape " + scale.str() + " does not match X of shape " + x.str() + " with block_size " +
+                      std::to_string(block) + " along axis " + std::to_string(axis) + " (axis " + std::to_string(i) +
+                      " should be " + std::to_string(want) + ")");
+    }
+    return;
+  }
   auto numel = scale.numel();
   if (!numel || *numel == 1) return;
   if (n.opset() > 0 && n.opset() < 13)
@@ -367,28 +394,24 @@ inline void check_quant_params(const Node& n, const Shape& x, const Shape& scale
       throw n.error("per-axis scale of shape " + scale.str() + " does not match X of shape " + x.str() + " along axis " +
                     std::to_string(axis));
   }
-  if (zero_point && zero_point->numel() && zero_point->numel() != numel)
-    throw n.error("zero point of shape " + zero_point->str() + " does not match scale of shape " + scale.str());
-}
-
-// Opset 21's blocked quantization (block_size > 0: one scale per block of X along `axis`) is not
-// implemented; refuse it by name rather than misread the scale's shape as per-axis.
-inline void check_not_blocked(const Node& n) {
-  if (std::int64_t b = n.attr_int("block_size", 0); b != 0)
-    throw n.error("block_size " + std::to_string(b) + " (blocked quantization, opset 21) is not supported");
 }
 
 // QuantizeLinear's output type: the zero point's, else opset 21's output_dtype attribute, else uint8.
-// Only 8-bit integers are computed (the 16-bit, 4-bit and float8 outputs of opsets 19-21 are refused by
+// 8-bit and 4-bit integers are computed (the 16-bit and float8 outputs of opsets 19-21 are refused by
 // name; `saturate` only concerns float8 outputs, so it never applies).
 inline DType quantize_output_type(const Node& n, DType zero_point) {
   const std::int64_t code = n.attr_int("output_dtype", 0);
-  const DType want = code == 0 ? DType::Undefined : dtype_from_onnx_code(n, code);
-  if (want != DType::Undefined && want != DType::UInt8 && want != DType::Int8)
-    throw n.error("output_dtype " + std::string(dtype_name(want)) + " is not supported; uint8 or int8 expected");
+  const DType want = code == 0    ? DType::Undefined
+                     : code == 21 ? DType::UInt4
+                     : code == 22 ? DType::Int4
+                                  : dtype_from_onnx_code(n, code);
+  auto quantized = [](DType t) { return t == DType::UInt8 || t == DType::Int8 || is_int4(t); };
+  if (want != DType::Undefined && !quantized(want))
+    throw n.error("output_dtype " + std::string(dtype_name(want)) + " is not supported; uint8, int8, uint4 or int4 expected");
   if (zero_point == DType::Undefined) return want != DType::Undefined ? want : DType::UInt8;
-  if (zero_point != DType::UInt8 && zero_point != DType::Int8)
-    throw n.error("zero point has element type " + std::string(dtype_name(zero_point)) + "; uint8 or int8 expected");
+  if (!quantized(zero_point))
+    throw n.error("zero point has element type " + std::string(dtype_name(zero_point)) +
+                  "; uint8, int8, uint4 or int4 expected");
   if (want != DType::Undefined && want != zero_point)
     throw n.error("output_dtype " + std::string(dtype_name(want)) + " disagrees with the zero point's element type " +
                   std::string(dtype_name(zero_point)));
@@ -401,7 +424,6 @@ inline void infer_quantize(Node& n) {
   Value* zp = n.input(2);
   if (x.dtype() != DType::Undefined && x.dtype() != DType::Int32) check_input_type(n, 0, x.dtype(), kFloatTypes);
   check_input_type(n, 1, scale.dtype(), kFloatTypes);
-  check_not_blocked(n);
   const DType out = quantize_output_type(n, zp ? zp->dtype() : DType::Undefined);
   check_quant_params(n, x.shape(), scale.shape(), zp ? &zp->shape() : nullptr);
   set_output(n, 0, out, x.shape());
@@ -411,9 +433,8 @@ inline void infer_dequantize(Node& n) {
   Value& x = required_input(n, 0);
   Value& scale = required_input(n, 1);
   Value* zp = n.input(2);
-  check_input_type(n, 0, x.dtype(), kIntTypes);
+  check_input_type(n, 0, x.dtype(), kIntTypes | kInt4Types);
   check_input_type(n, 1, scale.dtype(), kFloatTypes);
-  check_not_blocked(n);
   if (zp) check_same_type(n, 0, x.dtype(), 2, zp->dtype());
   check_quant_params(n, x.shape(), scale.shape(), zp ? &zp->shape() : nullptr);
   set_output(n, 0, scale.dtype() != DType::Undefined ? scale.dtype() : DType::Float32, x.shape());

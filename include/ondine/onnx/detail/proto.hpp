@@ -26,6 +26,10 @@ namespace ondine::onnx::detail {
 // protobuf's parser and serializer take an int size: a message cannot exceed 2 GB - 1.
 inline constexpr std::uint64_t kMaxProtoBytes = static_cast<std::uint64_t>(INT_MAX);
 
+// TensorProto codes newer than Debian's libonnx (1.12) enum: the 4-bit integers of opset 21.
+inline constexpr int kOnnxUInt4 = 21;
+inline constexpr int kOnnxInt4 = 22;
+
 // ONNX TensorProto::DataType -> DType; nullopt for types Ondine does not represent (complex, ...).
 inline std::optional<DType> dtype_from_onnx(int elem_type) {
   using TP = ::onnx::TensorProto;
@@ -44,6 +48,8 @@ inline std::optional<DType> dtype_from_onnx(int elem_type) {
     case TP::UINT32: return DType::UInt32;
     case TP::UINT64: return DType::UInt64;
     case TP::BFLOAT16: return DType::BFloat16;
+    case kOnnxUInt4: return DType::UInt4;
+    case kOnnxInt4: return DType::Int4;
     default: return std::nullopt;
   }
 }
@@ -66,8 +72,30 @@ inline int dtype_to_onnx(DType t) {
     case DType::UInt64: return TP::UINT64;
     case DType::Bool: return TP::BOOL;
     case DType::String: return TP::STRING;
+    case DType::Int4: return kOnnxInt4;
+    case DType::UInt4: return kOnnxUInt4;
   }
   return TP::UNDEFINED;
+}
+
+// 4-bit tensors in files: two elements per byte, the first in the low nibble (ONNX's packing for raw_data,
+// int32_data and external data alike); in memory one per byte (DType::Int4).
+inline std::uint64_t file_bytes(DType t, std::uint64_t numel) {
+  return is_int4(t) ? (numel + 1) / 2 : numel * dtype_size(t);
+}
+inline std::string pack_int4(const std::uint8_t* values, std::uint64_t numel) {
+  std::string packed((numel + 1) / 2, '\0');
+  for (std::uint64_t i = 0; i < numel; ++i)
+    packed[i / 2] = static_cast<char>(static_cast<std::uint8_t>(packed[i / 2]) | ((values[i] & 0xfu) << (4 * (i & 1))));
+  return packed;
+}
+// Unpacks t's first (numel + 1) / 2 bytes over its whole storage, from the back so it works in place;
+// Int4 values are sign-extended.
+inline void unpack_int4_in_place(DType t, std::uint8_t* bytes, std::uint64_t numel) {
+  for (std::uint64_t i = numel; i-- > 0;) {
+    unsigned nibble = (bytes[i / 2] >> (4 * (i & 1))) & 0xfu;
+    bytes[i] = static_cast<std::uint8_t>(t == DType::Int4 && nibble >= 8 ? nibble | 0xf0u : nibble);
+  }
 }
 
 // RAII FILE* (iostreams cannot report a short read of a multi-GB file as cheaply).
