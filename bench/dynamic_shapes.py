@@ -6,7 +6,7 @@ bench/node_modules, and the two models of `/usr/bin/python3 scripts/make_models.
 hf_bert_pt,gpt2_kv_pt`):
     /usr/bin/python3 bench/dynamic_shapes.py [--build build] [--models-dir models] [--threads 2] [--rounds 3]
         [--workload encoder,decode] [--requests 200] [--prompt 32] [--steps 64] [--repeats 3]
-        [--cache-size N] [--kv cache|feed] [--timeout S] [--json FILE]
+        [--cache-size N] [--kv cache|feed] [--decode-model NAME|PATH] [--timeout S] [--json FILE]
 
 Two workloads, batch 1, the same for both engines (the driver writes them as a JSON spec that both read):
   encoder  models/torch/hf_bert_pt (MiniLM-sized, inputs input_ids and attention_mask [1, L]): a stream of
@@ -20,7 +20,11 @@ Two workloads, batch 1, the same for both engines (the driver writes them as a J
            previous step's presents as its pasts, the token the argmax of the last logits row; the whole decode
            --repeats times, none as warm-up. Reported: prompt ms, per-token p50 and p90, and the step at past
            lengths prompt, 2 * prompt and prompt + steps - 1 (32, 64, 95), as the median over the repeats, and
-           each repeat by itself (the first one pays for every new shape).
+           each repeat by itself (the first one pays for every new shape). --decode-model runs another decoder
+           (a name under models/torch, or an .onnx file): past_key_i <- present_key_i or Optimum's
+           past_key_values.i.key <- present.i.key, with attention_mask (ones) and position_ids (arange(past,
+           past + seq)) fed where the model has them (models/torch/llama_kv_pt, and its weight-only quantized
+           copies from `ondine quantize --weights`).
 Each round runs Ondine (this script again with --engine ondine: ondine.compile(model, threads=T) and m.run, in
 its own process) and then ONNX Runtime (bench/ort_stream.mjs: onnxruntime-node, intraOpNumThreads T,
 interOpNumThreads 1, graph optimization 'all', presents passed on as ORT tensors), never both at once. A
@@ -94,33 +98,54 @@ def ondine_encoder(m, spec, save_output):
             "warmup_ms": warmup_ms, "compilations_in_stream": m.compilations - compiled_before}
 
 
+def kv_pairs(names):
+    """(past, present) input/output names of a decoder: past_key_0 <- present_key_0 (GPT-2 style) or
+    past_key_values.0.key <- present.0.key (Hugging Face Optimum's)."""
+    pairs = []
+    for name in names:
+        if name.startswith("past_key_values."):
+            pairs.append((name, "present." + name[len("past_key_values."):]))
+        elif name.startswith("past_"):
+            pairs.append((name, "present_" + name[len("past_"):]))
+    return pairs
+
+
 def ondine_decode(m, spec):
     prompt, steps, repeats = spec["prompt"], spec["steps"], spec["repeats"]
-    layers = sum(1 for name, _, _ in m.inputs if name.startswith("past_key_"))
+    shapes = {name: shape for name, _, shape in m.inputs}
+    pairs = kv_pairs(shapes)
+    empty = {past: tuple(1 if i == 0 else 0 if i == 2 else d for i, d in enumerate(shapes[past])) for past, _ in pairs}
     pasts = [p for p in spec.get("report_pasts", report_pasts(prompt, steps)) if prompt <= p < prompt + steps]
     kv_cache = m.kv_cache(prompt + steps) if spec.get("kv") == "cache" else None
+
+    def extra(feeds, seq, past):  # attention_mask and position_ids where the model has them
+        if "attention_mask" in shapes:
+            feeds["attention_mask"] = np.ones((1, past + seq), dtype=np.int64)
+        if "position_ids" in shapes:
+            feeds["position_ids"] = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
+
     runs = []
     for _ in range(repeats):
         compiled_before = m.compilations
         feeds = {"input_ids": (1 + (np.arange(prompt, dtype=np.int64) * 7) % 7999).reshape(1, prompt)}
+        extra(feeds, prompt, 0)
         if kv_cache:
             kv_cache.reset()  # a new sequence; the buffers stay
         else:
-            for i in range(layers):
-                feeds[f"past_key_{i}"] = np.zeros((1, 12, 0, 64), dtype=np.float32)
-                feeds[f"past_value_{i}"] = np.zeros((1, 12, 0, 64), dtype=np.float32)
+            for past, _ in pairs:
+                feeds[past] = np.zeros(empty[past], dtype=np.float32)
         t0 = time.perf_counter()
         out = m.run(feeds, kv_cache=kv_cache)
         prompt_ms = (time.perf_counter() - t0) * 1e3
         tokens, token_ms = [], []
-        for _ in range(steps):
+        for step in range(steps):
             token = int(np.argmax(out["logits"][0, -1]))
             tokens.append(token)
             feeds["input_ids"] = np.array([[token]], dtype=np.int64)
+            extra(feeds, 1, prompt + step)
             if not kv_cache:
-                for i in range(layers):
-                    feeds[f"past_key_{i}"] = out[f"present_key_{i}"]
-                    feeds[f"past_value_{i}"] = out[f"present_value_{i}"]
+                for past, present in pairs:
+                    feeds[past] = out[present]
             t0 = time.perf_counter()
             out = m.run(feeds, kv_cache=kv_cache)
             token_ms.append((time.perf_counter() - t0) * 1e3)
@@ -296,6 +321,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache-size", type=int, default=None)
     p.add_argument("--kv", choices=["cache", "feed"], default="cache")
+    p.add_argument("--decode-model", default=None,
+                   help="the decode workload's model: a name under MODELS_DIR/torch or an .onnx path (default gpt2_kv_pt)")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--engine", choices=["ondine"], help=argparse.SUPPRESS)  # one engine run: the driver's child
@@ -328,6 +355,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="dynamic_shapes.") as tmp:
         for w in workloads:
             model = os.path.abspath(os.path.join(a.models_dir, "torch", MODELS[w], "model.onnx"))
+            if w == "decode" and a.decode_model:
+                model = os.path.abspath(a.decode_model if a.decode_model.endswith(".onnx") else
+                                        os.path.join(a.models_dir, "torch", a.decode_model, "model.onnx"))
             if not os.path.exists(model):
                 sys.exit(f"dynamic_shapes: {model}: no such file; make it with: /usr/bin/python3 "
                          f"scripts/make_models.py --torch-bench --which hf_bert_pt,gpt2_kv_pt")
@@ -386,7 +416,8 @@ def main():
             else:
                 rounds = [(flatten_decode(d), flatten_decode(o)) for d, o in raw]
                 pasts = spec["report_pasts"]
-                print(f"### decode: gpt2_kv_pt, batch 1, prompt {a.prompt} tokens then {a.steps} steps of one token, "
+                label = os.path.relpath(model, os.path.join(a.models_dir, "torch")) if a.decode_model else MODELS[w]
+                print(f"### decode: {label}, batch 1, prompt {a.prompt} tokens then {a.steps} steps of one token, "
                       f"Ondine's KV cache {'in place (Model.kv_cache)' if a.kv == 'cache' else 'fed back as pasts'}, "
                       f"threads {a.threads}; per round the median of {a.repeats} decode(s), then the median of "
                       f"{a.rounds} round(s)\n")

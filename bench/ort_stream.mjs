@@ -13,7 +13,8 @@
 //   request per length, input_ids[0, j] = 1 + (r * 131 + j * 7) % 7999 for request r, the mask all ones.
 //   Prints total_s (the loop's wall time), p50_ms, p99_ms, distinct_lengths and latencies_ms (each awaited
 //   session.run; the inputs are made before the loop).
-// decode (input_ids [1, seq], past_key_i/past_value_i [1, 12, past, 64]): a prompt of `prompt` tokens
+// decode (input_ids [1, seq], past_key_i/past_value_i or past_key_values.i.key/value [1, heads, past, dim], and
+// attention_mask / position_ids where the model has them): a prompt of `prompt` tokens
 //   (ids 1 + (j * 7) % 7999) with zero-length pasts, then `steps` steps of one token, each fed the previous
 //   run's present_key_i/present_value_i as they came out (the ORT tensors themselves, no copies), the next token
 //   the argmax of the last logits row. Repeated `repeats` times, no warm-up; per repeat: prompt_ms, token_ms
@@ -109,12 +110,35 @@ function argmaxLastRow(tensor) {
   return best;
 }
 
+// (past, present) names: past_key_0 <- present_key_0, or past_key_values.0.key <- present.0.key (Optimum's).
+function kvPairs(names) {
+  const pairs = [];
+  for (const name of names) {
+    if (name.startsWith('past_key_values.')) pairs.push([name, 'present.' + name.slice('past_key_values.'.length)]);
+    else if (name.startsWith('past_')) pairs.push([name, 'present_' + name.slice('past_'.length)]);
+  }
+  return pairs;
+}
+
 async function decode(ort, session, spec) {
   const prompt = spec.prompt ?? 32;
   const steps = spec.steps ?? 64;
   const repeats = spec.repeats ?? 3;
-  const layers = session.inputNames.filter((n) => n.startsWith('past_key_')).length;
-  if (layers === 0) throw new Error('the model has no past_key_* inputs');
+  const pairs = kvPairs(session.inputNames);
+  if (pairs.length === 0) throw new Error('the model has no past_* inputs');
+  // An empty past: [1, heads, 0, head_dim] from the declared shape.
+  const meta = Object.fromEntries(session.inputMetadata.map((m) => [m.name, m]));
+  const emptyDims = (name) => meta[name].shape.map((d, i) => (i === 0 ? 1 : i === 2 ? 0 : d));
+  const hasMask = session.inputNames.includes('attention_mask');
+  const hasPositions = session.inputNames.includes('position_ids');
+  const extra = (feeds, seq, past) => {
+    if (hasMask) feeds.attention_mask = new ort.Tensor('int64', new BigInt64Array(past + seq).fill(1n), [1, past + seq]);
+    if (hasPositions) {
+      const pos = new BigInt64Array(seq);
+      for (let j = 0; j < seq; ++j) pos[j] = BigInt(past + j);
+      feeds.position_ids = new ort.Tensor('int64', pos, [1, seq]);
+    }
+  };
   const pasts = (spec.report_pasts ?? [prompt, 2 * prompt, prompt + steps - 1])
       .filter((p) => p >= prompt && p < prompt + steps);
   const runs = [];
@@ -122,10 +146,8 @@ async function decode(ort, session, spec) {
     const ids = new BigInt64Array(prompt);
     for (let j = 0; j < prompt; ++j) ids[j] = BigInt(1 + (j * 7) % 7999);
     const feeds = {input_ids: new ort.Tensor('int64', ids, [1, prompt])};
-    for (let i = 0; i < layers; ++i) {
-      feeds[`past_key_${i}`] = new ort.Tensor('float32', new Float32Array(0), [1, 12, 0, 64]);
-      feeds[`past_value_${i}`] = new ort.Tensor('float32', new Float32Array(0), [1, 12, 0, 64]);
-    }
+    extra(feeds, prompt, 0);
+    for (const [past] of pairs) feeds[past] = new ort.Tensor('float32', new Float32Array(0), emptyDims(past));
     let t0 = nowMs();
     let out = await session.run(feeds);
     const promptMs = nowMs() - t0;
@@ -135,10 +157,8 @@ async function decode(ort, session, spec) {
       const token = argmaxLastRow(out.logits);
       tokens.push(token);
       feeds.input_ids = new ort.Tensor('int64', BigInt64Array.of(BigInt(token)), [1, 1]);
-      for (let i = 0; i < layers; ++i) {
-        feeds[`past_key_${i}`] = out[`present_key_${i}`];
-        feeds[`past_value_${i}`] = out[`present_value_${i}`];
-      }
+      extra(feeds, 1, prompt + s);
+      for (const [past, present] of pairs) feeds[past] = out[present];
       t0 = nowMs();
       out = await session.run(feeds);
       tokenMs.push(nowMs() - t0);

@@ -51,6 +51,8 @@
 #include "ondine/lower/shape_cache.hpp"
 #include "ondine/ondine.hpp"
 #include "ondine/quant/fallback.hpp"
+#include "ondine/quant/weight_only.hpp"
+#include "ondine/runtime/generate.hpp"
 #include "ondine/runtime/streams.hpp"
 
 namespace py = pybind11;
@@ -714,6 +716,57 @@ std::shared_ptr<Model> model_from_state(const py::tuple& state) {
   }
 }
 
+// ---- generate ----
+
+// ondine.generate: runtime/generate.hpp's loop on a compiled decoder, the GIL released while it runs (an
+// on_token callback takes it back for each token).
+py::dict generate_tokens(const Model& m, py::handle input_ids, std::int64_t max_new_tokens, float temperature,
+                  std::int64_t top_k, float top_p, std::uint64_t seed, std::optional<std::int64_t> eos_token_id,
+                  py::object on_token) {
+  std::vector<std::string> names, shapes, outputs;
+  for (const Value* v : m.graph.inputs()) {
+    names.push_back(v->name());
+    shapes.push_back(v->shape().str());
+  }
+  for (const Value* v : m.graph.outputs()) outputs.push_back(v->name());
+  DecoderSignature sig = decoder_signature(names, shapes, outputs);
+  py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> ids(py::reinterpret_borrow<py::object>(input_ids));
+  if (ids.ndim() > 2 || (ids.ndim() == 2 && ids.shape(0) != 1))
+    throw Error("generate: input_ids must be 1-D or [1, n] (one sequence)");
+  std::vector<std::int64_t> prompt(ids.data(), ids.data() + ids.size());
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.seed = seed;
+  o.eos_token_id = eos_token_id;
+  if (!on_token.is_none())
+    o.on_token = [&on_token](std::int64_t token) {
+      py::gil_scoped_acquire gil;
+      py::object keep = on_token(token);
+      return keep.is_none() || keep.cast<bool>();
+    };
+  GenerateResult r;
+  {
+    py::gil_scoped_release release;
+    try {
+      r = ondine::generate([&](const std::map<std::string, Tensor>& feeds) { return m.run(feeds); }, sig, prompt, o);
+    } catch (Error& e) {
+      e.in_file(m.source);
+      throw;
+    }
+  }
+  py::dict out;
+  out["tokens"] = py::array_t<std::int64_t>(static_cast<py::ssize_t>(r.tokens.size()), r.tokens.data());
+  out["prompt_ms"] = r.prompt_s * 1e3;
+  std::vector<double> ms;
+  for (double s : r.step_s) ms.push_back(s * 1e3);
+  out["token_ms"] = ms;
+  out["tokens_per_s"] = r.tokens_per_s();
+  return out;
+}
+
 // ---- quantize ----
 
 // `ondine quantize` with its calibration samples from a Python iterable (examples/cli/quantize.hpp):
@@ -724,7 +777,50 @@ py::dict quantize(const std::string& model, py::object calibration, const std::s
                   std::optional<double> max_error, const std::string& method, const std::string& activations,
                   std::size_t max_samples, const std::vector<std::string>& include,
                   const std::vector<std::string>& exclude, bool keep_fp32_ends, bool reduce_range,
-                  const std::string& passes, std::size_t max_error_samples, std::size_t max_fallback) {
+                  const std::string& passes, std::size_t max_error_samples, std::size_t max_fallback,
+                  std::optional<std::string> weights, std::int64_t block_size, bool symmetric, bool lm_head,
+                  bool embeddings) {
+  if (weights) {  // weight-only: no calibration (quant/weight_only.hpp)
+    if (!calibration.is_none() || max_error || keep_fp32_ends || reduce_range || !include.empty())
+      throw Error("weights= quantizes weights only, without calibration: calibration, max_error, keep_fp32_ends, "
+                  "reduce_range and include do not apply");
+    if (*weights != "int4" && *weights != "int8") throw Error("weights must be 'int4' or 'int8', not '" + *weights + "'");
+    quant::WeightOnlyOptions o;
+    o.bits = *weights == "int4" ? 4 : 8;
+    o.block_size = block_size;
+    o.symmetric = symmetric;
+    o.lm_head = lm_head;
+    o.embeddings = embeddings;
+    o.exclude = exclude;
+    quant::WeightOnlyReport report;
+    {
+      py::gil_scoped_release release;
+      Graph g = ondine::onnx::load_model(model);
+      check_supported(g);
+      try {
+        report = quant::quantize_weights(g, o);
+      } catch (Error& e) {
+        e.in_file(model);
+        throw;
+      }
+      if (report.quantized.empty())
+        throw Error("no MatMul with float32 constant weights of at least block_size rows to quantize; nothing written")
+            .in_file(model);
+      ondine::onnx::save_model(g, output);
+    }
+    py::list layers, skipped;
+    for (const auto& l : report.quantized)
+      layers.append(py::dict(py::arg("node") = l.node, py::arg("op") = l.op, py::arg("shape") = py::make_tuple(l.rows, l.cols),
+                             py::arg("bytes_before") = l.bytes_before, py::arg("bytes_after") = l.bytes_after));
+    for (const auto& [node, why] : report.skipped) skipped.append(py::make_tuple(node, why));
+    py::dict out;
+    out["quantized"] = layers;
+    out["skipped"] = skipped;
+    out["bytes_before"] = report.bytes_before();
+    out["bytes_after"] = report.bytes_after();
+    return out;
+  }
+  if (calibration.is_none()) throw Error("calibration= is required (or weights='int4'|'int8': weight-only)");
   quant::CalibrationOptions copts;
   quant::QuantizeOptions qopts;
   copts.activations.method = quant::parse_range_method(method);
@@ -1035,14 +1131,24 @@ PYBIND11_MODULE(ondine, mod) {
           py::arg("cache_size") = 8, py::arg("shape_plan") = "auto",
           "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`); precision: the artifact's own "
           "unless given ('fp32', 'bf16', 'auto': its weights are packed again; 'int8': a quantized artifact's own).");
-  mod.def("quantize", &quantize, py::arg("model"), py::kw_only(), py::arg("calibration"), py::arg("output"),
+  mod.def("quantize", &quantize, py::arg("model"), py::kw_only(), py::arg("calibration") = py::none(), py::arg("output"),
           py::arg("max_error") = py::none(), py::arg("method") = "minmax", py::arg("activations") = "u8",
           py::arg("max_samples") = 0, py::arg("include") = std::vector<std::string>{},
           py::arg("exclude") = std::vector<std::string>{}, py::arg("keep_fp32_ends") = false,
           py::arg("reduce_range") = false, py::arg("passes") = "remove-identity,fold-constants,dce,fold-bn",
-          py::arg("max_error_samples") = 8, py::arg("max_fallback") = 0,
+          py::arg("max_error_samples") = 8, py::arg("max_fallback") = 0, py::arg("weights") = py::none(),
+          py::arg("block_size") = 32, py::arg("symmetric") = true, py::arg("lm_head") = true, py::arg("embeddings") = false,
           "Post-training int8: calibrate on an iterable of feed dicts (or arrays, one-input models), write a QDQ "
-          "ONNX model; max_error keeps layers fp32 until every output is within it. Returns a report dict.");
+          "ONNX model; max_error keeps layers fp32 until every output is within it. weights='int4'|'int8': weight-only "
+          "quantization of the MatMul weights in blocks of block_size along K, no calibration, written in opset 21. "
+          "Returns a report dict.");
+  mod.def("generate", &generate_tokens, py::arg("model"), py::arg("input_ids"), py::kw_only(), py::arg("max_new_tokens") = 32,
+          py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("seed") = 0,
+          py::arg("eos_token_id") = py::none(), py::arg("on_token") = py::none(),
+          "Generate token ids with a compiled decoder (input_ids, attention_mask, position_ids, past_*/present_*, "
+          "logits): the prompt, then one token per run. temperature 0: greedy; else sampled within top_k and top_p "
+          "(seeded). on_token(id) is called per token; returning False stops. Returns {'tokens', 'prompt_ms', "
+          "'token_ms', 'tokens_per_s'}.");
   mod.def("inspect", &inspect, py::arg("path"), py::kw_only(),
           py::arg("dims") = std::map<std::string, std::int64_t>{},
           "Inputs, outputs, op histogram, parameter count and FLOPs of a model (ONNX or artifact), as a dict.");

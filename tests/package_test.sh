@@ -2,7 +2,8 @@
 # Installs the built package into a scratch prefix and builds + runs the examples a user would write
 # against it with find_package(ondine CONFIG REQUIRED): examples/host (the IR, ONNX, the reference
 # executor), examples/model (ondine/model.hpp and the prebuilt ondine::compiled: a PyTorch export compiled and
-# checked against PyTorch's output), examples/custom_pass (a user pass in a pipeline with the built-ins) and examples/runtime
+# checked against PyTorch's output), examples/generate (a greedy decode of the Llama-style export, its tokens
+# PyTorch's), examples/custom_pass (a user pass in a pipeline with the built-ins) and examples/runtime
 # (ondine::runtime: artifacts without ONNX or protobuf; built here, run by runtime_test.sh) and examples/aot
 # (ondine_add_model: a model compiled into the build, from its file and embedded, through typed headers). Both are
 # configured as one project, so the package is found and the compiler probed once.
@@ -17,6 +18,7 @@ cmake_minimum_required(VERSION 3.18)
 project(ondine_package_examples LANGUAGES CXX ASM)
 add_subdirectory("$src/examples/host" host)
 add_subdirectory("$src/examples/model" model)
+add_subdirectory("$src/examples/generate" generate)
 add_subdirectory("$src/examples/custom_pass" custom_pass)
 add_subdirectory("$src/examples/runtime" runtime)
 add_subdirectory("$src/examples/aot" aot)
@@ -36,6 +38,9 @@ gpt=$src/tests/data/torch/gpt_decoder
 "$work/build/model/ondine_model_host" "$gpt/model.onnx" input_ids="$gpt/case0.input_ids.npy" \
   --expect logits="$gpt/case0.out.logits.npy"
 "$work/build/aot/ondine_aot"
+llama=$src/tests/data/torch/llama_kv
+"$work/build/generate/ondine_generate" "$llama/model.onnx" --prompt "$llama/decode.prompt.npy" --tokens 33 \
+  --expect "$llama/decode.tokens.npy"
 if ldd "$work/build/runtime/ondine_runtime_host" | grep -qE 'protobuf|onnx'; then
   echo "FAIL: ondine::runtime links protobuf or ONNX"
   exit 1

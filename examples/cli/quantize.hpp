@@ -1,12 +1,16 @@
 // examples/cli/quantize.hpp - `ondine quantize MODEL --calib DIR -o OUT.onnx`: post-training int8
 // quantization to a QDQ ONNX model (QuantizeLinear/DequantizeLinear pairs, ONNX Runtime's format).
 //
+//   ondine quantize MODEL --weights int4|int8 -o OUT.onnx [--block-size N] [--asymmetric] [--no-lm-head]
+//                   [--embeddings] [--exclude NAME,...]
 //   ondine quantize MODEL --calib DIR -o OUT.onnx [--method minmax|entropy|percentile|mse|moving-average]
 //                   [--max-samples N] [--exclude NAME_OR_OP,...] [--include NAME_OR_OP,...] [--keep-fp32-ends]
 //                   [--activations u8|s8] [--reduce-range] [--save-calibration FILE] [--passes P]
 //                   [--max-error E [--max-error-samples N] [--max-fallback N]]
 //
-// Steps: load MODEL, run the fp32 pre-passes (--passes, default "remove-identity,fold-constants,dce,
+// --weights: weight-only quantization (quant/weight_only.hpp) of the MatMul weights to 4 or 8 bits in blocks
+// along K, no calibration; the file is written in opset 21 (blocked DequantizeLinear), as ONNX Runtime runs it.
+// Steps (calibrated int8): load MODEL, run the fp32 pre-passes (--passes, default "remove-identity,fold-constants,dce,
 // fold-bn": no fusion, the QDQ pass wants plain Conv/Relu/Add), calibrate on the .npy samples of DIR
 // (quant::scan_calibration_folder: DIR/<sample>.npy for a one-input model, DIR/<sample>/<input>.npy
 // otherwise) on the reference executor, insert Q/DQ (quant::QuantizeQDQ), write OUT.onnx, print what
@@ -38,6 +42,7 @@
 #include "ondine/quant/calibration.hpp"
 #include "ondine/quant/fallback.hpp"
 #include "ondine/quant/qdq.hpp"
+#include "ondine/quant/weight_only.hpp"
 #include "progress.hpp"
 
 namespace ondine::cli {
@@ -51,14 +56,23 @@ struct QuantizeArgs {
   bool reduce_range = false;
   std::optional<double> max_error;
   std::size_t max_error_samples = 8, max_fallback = 0;
+  std::string weights;  // int4 | int8: weight-only quantization
+  std::int64_t block_size = 32;
+  bool asymmetric = false, no_lm_head = false, embeddings = false;
 };
 
 inline CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
   auto* c = app.add_subcommand("quantize", "post-training int8 quantization: calibrate on .npy samples, write a QDQ ONNX model");
   c->add_option("model", a.model, "ONNX model file (fp32)")->required();
   c->add_option("--calib", a.calib_dir,
-                "folder of calibration samples: DIR/<sample>.npy (one-input model) or DIR/<sample>/<input>.npy")
-      ->required();
+                "folder of calibration samples: DIR/<sample>.npy (one-input model) or DIR/<sample>/<input>.npy "
+                "(required unless --weights)");
+  c->add_option("--weights", a.weights, "weight-only quantization, no calibration: int4 or int8 MatMul weights in "
+                                        "blocks along K (a language model's linear layers)");
+  c->add_option("--block-size", a.block_size, "--weights: elements of K per scale (default 32)");
+  c->add_flag("--asymmetric", a.asymmetric, "--weights: unsigned with a zero point per block (default: symmetric)");
+  c->add_flag("--no-lm-head", a.no_lm_head, "--weights: keep a MatMul that writes a graph output (the LM head) float32");
+  c->add_flag("--embeddings", a.embeddings, "--weights: quantize Gather tables (token embeddings) too");
   c->add_option("-o,--output", a.out_file, "the QDQ ONNX model to write")->required();
   c->add_option("--method", a.method, "activation range: minmax (default), entropy, percentile, mse, moving-average");
   c->add_option("--max-samples", a.max_samples, "calibrate on at most N samples (default: all)");
@@ -139,9 +153,29 @@ struct QuantizePlan {
   PassManager passes;
 };
 
+// --weights: the options, checked (QuantizeUsageError).
+inline quant::WeightOnlyOptions plan_weight_only(const QuantizeArgs& args) {
+  if (args.weights != "int4" && args.weights != "int8")
+    throw QuantizeUsageError("--weights must be int4 or int8, not '" + args.weights + "'");
+  if (!args.calib_dir.empty() || args.max_error || args.keep_fp32_ends || args.reduce_range || !args.include.empty())
+    throw QuantizeUsageError("--weights quantizes weights only, without calibration: --calib, --max-error, "
+                             "--keep-fp32-ends, --reduce-range and --include do not apply");
+  if (args.block_size < 2 || args.block_size % 2 != 0)
+    throw QuantizeUsageError("--block-size must be even and at least 2, not " + std::to_string(args.block_size));
+  quant::WeightOnlyOptions o;
+  o.bits = args.weights == "int4" ? 4 : 8;
+  o.block_size = args.block_size;
+  o.symmetric = !args.asymmetric;
+  o.lm_head = !args.no_lm_head;
+  o.embeddings = args.embeddings;
+  o.exclude = args.exclude;
+  return o;
+}
+
 inline QuantizePlan plan_quantize(const QuantizeArgs& args) {
   using namespace quantize_detail;
   QuantizePlan plan;
+  if (args.calib_dir.empty()) throw QuantizeUsageError("--calib is required: a folder of calibration samples (or --weights int4|int8 for weight-only quantization)");
   std::vector<std::pair<std::string, bool>> entries;
   try {
     plan.calibration.activations.method = quant::parse_range_method(args.method);
@@ -283,9 +317,43 @@ inline void quantize_graph(Graph& g, const QuantizeArgs& args) {
   g = insert_qdq(*c, args);
 }
 
+// `ondine quantize --weights`: prints each layer and the bytes before and after.
+inline int cmd_quantize_weights(const QuantizeArgs& args) {
+  const quant::WeightOnlyOptions o = plan_weight_only(args);
+  Graph g = onnx::load_model(args.model);
+  check_supported(g);
+  quant::WeightOnlyReport report;
+  try {
+    report = quant::quantize_weights(g, o);
+  } catch (Error& e) {
+    e.in_file(args.model);
+    throw;
+  }
+  auto mib = [](std::uint64_t b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << static_cast<double>(b) / (1 << 20) << " MiB";
+    return os.str();
+  };
+  std::cout << "weights:     " << args.weights << (o.symmetric ? " symmetric" : " asymmetric (zero points)") << ", blocks of "
+            << o.block_size << " along K, float32 scales\n";
+  for (const auto& l : report.quantized)
+    std::cout << "  " << l.node << " (" << l.op << " [" << l.rows << "," << l.cols << "]): " << mib(l.bytes_before) << " -> "
+              << mib(l.bytes_after) << "\n";
+  for (const auto& [node, why] : report.skipped) std::cout << "  " << node << ": kept float32 (" << why << ")\n";
+  std::cout << "quantized:   " << report.quantized.size() << " layer(s), " << mib(report.bytes_before()) << " -> "
+            << mib(report.bytes_after()) << "\n";
+  if (report.quantized.empty())
+    throw Error("no MatMul with float32 constant weights of at least --block-size rows to quantize; nothing written")
+        .in_file(args.model);
+  onnx::save_model(g, args.out_file);
+  std::cout << "wrote: " << args.out_file << " (" << g.num_nodes() << " nodes, opset " << g.opset() << ")\n";
+  return 0;
+}
+
 // Returns the exit code: 0 done, 1 error (an ondine::Error propagates to main), 2 command-line mistake.
 inline int cmd_quantize(const QuantizeArgs& args) {
   try {
+    if (!args.weights.empty()) return cmd_quantize_weights(args);
     plan_quantize(args);  // command-line mistakes before the model is read
     Graph g = onnx::load_model(args.model);
     check_supported(g);

@@ -13,3 +13,4 @@
 #include "ondine/quant/metrics.hpp"
 #include "ondine/quant/qdq.hpp"
 #include "ondine/quant/quantize_dynamic.hpp"
+#include "ondine/quant/weight_only.hpp"

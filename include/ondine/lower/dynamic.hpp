@@ -62,7 +62,7 @@ inline bool cheap_on_reference(const std::string& op) {
       "Dropout", "Cast", "CastLike", "Constant", "ConstantOfShape", "Range", "Equal", "Less", "Greater",
       "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Trilu", "Neg", "Split", "Min", "Max",
       "Floor", "Ceil", "Mod", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "Tile", "CumSum", "Abs",
-      "Erf", "Pow", "Sqrt", "ReduceMean", "Reciprocal", "Sign", "Clip", "ArgMax"};
+      "Erf", "Pow", "Sqrt", "ReduceMean", "Reciprocal", "Sign", "Clip", "ArgMax", "Sin", "Cos"};
   return ops.count(op) > 0;
 }
 
@@ -85,6 +85,20 @@ inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
       return nullptr;
     };
     for (const char* op : {"MatMul", "Gemm", "ondine.FusedMatMul", "ondine.FusedGemm"}) t[op] = matmul;
+    t["Expand"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<ExpandKernel>(n);
+    };
+    t["Pow"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      const Value* e = n.num_inputs() > 1 ? n.input(1) : nullptr;
+      if (!e || !e->is_constant() || e->constant().numel() != 1 || e->constant().at_double(0) != 2.0) return nullptr;
+      return std::make_unique<SquareKernel>(n);
+    };
+    t["ondine.WeightOnlyMatMul"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      const weight_only::Kernel kernel = weight_only::choose_kernel(n.attr_int("int8_activations", 0) != 0);
+      auto packed = weight_only::pack_node(n, kernel);
+      if (!packed) return nullptr;
+      return std::make_unique<WeightOnlyMatMulKernel>(n, std::move(*packed), kernel);
+    };
     t["ondine.Attention"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       return std::make_unique<AttentionKernel>(n, host_exp());
     };

@@ -45,6 +45,7 @@
 #include "ondine/lower/detail/resample.hpp"
 #include "ondine/lower/detail/rnn.hpp"
 #include "ondine/lower/detail/sampling.hpp"
+#include "ondine/lower/detail/weight_only.hpp"
 #include "ondine/lower/detail/shape_ops.hpp"
 #include "ondine/lower/detail/signal.hpp"
 #include "ondine/lower/int8_plan.hpp"
@@ -201,6 +202,10 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["ondine.DynQConv"] = {lower_dyn_qconv,
                             "oneDNN convolution with run-time scales (int8 where exact, else float32 on the centred integers)",
                             "weights computed at run time, or post-ops oneDNN cannot express exactly"};
+    t["ondine.WeightOnlyMatMul"] = {lower_weight_only_matmul,
+                                    "Ondine's weight-only loop: 4- or 8-bit weights packed in column tiles, dequantised in "
+                                    "registers (AVX-512 / AVX2 / C++), float32 activations, threads over the tiles",
+                                    "shapes not static, or operands that are not the constants its definition asks for"};
     t["QuantizeLinear"] = {lower_qdq_reorder, "oneDNN reorder with scales",
                            "scale or zero point computed at run time or per axis, not float32 <-> 8-bit, or scale <= 0"};
     t["DequantizeLinear"] = t["QuantizeLinear"];

@@ -120,6 +120,12 @@ struct CompileOptions {
   // "Int8 without VNNI");
   // false keeps such layers in float, exactly as the file says. No effect with VNNI.
   bool int8_7bit_weights = true;
+  // Weight-only quantized matrix products (4- or 8-bit weights, float activations: ondine.WeightOnlyMatMul):
+  // true (default) quantizes their activations to int8 per row and block of K (symmetric, max |a| / 127) and
+  // multiplies integers (VNNI, or AVX2's vpmaddubsw), as ONNX Runtime's MatMulNBits at accuracy level 4 and
+  // llama.cpp do: what a weight-only model is for, several times fewer instructions per weight. false: float32
+  // activations, the model's own arithmetic within float32 rounding (docs/language_models.md).
+  bool weight_only_int8_activations = true;
   // Models with symbolic input dims run through a ShapeCache: the shape-free plan or one plan per shape
   // (ShapePlan above).
   ShapePlan shape_plan = ShapePlan::Auto;

@@ -50,6 +50,7 @@ inline bool run_pipeline(Graph& g, const std::string& pipeline, const CompileOpt
   register_quantization_passes();
   PassManager pm = make_pass_manager(pipeline);
   if (pm.size() == 0) return false;
+  if (!options.weight_only_int8_activations) pm.context().options.emplace("fuse-weight-only.activations", "float32");
   const bool log = options.log && !quiet;
   if (isa_limits && set_isa_pass_options(pm, effective_isa(), options.int8_7bit_weights) && log)
     options.log(options.int8_7bit_weights

@@ -276,9 +276,12 @@ class PlanCache {
         return decline(std::string("precision ") + precision_name(resolved_precision(options_.precision)) +
                        " (the shape-free plan computes in fp32)");
       std::set<std::string> ops;
-      for (const Node* n : graph_.nodes())
-        if (!detail::dynamic_kernel_table().count(n->op_key()) && !detail::cheap_on_reference(n->op_key()))
+      for (const Node* n : graph_.nodes()) {
+        bool constant = true;  // folded, or fused into its reader (a weight's DequantizeLinear), by the passes
+        for (const Value* in : n->inputs()) constant = constant && (!in || in->is_constant());
+        if (!constant && !detail::dynamic_kernel_table().count(n->op_key()) && !detail::cheap_on_reference(n->op_key()))
           ops.insert(n->op_key());
+      }
       if (!ops.empty()) return decline("the shape-free plan has no fast kernel for " + join_names(ops));
     }
     try {

@@ -29,6 +29,7 @@
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
 #include "ondine/passes/fuse_qdq.hpp"
+#include "ondine/passes/fuse_weight_only.hpp"
 #include "ondine/passes/layout.hpp"
 #include "ondine/passes/pass_manager.hpp"
 #include "ondine/passes/pointwise_as_conv.hpp"
@@ -47,7 +48,8 @@ namespace ondine {
 // ConvTranspose before deconv-as-conv turns it into a Conv, whose activation fuse then takes); Gelu and
 // LayerNorm are recognised before post-op fusion so MatMul+Add+Gelu can fuse (GroupNorm there too, before
 // fuse could take its affine Mul/Add); fuse-qdq runs before
-// fold-constants, which would fold the weights' DequantizeLinear into float32 constants;
+// fold-constants, which would fold the weights' DequantizeLinear into float32 constants (as does
+// fuse-weight-only, for 4- and 8-bit weights under float activations);
 // qoperator-to-qdq runs first so that fuse-qdq sees QLinearConv/QLinearMatMul models in the QDQ form;
 // fuse-dynamic-qmatmul and fuse-dynamic-qconv find dynamically quantized matrix products and
 // convolutions (ONNX Runtime's quantize_dynamic, or "quantize-dynamic,default") after fuse-gelu, so
@@ -60,7 +62,7 @@ namespace ondine {
 // iterations' reads of the iteration number, and the sequence elements they build, fold after;
 // dft-conv-as-stft runs before fold-pad and fuse, which would give the DFT's Conv pads or post-ops.
 inline const char* default_pipeline() {
-  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -85,6 +87,7 @@ inline PassRegistry& pass_registry() {
         .add<FuseAttention>()
         .add<FusePostOps>()
         .add<FuseQdq>()
+        .add<FuseWeightOnly>()
         .add<FuseDynamicQMatMul>()
         .add<FuseDynamicQConv>()
         .add<QOperatorToQdq>()

@@ -4,6 +4,7 @@
 // rescaling and the post-ops in double, then round-half-even and saturation into the output type.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -155,6 +156,57 @@ inline std::vector<Tensor> qpool(const Node& n, const std::vector<Tensor>& input
   return {nn::from_doubles(a.output_type, p.dims(), v)};
 }
 
+// The dequantized weights, in float32 as DequantizeLinear computes them, then MatMul's kernel.
+inline std::vector<Tensor> weight_only_matmul(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& a = nn::required(n, inputs, 0);
+  const Tensor& q = nn::required(n, inputs, 1);
+  const Tensor& s = nn::required(n, inputs, 2);
+  const Tensor& z = nn::input_or_empty(inputs, 3);
+  const std::int64_t block = n.attr_int("block_size", 0);
+  if (q.rank() != 2 || block <= 0 || s.dtype() != DType::Float32) throw n.error("Q must have rank 2, S be float32");
+  const std::int64_t K = q.dims()[0], N = q.dims()[1], blocks = (K + block - 1) / block;
+  if (s.dims() != std::vector<std::int64_t>{blocks, N} || (!z.empty() && z.dims() != s.dims()))
+    throw n.error("S (and Z) must have shape [ceil(K / block_size), N]");
+  if (n.attr_int("int8_activations", 0) != 0) {  // the definition's integer form, in double
+    if (a.dtype() != DType::Float32 || a.rank() < 1 || a.dims().back() != K) throw n.error("A must be float32 [..., K]");
+    std::vector<std::int64_t> dims = a.dims();
+    dims.back() = N;
+    Tensor y(DType::Float32, dims);
+    const std::int64_t M = K ? a.numel() / K : 0;
+    std::vector<double> qa(static_cast<std::size_t>(K));
+    for (std::int64_t m = 0; m < M; ++m) {
+      const float* row = a.data<float>() + m * K;
+      std::vector<double> acc(static_cast<std::size_t>(N), 0.0);
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::int64_t k0 = b * block, k1 = std::min(K, k0 + block);
+        float amax = 0;
+        for (std::int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::abs(row[k]));
+        const float inv = amax > 0 ? 127.0f / amax : 0.0f, sa = amax / 127.0f;
+        for (std::int64_t k = k0; k < k1; ++k)
+          qa[static_cast<std::size_t>(k)] = std::max(-127.0, std::min(127.0, static_cast<double>(std::nearbyint(row[k] * inv))));
+        for (std::int64_t c = 0; c < N; ++c) {
+          const auto j = static_cast<std::size_t>(b * N + c);
+          const double zp = z.empty() ? 0.0 : z.at_double(j);
+          double dot = 0;
+          for (std::int64_t k = k0; k < k1; ++k)
+            dot += qa[static_cast<std::size_t>(k)] * (q.at_double(static_cast<std::size_t>(k * N + c)) - zp);
+          acc[static_cast<std::size_t>(c)] += dot * static_cast<double>(s.data<float>()[j]) * static_cast<double>(sa);
+        }
+      }
+      for (std::int64_t c = 0; c < N; ++c) y.data<float>()[m * N + c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
+    }
+    return {y};
+  }
+  Tensor w(DType::Float32, {K, N});
+  for (std::int64_t k = 0; k < K; ++k)
+    for (std::int64_t c = 0; c < N; ++c) {
+      const auto i = static_cast<std::size_t>(k * N + c), j = static_cast<std::size_t>((k / block) * N + c);
+      const float zp = z.empty() ? 0.0f : static_cast<float>(z.at_double(j));
+      w.data<float>()[i] = (static_cast<float>(q.at_double(i)) - zp) * s.data<float>()[j];
+    }
+  return nn::matmul(n, {a, w});
+}
+
 }  // namespace detail::quantized
 
 inline void register_quantized_kernels(KernelTable& table) {
@@ -165,6 +217,7 @@ inline void register_quantized_kernels(KernelTable& table) {
   table[d + "QPool"] = k::qpool;
   table[d + "DynQMatMul"] = k::dyn_qmatmul;
   table[d + "DynQConv"] = k::dyn_qconv;
+  table[d + "WeightOnlyMatMul"] = k::weight_only_matmul;
 }
 
 }  // namespace ondine::reference

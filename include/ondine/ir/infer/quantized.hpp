@@ -28,6 +28,16 @@
 //       (float32 products, as the MatMulInteger/ConvInteger -> Cast -> Mul(A_scale * w_scale) -> Add it
 //       replaces computes them; padding adds nothing, as ConvInteger's; act as the FusedMatMul's)
 //   ondine.QLSTM: the int8 LSTM, defined with LSTM in ir/infer/rnn.hpp.
+//
+//   ondine.WeightOnlyMatMul (A, Q, S, Z?)   weight-only quantization (passes/fuse_weight_only.hpp): A float32
+//                    [..., K]; Q the constant weights [K, N], int4 / uint4 / int8 / uint8; S float32
+//                    [ceil(K / block_size), N]; Z Q's type, S's shape (absent: 0). Attribute block_size.
+//                    Attributes block_size, int8_activations (0 or 1, default 0).
+//   int8_activations 0: y = A W with W[k, n] = (float(Q[k, n]) - float(Z[k / block_size, n])) * S[k / block_size,
+//       n]: exactly MatMul(A, DequantizeLinear(Q, S, Z, axis 0, block_size)), which it replaces.
+//   int8_activations 1: each row of A quantized per block b of K: s_a = max |a| / 127, qa = round_half_even(a / s_a)
+//       (round(a * (127 / max |a|)) in float32, within [-127, 127]); y[n] = sum over b of
+//       S[b, n] * s_a[b] * sum over k in b of qa[k] * (Q[k, n] - Z[b, n]) (an exact integer sum). Output float32.
 // The reference kernels (reference/quantized.hpp) compute exactly this; the
 // oneDNN lowering (lower/detail/quantized.hpp) computes it with float rescaling (within 1 step).
 #pragma once
@@ -216,6 +226,34 @@ inline void infer_dyn_qmatmul(Node& n) {
   set_output(n, 0, DType::Float32, Shape(out));
 }
 
+inline void infer_weight_only_matmul(Node& n) {
+  Value& a = required_input(n, 0);
+  Value& q = required_input(n, 1);
+  Value& s = required_input(n, 2);
+  Value* z = n.input(3);
+  const std::int64_t block = n.attr_int("block_size", 0);
+  if (block <= 0) throw n.error("block_size must be positive");
+  if (a.dtype() != DType::Undefined && a.dtype() != DType::Float32) throw n.error("A must be float32");
+  const DType qt = q.dtype();
+  if (qt != DType::Undefined && qt != DType::Int4 && qt != DType::UInt4 && qt != DType::Int8 && qt != DType::UInt8)
+    throw n.error("Q must be int4, uint4, int8 or uint8, not " + std::string(dtype_name(qt)));
+  if (s.dtype() != DType::Undefined && s.dtype() != DType::Float32) throw n.error("S must be float32");
+  if (z && z->dtype() != DType::Undefined && z->dtype() != qt) throw n.error("Z must have Q's element type");
+  if (!a.shape().rank_known() || !q.shape().rank_known()) return set_output(n, 0, DType::Float32, Shape::unknown());
+  if (a.shape().rank() < 1 || q.shape().rank() != 2) throw n.error("A must have rank >= 1 and Q rank 2");
+  if (q.shape()[0].is_static() && q.shape()[1].is_static() && s.shape().rank_known()) {
+    const std::int64_t K = q.shape()[0].value, N = q.shape()[1].value;
+    if (s.shape() != Shape({Dim((K + block - 1) / block), Dim(N)}))
+      throw n.error("S has shape " + s.shape().str() + "; Q " + q.shape().str() + " with block_size " +
+                    std::to_string(block) + " wants [" + std::to_string((K + block - 1) / block) + "," + std::to_string(N) + "]");
+    if (z && z->shape().rank_known() && z->shape() != s.shape()) throw n.error("Z must have S's shape");
+  }
+  std::vector<Dim> out = a.shape().dims();
+  detail_nn::unify(n, out.back(), q.shape()[0], "inner dimensions of A and Q differ");
+  out.back() = q.shape()[1];
+  set_output(n, 0, DType::Float32, Shape(out));
+}
+
 inline void infer_qpool(Node& n) {
   qops::QAttrs a = qops::read_attrs(n);
   Value& x = required_input(n, 0);
@@ -247,6 +285,7 @@ inline void register_quantized_infer(InferTable& table) {
   table[d + "QPool"] = infer_qpool;
   table[d + "DynQMatMul"] = infer_dyn_qmatmul;
   table[d + "DynQConv"] = infer_dyn_qconv;
+  table[d + "WeightOnlyMatMul"] = infer_weight_only_matmul;
 }
 
 }  // namespace ondine::infer

@@ -7,6 +7,7 @@
 //   matrix products by constant weights  oneDNN matmul with the rows (M) as DNNL_RUNTIME_DIM_VAL: one
 //                                        primitive for every M, created at compile time; fewer than 8 rows
 //                                        (a decoder's token) Ondine's loop streaming the weights once
+//   products by 4- or 8-bit weights      Ondine's weight-only loop (weight_only.hpp), any number of rows
 //   products of two activations          oneDNN's sgemm per matrix of the batch (dnnl_sgemm: sizes are
 //                                        arguments, nothing is created)
 //   ondine.Attention                     sgemm, the mask, a softmax row by row (vector exp), sgemm: per
@@ -17,6 +18,8 @@
 //                                        chunk through a padded buffer), whatever the element count
 //   Transpose                            Ondine's copy, whole rows where the last axis stays last
 //   Concat, Gather on axis 0             row copies (the KV cache's Concat, embedding lookups)
+//   Expand                               a broadcast copy by rows (grouped-query attention's repeated keys)
+//   Pow by a constant 2                  x * x (RMSNorm's mean of squares)
 // Everything else runs its reference kernel, which computes from the shapes it is given too. A kernel
 // given a case it does not take at run time (a dtype, a broadcast) runs the reference kernel for that call.
 #pragma once
@@ -35,10 +38,12 @@
 
 #include <omp.h>
 
+#include "ondine/lower/detail/broadcast_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/gemv.hpp"
 #include "ondine/lower/detail/vector_exp.hpp"
+#include "ondine/lower/detail/weight_only.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/reference/executor.hpp"
 #include "ondine/runtime/buffer_pool.hpp"
@@ -1070,5 +1075,81 @@ inline std::optional<DenseMatMulKernel::Spec> dense_spec(const Node& n) {
       for (const auto& e : eltwise_of(act).ops) s.eltwise.push_back(e);
   return s;
 }
+
+// Expand(x, shape): numpy broadcasting of x against `shape`, copied a row (the last dim's run) at a time.
+class ExpandKernel : public Kernel {
+ public:
+  using Kernel::Kernel;
+  std::string implementation() const override { return "ondine:broadcast copy"; }
+  std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
+    if (in.size() < 2 || in[1].dtype() != DType::Int64 || in[1].rank() != 1 || in[0].dtype() == DType::String)
+      return reference(in);
+    const Dims& x = in[0].dims();
+    const std::int64_t* shape = in[1].data<std::int64_t>();
+    const std::size_t rank = std::max(x.size(), static_cast<std::size_t>(in[1].numel()));
+    Dims out(rank);
+    for (std::size_t k = 0; k < rank; ++k) {  // aligned from the right
+      const std::int64_t a = k < x.size() ? x[x.size() - 1 - k] : 1;
+      const std::int64_t b = k < static_cast<std::size_t>(in[1].numel()) ? shape[in[1].numel() - 1 - static_cast<std::int64_t>(k)] : 1;
+      if (a != b && a != 1 && b != 1) return reference(in);  // the reference kernel names the mismatch
+      out[rank - 1 - k] = a == 1 ? b : a;
+    }
+    broadcast::Plan plan;
+    if (!broadcast::make_plan(out, {x}, plan)) return reference(in);
+    Tensor y = ctx.alloc_output(0, in[0].dtype(), out);
+    if (y.numel() == 0) return {y};
+    const bool copied = broadcast::dispatch_size(dtype_size(in[0].dtype()), [&](auto word) {
+      using W = typename decltype(word)::type;
+      const W* src = static_cast<const W*>(in[0].raw());
+      W* dst = static_cast<W*>(y.raw());
+      broadcast::for_each_row(plan, [&](std::int64_t o, const auto& off, const auto& s, std::int64_t len) {
+        if (s[0] == 1) std::memcpy(dst + o, src + off[0], static_cast<std::size_t>(len) * sizeof(W));
+        else std::fill(dst + o, dst + o + len, src[off[0]]);
+      });
+    });
+    if (!copied) return reference(in);
+    return {y};
+  }
+};
+
+// Pow(x, 2) with the exponent a constant: x * x; any other exponent or dtype runs the reference kernel.
+class SquareKernel : public Kernel {
+ public:
+  using Kernel::Kernel;
+  std::string implementation() const override { return "ondine:square"; }
+  std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
+    if (!all_f32(in, {0})) return reference(in);
+    Tensor y = ctx.alloc_output(0, DType::Float32, in[0].dims());
+    const float* x = in[0].data<float>();
+    float* out = y.data<float>();
+    const std::int64_t n = in[0].numel();
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i];
+    return {y};
+  }
+};
+
+// ondine.WeightOnlyMatMul: A [..., K] of any leading dims times the packed weights.
+class WeightOnlyMatMulKernel : public Kernel {
+ public:
+  WeightOnlyMatMulKernel(const Node& n, weight_only::Packed packed, weight_only::Kernel kernel)
+      : Kernel(n), packed_(std::move(packed)), kernel_(kernel) {}
+  std::string implementation() const override { return weight_only::describe(packed_, kernel_); }
+  std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
+    if (!all_f32(in, {0}) || in[0].rank() < 1 || in[0].dims().back() != packed_.K) return reference(in);
+    Dims out = in[0].dims();
+    out.back() = packed_.N;
+    Tensor y = ctx.alloc_output(0, DType::Float32, out);
+    if (y.numel() == 0) return {y};
+    const std::int64_t M = in[0].numel() / std::max<std::int64_t>(packed_.K, 1);
+    if (packed_.K == 0) return reference(in);
+    weight_only::multiply(kernel_, packed_, in[0].data<float>(), M, y.data<float>(), omp_get_max_threads());
+    return {y};
+  }
+
+ private:
+  weight_only::Packed packed_;
+  weight_only::Kernel kernel_;
+};
 
 }  // namespace ondine::lower::detail::dyn
