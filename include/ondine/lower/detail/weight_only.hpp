@@ -376,7 +376,7 @@ struct ScalarDot : simd::Scalar {
 
 #ifdef ONDINE_SIMD_X86
 struct Avx512VnniDot : simd::Avx512 {
-  static constexpr int kVectors = 4, kRows = 2;
+  static constexpr int kVectors = 4, kRows = 4;
   using VI = __m512i;
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static VI load_i(const std::uint8_t* p) { return _mm512_loadu_si512(p); }
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static VI low_nibbles(VI v) {
@@ -394,7 +394,7 @@ struct Avx512VnniDot : simd::Avx512 {
 };
 
 struct Avx2Dot : simd::Avx2 {
-  static constexpr int kVectors = 2, kRows = 2;
+  static constexpr int kVectors = 2, kRows = 4;
   using VI = __m256i;
   __attribute__((target("avx2,fma"))) static VI load_i(const std::uint8_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -419,6 +419,8 @@ struct Avx2Dot : simd::Avx2 {
 };
 #endif
 
+// Y[m, tile t] for rows m of [m0, m0 + R): integer accumulators per block in registers, the float results
+// added into Y (zeroed here) block after block, so R rows fit beside them.
 template <typename T, int R, int Bits>
 __attribute__((always_inline)) inline void tile_rows_int8(const Packed& p, std::int64_t t, const QuantizedRows& a,
                                                           std::int64_t m0, float* y) {
@@ -427,9 +429,9 @@ __attribute__((always_inline)) inline void tile_rows_int8(const Packed& p, std::
   constexpr int kV = T::kVectors, kL = static_cast<int>(T::width);
   constexpr int kGroupRows = Bits == 4 ? 8 : 4;
   const std::int64_t tile = p.tile, width = p.blocks * p.block, groups = p.block / kGroupRows;
-  V out[R][kV];
+  alignas(64) float out[R][kV * kL];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kV; ++v) out[r][v] = T::zero();
+    for (int v = 0; v < kV; ++v) T::store(out[r] + v * kL, T::zero());
   const std::uint8_t* wq = p.q.data() + t * p.tile_bytes;
   const V zero_const = T::set1(p.zero_const);
   for (std::int64_t b = 0; b < p.blocks; ++b) {
@@ -461,21 +463,12 @@ __attribute__((always_inline)) inline void tile_rows_int8(const Packed& p, std::
         const float sa = a.scale[static_cast<std::size_t>((m0 + r) * p.blocks + b)];
         const float sum = a.sum[static_cast<std::size_t>((m0 + r) * p.blocks + b)];
         const V centred = T::fnmadd(z, T::set1(sum), T::to_float(acc[r][v]));  // exact: integers below 2^24
-        out[r][v] = T::fmadd(centred, T::mul(s, T::set1(sa)), out[r][v]);
+        T::store(out[r] + v * kL, T::fmadd(centred, T::mul(s, T::set1(sa)), T::load(out[r] + v * kL)));
       }
     }
   }
   const std::int64_t n0 = t * tile, valid = std::min(tile, p.N - n0);
-  for (int r = 0; r < R; ++r) {
-    float* dst = y + (m0 + r) * p.N + n0;
-    if (valid == tile) {
-      for (int v = 0; v < kV; ++v) T::store(dst + v * kL, out[r][v]);
-    } else {
-      alignas(64) float buffer[kV * kL];
-      for (int v = 0; v < kV; ++v) T::store(buffer + v * kL, out[r][v]);
-      std::memcpy(dst, buffer, static_cast<std::size_t>(valid) * sizeof(float));
-    }
-  }
+  for (int r = 0; r < R; ++r) std::memcpy(y + (m0 + r) * p.N + n0, out[r], static_cast<std::size_t>(valid) * sizeof(float));
 }
 
 template <typename T>
