@@ -61,6 +61,10 @@ def test_weight_only_quantize_compiles_to_the_weight_only_kernel(tmp_path, llama
     assert np.abs(got - want).max() > 0  # quantized: not the float model
     r = ondine.generate(m, np.load(os.path.join(LLAMA, "decode.prompt.npy")), max_new_tokens=8)
     assert len(r["tokens"]) == 8
+    # An artifact keeps the 4-bit weights (one per byte) and runs the same.
+    m.save(str(tmp_path / "llama_int4.ondine"))
+    loaded = ondine.load(str(tmp_path / "llama_int4.ondine"), threads=2)
+    assert np.abs(loaded.run(feeds)["logits"] - got).max() <= 1e-5 * np.abs(got).max()
 
 
 def test_bad_arguments_raise(tmp_path, llama):

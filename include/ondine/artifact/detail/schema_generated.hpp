@@ -75,11 +75,13 @@ enum class DType : uint8_t {
   UInt64 = 12,
   Bool = 13,
   String = 14,
+  Int4 = 15,
+  UInt4 = 16,
   MIN = Undefined,
-  MAX = String
+  MAX = UInt4
 };
 
-inline const DType (&EnumValuesDType())[15] {
+inline const DType (&EnumValuesDType())[17] {
   static const DType values[] = {
     DType::Undefined,
     DType::Float32,
@@ -95,13 +97,15 @@ inline const DType (&EnumValuesDType())[15] {
     DType::Int64,
     DType::UInt64,
     DType::Bool,
-    DType::String
+    DType::String,
+    DType::Int4,
+    DType::UInt4
   };
   return values;
 }
 
 inline const char * const *EnumNamesDType() {
-  static const char * const names[16] = {
+  static const char * const names[18] = {
     "Undefined",
     "Float32",
     "Float16",
@@ -117,13 +121,15 @@ inline const char * const *EnumNamesDType() {
     "UInt64",
     "Bool",
     "String",
+    "Int4",
+    "UInt4",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameDType(DType e) {
-  if (flatbuffers::IsOutRange(e, DType::Undefined, DType::String)) return "";
+  if (flatbuffers::IsOutRange(e, DType::Undefined, DType::UInt4)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesDType()[index];
 }
