@@ -222,6 +222,81 @@ TEST_CASE("fuse-attention: each mask broadcast compiles, fast or expanded (compi
   }
 }
 
+// Hugging Face's repeat_kv on [B, kv_heads, T, D]: Reshape(Expand(Unsqueeze(x, axes [axis]))) to
+// [B, kv_heads * rep, T, D]: with axis 2 each head repeated in place, with axis 1 the heads tiled.
+Value* repeat_heads(Builder& b, Value* x, const Dims& d, std::int64_t rep, std::int64_t axis = 2) {
+  Dims expanded = d, out = d;
+  expanded.insert(expanded.begin() + axis, rep);
+  out[1] *= rep;
+  auto ints = [&](const Dims& v) {
+    return b.g.add_constant(b.g.unique_name("shape"), Tensor::from_vector<std::int64_t>({static_cast<std::int64_t>(v.size())}, v));
+  };
+  Value* u = b.op("Unsqueeze", {x, ints({axis})});
+  return b.op("Reshape", {b.op("Expand", {u, ints(expanded)}), ints(out)});
+}
+
+// Grouped-query attention as Llama exports it: q [B, H, S, D], the KV cache [B, kv, T, D] repeated by
+// repeat_kv, K transposed after the repetition, an additive mask [B, 1, S, T].
+struct GroupedAttention {
+  Builder b;
+  Dims qd, kvd;
+  GroupedAttention(std::int64_t batch, std::int64_t heads, std::int64_t kv, std::int64_t s, std::int64_t t,
+                   std::int64_t d, std::int64_t axis = 2)
+      : qd{batch, heads, s, d}, kvd{batch, kv, t, d} {
+    Value* q = b.input("q", qd);
+    Value* k = repeat_heads(b, b.input("k", kvd), kvd, heads / kv, axis);
+    Value* v = repeat_heads(b, b.input("v", kvd), kvd, heads / kv, axis);
+    Value* scores = b.op("Div", {b.op("MatMul", {q, b.transpose(k, {0, 1, 3, 2})}), b.scalar(std::sqrt(float(d)))});
+    Value* mask = b.input("mask", {batch, 1, s, t});
+    b.output(b.op("MatMul", {b.softmax(b.op("Add", {scores, mask})), v}));
+  }
+  std::map<std::string, Tensor> feeds() const {
+    return {{"q", uniform_tensor(qd, 1)}, {"k", uniform_tensor(kvd, 2)}, {"v", uniform_tensor(kvd, 3)},
+            {"mask", uniform_tensor({qd[0], 1, qd[2], kvd[2]}, 4, -3, 0)}};
+  }
+};
+
+TEST_CASE("fuse-attention: grouped-query attention reads K and V without repeating them (1e-5; compiled 1e-4)",
+          "[attention][gqa]") {
+  GroupedAttention a(2, 6, 2, 3, 7, 8);
+  Graph fused = fuse_and_check(a.b.g, a.feeds(), 1);
+  CHECK(count_ops(fused, "Expand") == 0);
+  CHECK(count_ops(fused, "Reshape") == 0);
+  const Node* att = nullptr;
+  for (const Node* n : fused.topo_order())
+    if (n->op_key() == "ondine.Attention") att = n;
+  REQUIRE(att);
+  CHECK(att->input(1)->shape() == Shape::from({2, 2, 8, 7}));  // the keys transposed, 2 heads
+  CHECK(att->input(2)->name() == "v");
+  std::vector<std::string> log;
+  check_compiled(a.b.g, fused, a.feeds(), &log);
+  // The shape-free plan's kernel, at shapes it was not compiled for.
+  lower::CompileOptions o;
+  o.threads = 2;
+  o.passes = "none";
+  lower::DynamicModel free(fused.clone(), o);
+  INFO(free.to_text());
+  CHECK(free.covers());
+  auto feeds = a.feeds();
+  CHECK(rel_error(free.run(feeds).at(fused.outputs()[0]->name()),
+                  ReferenceExecutor(a.b.g).run(feeds).begin()->second) < 1e-4);
+}
+
+TEST_CASE("ondine.Attention with grouped K/V: shape inference and its checks", "[attention][gqa][ops]") {
+  Graph g;
+  Value* q = g.add_input("q", DType::Float32, Shape::from({1, 8, 3, 16}));
+  Value* k = g.add_input("k", DType::Float32, Shape::from({1, 2, 16, 5}));
+  Value* v = g.add_input("v", DType::Float32, Shape::from({1, 2, 5, 4}));
+  Node* n = g.add_node("Attention", {q, k, v}, {"y"}, {}, "att", fused::kDomain);
+  g.add_output(n->output(0));
+  infer_shapes(g);
+  CHECK(n->output(0)->shape() == Shape::from({1, 8, 3, 4}));
+  Value* k3 = g.add_input("k3", DType::Float32, Shape::from({1, 3, 16, 5}));  // 3 does not divide 8
+  Node* bad = g.add_node("Attention", {q, k3, v}, {"y3"}, {}, "bad", fused::kDomain);
+  g.add_output(bad->output(0));
+  CHECK_THROWS_WITH(infer_shapes(g), Catch::Contains("bad") && Catch::Contains("batch dims differ"));
+}
+
 TEST_CASE("fuse-attention: must not fire", "[attention][must-not-fire]") {
   SECTION("a mask of a higher rank than the scores") {
     Attention4d a(1, 2, 4, 4);
@@ -263,6 +338,25 @@ TEST_CASE("fuse-attention: must not fire", "[attention][must-not-fire]") {
     b.output(b.op("MatMul", {b.softmax(x), a.v}));
     fuse_and_check(b.g, a.feeds(), 0);
   }
+  SECTION("K and V tiled (heads repeated as a block, not in place): the attention fuses, the repetition stays") {
+    GroupedAttention a(1, 4, 2, 3, 5, 8, 1);
+    Graph fused = fuse_and_check(a.b.g, a.feeds(), 1);
+    CHECK(count_ops(fused, "Expand") == 2);
+  }
+  SECTION("a repetition read by something else too") {
+    Attention4d a(1, 4, 3, 8);
+    Builder& b = a.b;
+    Value* kv = b.input("kv", {1, 2, 3, 8});
+    Value* rep = repeat_heads(b, kv, {1, 2, 3, 8}, 2);
+    Value* scores = b.op("MatMul", {a.q, b.transpose(rep, {0, 1, 3, 2})});
+    b.output(b.op("Add", {b.op("MatMul", {b.softmax(scores), a.v}), rep}));
+    auto feeds = a.feeds();
+    feeds["kv"] = uniform_tensor({1, 2, 3, 8}, 12);
+    fuse_and_check(b.g, feeds, 1);
+    Graph fused = b.g.clone();
+    make_pass_manager("fuse-attention,dce").run(fused);
+    CHECK(count_ops(fused, "Expand") == 1);
+  }
   SECTION("a finite fill that is not a mask value") {
     Attention4d a(1, 2, 4, 4);
     Builder& b = a.b;
@@ -271,6 +365,23 @@ TEST_CASE("fuse-attention: must not fire", "[attention][must-not-fire]") {
     Value* x = b.op("Where", {b.g.add_constant("c", cond), b.scalar(-5.0f), a.scores()});
     b.output(b.op("MatMul", {b.softmax(x), a.v}));
     fuse_and_check(b.g, a.feeds(), 0);
+  }
+}
+
+TEST_CASE("fuse-attention: the Llama-style decoder's grouped attention reads the KV cache's presents",
+          "[attention][gqa][corpus]") {
+  Graph g = ondine::onnx::load_model(corpus_model("llama_kv").string());
+  PassManager pm = make_pass_manager();
+  pm.run(g);
+  CHECK(count_ops(g, "ondine.Attention") == 2);
+  for (const Node* n : g.topo_order()) {
+    if (n->op_type() == "Expand") CHECK(n->output(0)->shape().rank() != 5);  // no repeat_kv left
+    if (n->op_key() != "ondine.Attention") continue;
+    INFO(n->name());
+    CHECK(n->input(2)->is_graph_output());  // V: present.i.value itself
+    REQUIRE(n->input(1)->producer());
+    CHECK(n->input(1)->producer()->op_type() == "Transpose");
+    CHECK(n->input(1)->producer()->input(0)->is_graph_output());  // K: present.i.key, transposed
   }
 }
 

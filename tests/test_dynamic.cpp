@@ -293,7 +293,7 @@ TEST_CASE("shape-free kernels: attention reads the Transposes around it in place
 
 TEST_CASE("shape-free plan: the exported transformers at every shape equal PyTorch and a compile per shape",
           "[lower][shape-free][corpus]") {
-  for (const char* name : {"hf_bert", "gpt2_kv", "bert_encoder", "gpt_decoder"}) {
+  for (const char* name : {"hf_bert", "gpt2_kv", "llama_kv", "bert_encoder", "gpt_decoder"}) {
     INFO(name);
     Graph g = ondine::onnx::load_model((corpus_dir(name) / "model.onnx").string());
     lower::ShapeCache cache(g.clone(), options());
@@ -498,6 +498,58 @@ TEST_CASE("KV cache: a decode appends each step's positions in place and equals 
     CHECK(rel_diff(out.at("logits"), want.at("logits")) < 1e-5);
     CHECK(rel_diff(two.present("present_value_1"), want.at("present_value_1")) < 1e-6);
   }
+}
+
+TEST_CASE("KV cache: grouped-query attention (Llama-style) reads its KV heads in the cache, unrepeated",
+          "[lower][shape-free][kv-cache][gqa]") {
+  const fs::path dir = corpus_dir("llama_kv");
+  Graph g = ondine::onnx::load_model((dir / "model.onnx").string());
+  lower::ShapeCache model(g.clone(), options());
+  REQUIRE(model.shape_free() != nullptr);
+  const std::string text = model.shape_free()->to_text();
+  INFO(text);
+  CHECK(text.find("self_attn/Expand") == std::string::npos);  // repeat_kv is gone: 2 KV heads read for 4
+  const auto pairs = model.shape_free()->kv_pairs();
+  REQUIRE(pairs.size() == 4);
+  for (const auto& p : pairs) {
+    CHECK(p.past.rfind("past_key_values.", 0) == 0);
+    CHECK(p.axis == 2);
+  }
+  runtime::KvCache cache = model.make_kv_cache(16);
+  CHECK(cache.buffer(0).dims() == std::vector<std::int64_t>{1, 2, 16, 16});
+  const Tensor prompt = load_npy((dir / "decode.prompt.npy").string());
+  const std::int64_t vocab = load_npy((dir / "decode.logits.npy").string()).dims()[1];
+  auto feed = [](const Tensor& ids, std::int64_t past) {
+    const std::int64_t seq = ids.dims()[1];
+    std::vector<std::int64_t> positions(static_cast<std::size_t>(seq));
+    for (std::int64_t i = 0; i < seq; ++i) positions[static_cast<std::size_t>(i)] = past + i;
+    return std::map<std::string, Tensor>{
+        {"input_ids", ids},
+        {"attention_mask", Tensor::from_vector<std::int64_t>({1, past + seq}, std::vector<std::int64_t>(past + seq, 1))},
+        {"position_ids", Tensor::from_vector<std::int64_t>({1, seq}, positions)}};
+  };
+  std::map<std::string, Tensor> pasts;
+  for (const Value* v : g.inputs())
+    if (v->name().rfind("past_key_values.", 0) == 0) pasts[v->name()] = Tensor(DType::Float32, {1, 2, 0, 16});
+  Tensor ids = prompt;
+  std::int64_t past = 0;
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    auto in = feed(ids, past);
+    auto out = model.run(in, {}, cache);
+    auto plain_in = in;
+    plain_in.insert(pasts.begin(), pasts.end());
+    auto want = model.run(plain_in);
+    CHECK(rel_diff(out.at("logits"), want.at("logits")) < 1e-5);
+    for (const auto& p : pairs) CHECK(rel_diff(cache.present(p.present), want.at(p.present)) < 1e-6);
+    const Tensor& l = want.at("logits");
+    const float* last = l.data<float>() + (l.dims()[1] - 1) * vocab;
+    const std::int64_t best = std::max_element(last, last + vocab) - last;
+    past += ids.dims()[1];
+    ids = Tensor::from_vector<std::int64_t>({1, 1}, {best});
+    for (const auto& p : pairs) pasts[p.past] = want.at(p.present);
+  }
+  CHECK(model.compilations() == 0);
 }
 
 TEST_CASE("KV cache: a full cache, a past given twice, a bound present or a cache of another model is an error",

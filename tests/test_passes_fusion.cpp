@@ -1,4 +1,5 @@
-// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse-groupnorm, fuse):
+// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse-rmsnorm, fuse-groupnorm,
+// fuse):
 // - the ops: the activation chain attributes, activation recognition and semantics, shape inference;
 // - structure: op counts after each pass;
 // - numbers: the graph before and after a pass agree on the reference executor (seeded inputs,
@@ -21,6 +22,7 @@
 #include "ondine/passes/fuse_groupnorm.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
+#include "ondine/passes/fuse_rmsnorm.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 
@@ -501,6 +503,118 @@ TEST_CASE("fuse-layernorm: must not fire", "[fusion][layernorm][must-not-fire]")
     CHECK(count(f, "Mul") == 1);
   }
 }
+
+// --- fuse-rmsnorm ----------------------------------------------------------------------------------
+
+namespace {
+// LlamaRMSNorm as exported: weight * (x * (1 / sqrt(mean(x^2) + eps))) (rsqrt as Div of 1), or the
+// forms other exporters write (x / sqrt, Reciprocal, Mul(x, x)).
+enum class RmsForm { DivOfOne, Divide, Reciprocal, SquareByMul };
+Value* rms_norm(Builder& b, Value* x, std::int64_t hidden, RmsForm form, bool gamma = true, Dims axes = {-1}) {
+  Value* square = form == RmsForm::SquareByMul ? b.op("Mul", {x, x}) : b.op("Pow", {x, b.scalar(2.0f)});
+  Value* mean = b.op("ReduceMean", {square}, {{"axes", axes}, {"keepdims", std::int64_t{1}}});
+  Value* rms = b.op("Sqrt", {b.op("Add", {mean, b.scalar(1e-6f)})});
+  Value* y = form == RmsForm::Divide       ? b.op("Div", {x, rms})
+             : form == RmsForm::Reciprocal ? b.op("Mul", {b.op("Reciprocal", {rms}), x})
+                                           : b.op("Mul", {x, b.op("Div", {b.scalar(1.0f), rms})});
+  return gamma ? b.op("Mul", {b.weight({hidden}), y}) : y;
+}
+}  // namespace
+
+TEST_CASE("fuse-rmsnorm: Llama's RMSNorm and the other exported forms become ondine.RMSNorm (1e-5; compiled 1e-4)",
+          "[fusion][rmsnorm]") {
+  for (RmsForm form : {RmsForm::DivOfOne, RmsForm::Divide, RmsForm::Reciprocal, RmsForm::SquareByMul}) {
+    for (bool gamma : {true, false}) {
+      INFO("form " << static_cast<int>(form) << (gamma ? " with gamma" : " bare"));
+      Builder b;
+      Value* x = b.op("Add", {b.input("x", {2, 5, 32}), b.weight({32})});
+      b.g.add_output(b.op("Relu", {rms_norm(b, x, 32, form, gamma)}));
+      b.g.add_output(x);  // x itself may have other readers
+      Graph f = run_passes(b.g, "fuse-rmsnorm");
+      REQUIRE(count(f, "RMSNorm") == 1);
+      CHECK(f.num_nodes() == 3);  // Add, RMSNorm, Relu
+      for (Node* n : f.nodes())
+        if (n->op_key() == "ondine.RMSNorm") {
+          CHECK(n->attr_int("axis") == -1);
+          CHECK(n->attr_float("epsilon") == Approx(1e-6f));
+          CHECK(n->input(1)->constant().dims() == Dims{32});
+        }
+      std::vector<std::string> log;
+      CompiledModel m = check_compiled(f, 1e-4, &log);
+      CHECK(count_steps(m, "RMSNorm", "RMS norm rows") == 1);
+    }
+  }
+  SECTION("over the two trailing axes, gamma [1, 6] expanded to the normalised shape") {
+    Builder b;
+    Value* x = b.input("x", {2, 4, 6});
+    b.g.add_output(b.op("Mul", {rms_norm(b, x, 0, RmsForm::Divide, false, {1, 2}), b.weight({1, 6})}));
+    Graph f = run_passes(b.g, "fuse-rmsnorm");
+    REQUIRE(count(f, "RMSNorm") == 1);
+    CHECK(f.nodes()[0]->attr_int("axis") == -2);
+    CHECK(f.nodes()[0]->input(1)->constant().dims() == Dims{4, 6});
+    check_compiled(f, 1e-4);
+  }
+}
+
+TEST_CASE("fuse-rmsnorm: must not fire", "[fusion][rmsnorm][must-not-fire]") {
+  SECTION("over a non-last axis") {
+    Builder b;
+    b.g.add_output(rms_norm(b, b.input("x", {2, 6, 8}), 8, RmsForm::DivOfOne, false, {1}));
+    check_untouched(b.g, "fuse-rmsnorm");
+  }
+  SECTION("the mean square has a second reader") {
+    Builder b;
+    Value* x = b.input("x", {2, 8});
+    Value* mean = b.op("ReduceMean", {b.op("Pow", {x, b.scalar(2.0f)})}, {{"axes", Dims{-1}}});
+    b.g.add_output(b.op("Div", {x, b.op("Sqrt", {b.op("Add", {mean, b.scalar(1e-6f)})})}));
+    b.g.add_output(b.op("Neg", {mean}));
+    check_untouched(b.g, "fuse-rmsnorm");
+  }
+  SECTION("a square of another value than the one normalised") {
+    Builder b;
+    Value* x = b.input("x", {2, 8});
+    Value* z = b.input("z", {2, 8});
+    Value* mean = b.op("ReduceMean", {b.op("Pow", {z, b.scalar(2.0f)})}, {{"axes", Dims{-1}}});
+    b.g.add_output(b.op("Div", {x, b.op("Sqrt", {b.op("Add", {mean, b.scalar(1e-6f)})})}));
+    check_untouched(b.g, "fuse-rmsnorm");
+  }
+  SECTION("a cube, not a square") {
+    Builder b;
+    Value* x = b.input("x", {2, 8});
+    Value* mean = b.op("ReduceMean", {b.op("Pow", {x, b.scalar(3.0f)})}, {{"axes", Dims{-1}}});
+    b.g.add_output(b.op("Div", {x, b.op("Sqrt", {b.op("Add", {mean, b.scalar(1e-6f)})})}));
+    check_untouched(b.g, "fuse-rmsnorm");
+  }
+  SECTION("gamma along a non-normalised axis") {
+    Builder b;
+    Value* x = b.input("x", {3, 8});
+    b.g.add_output(b.op("Mul", {rms_norm(b, x, 8, RmsForm::DivOfOne, false), b.weight({3, 1})}));
+    Graph f = run_passes(b.g, "fuse-rmsnorm");  // the bare form fuses; the Mul stays
+    CHECK(count(f, "RMSNorm") == 1);
+    CHECK(count(f, "Mul") == 1);
+  }
+}
+
+TEST_CASE("ondine.RMSNorm: a scale of the wrong shape is an error naming the node", "[fusion][rmsnorm]") {
+  Graph g;
+  Value* x = g.add_input("x", DType::Float32, Shape::from({2, 8}));
+  Value* s = g.add_constant("s", Tensor::from_vector<float>({4}, {1, 1, 1, 1}));
+  Node* n = g.add_node("RMSNorm", {x, s}, {"y"}, {}, "norm", fused::kDomain);
+  g.add_output(n->output(0));
+  CHECK_THROWS_WITH(infer_shapes(g), Catch::Contains("norm") && Catch::Contains("normalised shape"));
+}
+
+#if ONDINE_TEST_HAVE_IMPORT
+TEST_CASE("fuse-rmsnorm: every RMSNorm of the exported Llama-style decoder is one node", "[fusion][rmsnorm][corpus]") {
+  Graph g = ondine::onnx::load_model(std::string(ONDINE_TEST_DATA_DIR) + "/torch/llama_kv/model.onnx");
+  infer_shapes(g);
+  PassManager pm = make_pass_manager();
+  pm.run(g);
+  CHECK(count(g, "RMSNorm") == 5);  // two per layer and the final norm
+  CHECK(count(g, "Sqrt") == 0);
+  CHECK(count(g, "ReduceMean") == 0);
+}
+#endif
 
 // --- fuse-groupnorm ---------------------------------------------------------------------------------
 

@@ -7,8 +7,14 @@
 //   ondine.Gelu         (X)                 Y = Gelu(X), approximate = "none" | "tanh" (ONNX opset-20 Gelu)
 //   ondine.Attention    (Q, K, V, Mask?)    Y = MatMul(Softmax(scale * MatMul(Q, K) + Mask, axis = -1), V)
 //       Q [..., Sq, D], K [..., D, Sk] (the keys already transposed, as the first MatMul reads them),
-//       V [..., Sk, Dv], Y [..., Sq, Dv]: one rank >= 2 and the same batch dims for all four; Mask
-//       float, broadcasting to the scores [..., Sq, Sk] without changing them; "scale" a float (1).
+//       V [..., Sk, Dv], Y [..., Sq, Dv]: one rank >= 2; Mask float, broadcasting to the scores
+//       [..., Sq, Sk] without changing them; "scale" a float (1). K and V have Q's batch dims, or
+//       fewer heads (grouped-query attention): a batch dim of K (and V) may be a static divisor g of
+//       Q's, and query index i along it reads key/value index i / (Q's dim / g), the head order of
+//       Hugging Face's repeat_kv (attention_groups() below).
+//   ondine.RMSNorm      (X, scale)         Y = X / sqrt(ReduceMean(X^2 over axes [axis, rank)) + epsilon) * scale:
+//       ONNX opset 23's RMSNormalization (Llama's RMSNorm); "axis" (-1), "epsilon" (1e-5); scale the
+//       normalised shape X.shape[axis:]. Made by fuse-rmsnorm from the ops exporters write.
 //   ondine.GroupNorm    (X, scale, bias)    Y = GroupNormalization(X, scale, bias) as of opset 21: X [N, C, ...],
 //       scale and bias [C] (one value per channel), "num_groups" dividing C, "epsilon" (1e-5). Made by
 //       fuse-groupnorm from the InstanceNormalization form PyTorch exports; shape inference and the
@@ -33,6 +39,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -183,6 +190,21 @@ inline double apply(const Activation& a, double x) {
 inline double apply(const std::vector<Activation>& chain, double x) {
   for (const Activation& a : chain) x = apply(a, x);
   return x;
+}
+
+// Grouped-query attention: for each batch dim of Q (`q`, without the two matrix dims), how many query
+// indices share one index of K/V (`kv`): 1 where the dims are equal, Q's / K's where K's is a static
+// divisor of it. Nullopt when the ranks differ or a dim neither equals nor divides.
+inline std::optional<std::vector<std::int64_t>> attention_groups(const std::vector<std::int64_t>& q,
+                                                                 const std::vector<std::int64_t>& kv) {
+  if (q.size() != kv.size()) return std::nullopt;
+  std::vector<std::int64_t> g(q.size(), 1);
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    if (q[i] == kv[i]) continue;
+    if (kv[i] <= 0 || q[i] % kv[i] != 0) return std::nullopt;
+    g[i] = q[i] / kv[i];
+  }
+  return g;
 }
 
 }  // namespace ondine::fused

@@ -66,11 +66,7 @@ inline bool cheap_on_reference(const std::string& op) {
   return ops.count(op) > 0;
 }
 
-// The vector exp for oneDNN's effective ISA.
-inline vexp::ExpFn host_exp() {
-  const IsaInfo isa = effective_isa();
-  return vexp::exp_kernel(silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa)));
-}
+using dyn::host_exp;
 
 using DynFactory = std::unique_ptr<dyn::Kernel> (*)(const Node& n, const dnnl::engine& engine);
 
@@ -101,6 +97,9 @@ inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
     };
     t["ondine.Attention"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       return std::make_unique<AttentionKernel>(n, host_exp());
+    };
+    t["ondine.RMSNorm"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<LayerNormKernel>(n, true);
     };
     t["LayerNormalization"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       for (std::size_t i = 1; i < n.num_outputs(); ++i)

@@ -22,6 +22,10 @@
 // and of ~-1e9 are both uniform there), which is why finite fills above -1e9 are left alone.
 // Otherwise the graph is left as it is. The fused node takes the first MatMul's name; its output
 // keeps the second MatMul's output name. The Reshape/Transpose of the heads stay graph ops.
+// Grouped-query attention: K (before or under a Transpose that keeps the batch axes) and V made by
+// Hugging Face's repeat_kv, Reshape(Expand(Unsqueeze(c, a))) repeating each of c's heads in place with
+// static head counts, are read as c: the fused node's K/V have fewer heads (fused_ops.hpp), so the
+// repeated copies are never made and a KV cache is read where it is.
 #pragma once
 
 #include <cmath>
@@ -73,7 +77,80 @@ struct Match {
   Value* cond = nullptr;
   double fill = 0;
   bool fill_first = true;
+  // Grouped-query attention: K and V as they were before repeat_kv, and K's Transpose to redo on them.
+  Value *k_grouped = nullptr, *v_grouped = nullptr;
+  std::vector<std::int64_t> k_perm;
 };
+
+// Dims a and b are the same (equal values, or the same named symbol).
+inline bool same_dim(const Dim& a, const Dim& b) { return a == b && (a.is_static() || !a.symbol.empty()); }
+
+// Hugging Face's repeat_kv: x = Reshape(Expand(Unsqueeze(c, axes [a]), shape), shape') repeats each head of
+// c (axis a-1, a batch axis) `rep` times in place, [.., H, T, D] -> [.., H * rep, T, D]. Returns c when `x`
+// is that, with H and rep static, and appends the three nodes to `nodes`; else null.
+inline Value* unrepeated_heads(Value* x, std::vector<Node*>& nodes) {
+  auto producer = [](Value* v, const char* op) -> Node* {
+    if (!rewrite::single_use(v) || !v->producer() || !v->producer()->domain().empty() ||
+        v->producer()->op_type() != op)
+      return nullptr;
+    return v->producer();
+  };
+  Node* reshape = producer(x, "Reshape");
+  Node* expand = reshape ? producer(reshape->input(0), "Expand") : nullptr;
+  Node* unsqueeze = expand ? producer(expand->input(0), "Unsqueeze") : nullptr;
+  if (!unsqueeze) return nullptr;
+  Value* c = unsqueeze->input(0);
+  const Shape &cs = c->shape(), &us = unsqueeze->output(0)->shape(), &es = expand->output(0)->shape(),
+              &xs = x->shape();
+  if (!is_f32(c) || !cs.rank_known() || !us.rank_known() || !es.rank_known() || !xs.rank_known()) return nullptr;
+  const std::size_t r = xs.rank();
+  if (r < 3 || cs.rank() != r || us.rank() != r + 1 || es.rank() != r + 1) return nullptr;
+  std::vector<std::int64_t> axes;
+  if (unsqueeze->has_attr("axes")) axes = unsqueeze->attr_ints("axes");
+  else if (const Value* a = unsqueeze->input(1); a && a->is_constant()) axes = a->constant().to_int64s();
+  if (axes.size() != 1) return nullptr;
+  std::int64_t a = axes[0] < 0 ? axes[0] + static_cast<std::int64_t>(r) + 1 : axes[0];
+  if (a < 1 || a > static_cast<std::int64_t>(r) - 2) return nullptr;  // axis a-1 must be a batch axis
+  const auto ua = static_cast<std::size_t>(a);
+  if (!us[ua].is_static() || us[ua].value != 1 || !es[ua].is_static() || !es[ua - 1].is_static()) return nullptr;
+  for (std::size_t i = 0; i <= r; ++i) {
+    if (i == ua) continue;
+    if (!same_dim(us[i], cs[i < ua ? i : i - 1]) || !same_dim(es[i], us[i])) return nullptr;
+  }
+  for (std::size_t i = 0; i < r; ++i) {
+    if (i + 1 == ua) {
+      if (!xs[i].is_static() || xs[i].value != es[ua - 1].value * es[ua].value) return nullptr;
+    } else if (!same_dim(xs[i], es[i < ua ? i : i + 1])) {
+      return nullptr;
+    }
+  }
+  nodes.insert(nodes.end(), {reshape, expand, unsqueeze});
+  return c;
+}
+
+// K (the scores' right operand) and V read through repeat_kv: m.k_grouped / m.v_grouped, the heads not
+// repeated. K may be repeated before a Transpose that keeps the batch axes in place (key_states.transpose(2, 3)).
+inline void take_groups(Match& m, Value* v) {
+  const std::size_t r = m.q->shape().rank();
+  Value* k = m.k;
+  std::vector<Node*> nodes;
+  if (Node* t = k->producer(); t && rewrite::single_use(k) && t->domain().empty() && t->op_type() == "Transpose" &&
+                               t->has_attr("perm")) {
+    std::vector<std::int64_t> perm = t->attr_ints("perm");
+    bool keeps_batch = perm.size() == r;
+    for (std::size_t i = 0; keeps_batch && i + 2 < r; ++i) keeps_batch = perm[i] == static_cast<std::int64_t>(i);
+    std::vector<Node*> k_nodes{t};
+    if (Value* c = keeps_batch ? unrepeated_heads(t->input(0), k_nodes) : nullptr) {
+      m.k_grouped = c;
+      m.k_perm = perm;
+      nodes.insert(nodes.end(), k_nodes.begin(), k_nodes.end());
+    }
+  } else if (Value* c = unrepeated_heads(k, nodes)) {
+    m.k_grouped = c;
+  }
+  if (Value* c = unrepeated_heads(v, nodes)) m.v_grouped = c;
+  m.nodes.insert(m.nodes.end(), nodes.begin(), nodes.end());
+}
 
 // Follows `v` up through single-use scalar Mul/Div nodes (folding their factors into m.scale) to the
 // first MatMul; `unit_only`: only factors of exactly 1 may be crossed.
@@ -154,16 +231,31 @@ inline bool same_batch(const Shape& a, const Shape& b, std::size_t r) {
   return true;
 }
 
-// A mask of shape `ms` broadcasts to scores `ss` without changing them.
+// A mask of shape `ms` broadcasts to scores `ss` without changing them. Along the keys (the last axis) a
+// mask dim that is not static may be any expression: the probabilities' last dim must equal V's rows,
+// which are the scores' keys, so wherever the unfused ops run at all the mask's is 1 or the keys' count
+// (a mask of Hugging Face's made from attention_mask's `total` against keys `past + seq`); elsewhere the
+// fused kernels refuse it with an error naming the node.
 inline bool broadcasts_to(const Shape& ms, const Shape& ss) {
   if (!ms.rank_known() || !ss.rank_known() || ms.rank() > ss.rank()) return false;
   for (std::size_t i = 0; i < ms.rank(); ++i) {
     const Dim& d = ms[i];
     const Dim& s = ss[ss.rank() - ms.rank() + i];
     if (d.is_static() && d.value == 1) continue;
+    if (i + 1 == ms.rank() && !d.is_static()) continue;
     if (!(d == s) || (!d.is_static() && d.symbol.empty())) return false;
   }
   return true;
+}
+
+// The masked scores' shape `xs` is the scores' `ss`, but for a last dim left unknown by a mask's dim along
+// the keys (broadcasts_to).
+inline bool same_scores(const Shape& xs, const Shape& ss) {
+  if (xs == ss) return true;
+  if (!xs.rank_known() || !ss.rank_known() || xs.rank() != ss.rank()) return false;
+  for (std::size_t i = 0; i + 1 < xs.rank(); ++i)
+    if (!(xs[i] == ss[i])) return false;
+  return !xs[xs.rank() - 1].is_static();
 }
 
 // The attention ending in Softmax `sm`, or nullopt.
@@ -212,9 +304,10 @@ inline std::optional<Match> match_softmax(Node* sm, Node*& out_mm) {
   if (!same_batch(q->shape(), ss, rank) || !same_batch(k->shape(), ss, rank) || !same_batch(vv->shape(), ss, rank) ||
       !same_batch(mm->output(0)->shape(), ss, rank))
     return std::nullopt;
-  if (!(x->shape() == ss)) return std::nullopt;  // the mask did not broadcast the scores up
+  if (!same_scores(x->shape(), ss)) return std::nullopt;  // the mask did not broadcast the scores up
   if (m.mask && !broadcasts_to(m.mask->shape(), ss)) return std::nullopt;
   if (m.cond && !broadcasts_to(m.cond->shape(), ss)) return std::nullopt;
+  take_groups(m, vv);
   out_mm = mm;
   return m;
 }
@@ -258,7 +351,19 @@ struct FuseAttention {
       if (!m) continue;
       std::string root = m->scores_mm->name();
       Value* mask = m->cond ? a::additive_mask(g, *m, root) : m->mask;
-      std::vector<Value*> inputs{m->q, m->k, out_mm->input(1)};
+      Value* k = m->k;
+      if (m->k_grouped && m->k_perm.empty()) k = m->k_grouped;
+      if (m->k_grouped && !m->k_perm.empty()) {  // the Transpose redone on the unrepeated keys
+        Node* t = g.add_node("Transpose", {m->k_grouped}, {g.unique_name(root + ".keys")},
+                             {{"perm", m->k_perm}}, g.unique_name(root + ".keys"));
+        k = t->output(0);
+        k->set_dtype(DType::Float32);
+        const Shape& cs = m->k_grouped->shape();
+        std::vector<Dim> dims;
+        for (std::int64_t p : m->k_perm) dims.push_back(cs[static_cast<std::size_t>(p)]);
+        k->set_shape(Shape(dims));
+      }
+      std::vector<Value*> inputs{m->q, k, m->v_grouped ? m->v_grouped : out_mm->input(1)};
       if (mask) inputs.push_back(mask);
       g.opsets.emplace(fused::kDomain, fused::kDomainVersion);
       detail::fusion::add_replacement(g, out_mm->output(0), "Attention", inputs,
@@ -267,7 +372,8 @@ struct FuseAttention {
       erased.insert(m->nodes.begin(), m->nodes.end());
       detail::fusion::erase_unused(g, m->nodes);
       ctx.rewrite("'" + root + "': " + std::to_string(m->nodes.size()) + " ops -> ondine.Attention (scale " +
-                  std::to_string(m->scale) + (mask ? ", mask '" + mask->name() + "'" : "") + ")");
+                  std::to_string(m->scale) + (mask ? ", mask '" + mask->name() + "'" : "") +
+                  (m->k_grouped || m->v_grouped ? ", grouped K/V heads" : "") + ")");
       changed = true;
     }
     if (changed) g.remove_dead_values();

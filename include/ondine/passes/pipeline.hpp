@@ -27,6 +27,7 @@
 #include "ondine/passes/fuse_gelu.hpp"
 #include "ondine/passes/fuse_groupnorm.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
+#include "ondine/passes/fuse_rmsnorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
 #include "ondine/passes/fuse_qdq.hpp"
 #include "ondine/passes/fuse_weight_only.hpp"
@@ -62,7 +63,7 @@ namespace ondine {
 // iterations' reads of the iteration number, and the sequence elements they build, fold after;
 // dft-conv-as-stft runs before fold-pad and fuse, which would give the DFT's Conv pads or post-ops.
 inline const char* default_pipeline() {
-  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -82,6 +83,7 @@ inline PassRegistry& pass_registry() {
         .add<ScatterSlices>()
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
+        .add<FuseRmsNorm>()
         .add<FuseGroupNorm>()
         .add<PointwiseAsConv>()
         .add<FuseAttention>()

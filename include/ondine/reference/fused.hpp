@@ -7,8 +7,10 @@
 // runtime's fallback when oneDNN rejects a fused form.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,7 +94,33 @@ inline std::vector<Tensor> attention(const Node& n, const std::vector<Tensor>& i
     throw n.error("Q, K and V must have one rank >= 2, got " + dims_str(q.dims()) + ", " + dims_str(k.dims()) +
                   " and " + dims_str(v.dims()));
   auto f64 = [](const Tensor& t) { return nn::from_doubles(DType::Float64, t.dims(), nn::to_doubles(t)); };
-  Tensor scores = nn::matmul(n, {f64(q), f64(k)}).at(0);
+  // Grouped-query attention: K and V repeated to Q's heads (query index i reads i / group).
+  auto ungrouped = [&](const Tensor& t, const char* what) {
+    Tensor d = f64(t);
+    const std::vector<std::int64_t> qb(q.dims().begin(), q.dims().end() - 2), tb(t.dims().begin(), t.dims().end() - 2);
+    if (qb == tb) return d;
+    std::optional<std::vector<std::int64_t>> g = fused::attention_groups(qb, tb);
+    if (!g)
+      throw n.error(std::string(what) + " " + dims_str(t.dims()) + " has batch dims that neither equal nor divide Q's " +
+                    dims_str(q.dims()));
+    std::vector<std::int64_t> out = qb;
+    out.push_back(t.dims()[t.rank() - 2]);
+    out.push_back(t.dims()[t.rank() - 1]);
+    const std::int64_t mat = out[out.size() - 2] * out.back(), batches = nn::product(qb);
+    std::vector<double> src = nn::to_doubles(d), dst(static_cast<std::size_t>(batches * mat));
+    for (std::int64_t b = 0; b < batches; ++b) {
+      std::int64_t rest = b, from = 0, stride = 1;
+      for (std::size_t i = qb.size(); i-- > 0;) {
+        const std::int64_t idx = rest % qb[i];
+        rest /= qb[i];
+        from += idx / (*g)[i] * stride;
+        stride *= tb[i];
+      }
+      std::copy_n(src.begin() + from * mat, mat, dst.begin() + b * mat);
+    }
+    return nn::from_doubles(DType::Float64, out, dst);
+  };
+  Tensor scores = nn::matmul(n, {f64(q), ungrouped(k, "K")}).at(0);
   const std::vector<std::int64_t> sd = scores.dims();
   std::vector<double> s = nn::to_doubles(scores);
   double scale = n.attr_float("scale", 1.0f);
@@ -117,7 +145,7 @@ inline std::vector<Tensor> attention(const Node& n, const std::vector<Tensor>& i
     for (std::int64_t j = 0; j < len; ++j) sum += (x[j] = std::exp(x[j] - mx));
     for (std::int64_t j = 0; j < len; ++j) x[j] /= sum;
   }
-  Tensor y = nn::matmul(n, {nn::from_doubles(DType::Float64, sd, s), f64(v)}).at(0);
+  Tensor y = nn::matmul(n, {nn::from_doubles(DType::Float64, sd, s), ungrouped(v, "V")}).at(0);
   return {nn::from_doubles(q.dtype(), y.dims(), nn::to_doubles(y))};
 }
 

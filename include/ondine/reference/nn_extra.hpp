@@ -173,6 +173,32 @@ inline std::vector<Tensor> channel_layer_norm(const Node& n, const std::vector<T
   return {from_doubles(x.dtype(), x.dims(), v)};
 }
 
+// ondine.RMSNorm (ir/fused_ops.hpp) in double, rounded once into X's type.
+inline std::vector<Tensor> rms_norm(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required(n, in, 0);
+  const Tensor& scale = required(n, in, 1);
+  require_floating(n, x, "X");
+  const auto rank = static_cast<int64_t>(x.rank());
+  int64_t axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) throw n.error("axis " + std::to_string(n.attr_int("axis", -1)) + " is out of range for X " + dims_str(x.dims()));
+  const std::vector<int64_t> norm(x.dims().begin() + axis, x.dims().end());
+  if (scale.dims() != norm)
+    throw n.error("scale " + dims_str(scale.dims()) + " is not the normalised shape " + dims_str(norm) + " of X " +
+                  dims_str(x.dims()));
+  const int64_t d = nn::product(norm), rows = d ? x.numel() / d : 0;
+  const double eps = n.attr_float("epsilon", 1e-5f);
+  std::vector<double> v = to_doubles(x), sc = to_doubles(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    double* p = v.data() + r * d;
+    double sum = 0;
+    for (int64_t i = 0; i < d; ++i) sum += p[i] * p[i];
+    const double inv = 1.0 / std::sqrt(sum / static_cast<double>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) p[i] = p[i] * inv * sc[static_cast<std::size_t>(i)];
+  }
+  return {from_doubles(x.dtype(), x.dims(), v)};
+}
+
 inline std::vector<Tensor> lp_norm(const Node& n, const std::vector<Tensor>& in) {
   const Tensor& x = required(n, in, 0);
   require_floating(n, x, "input");
@@ -343,6 +369,7 @@ inline void register_nn_extra_kernels(KernelTable& table) {
   table["GroupNormalization"] = k::group_norm;
   table[std::string(fused::kDomain) + ".GroupNorm"] = k::group_norm;  // per-channel scale/bias, as opset 21
   table[std::string(fused::kDomain) + ".ChannelLayerNorm"] = k::channel_layer_norm;
+  table[std::string(fused::kDomain) + ".RMSNorm"] = k::rms_norm;
   table["LpNormalization"] = k::lp_norm;
   table["LpPool"] = k::lp_pool;
   table["GlobalLpPool"] = k::lp_pool;

@@ -66,7 +66,8 @@ inline void infer_gelu(Node& n) {
   set_output(n, 0, x.dtype(), x.shape());
 }
 
-// ondine.Attention: Q [..., Sq, D] x K [..., D, Sk] -> scores, x V [..., Sk, Dv] -> Y [..., Sq, Dv].
+// ondine.Attention: Q [..., Sq, D] x K [..., D, Sk] -> scores, x V [..., Sk, Dv] -> Y [..., Sq, Dv]; K and V
+// may have fewer heads (a static divisor of Q's batch dim: grouped-query attention).
 inline void infer_attention(Node& n) {
   Value& q = required_input(n, 0);
   Value& k = required_input(n, 1);
@@ -82,6 +83,13 @@ inline void infer_attention(Node& n) {
     throw n.error("Q, K and V must have one rank >= 2, got " + qs.str() + ", " + ks.str() + " and " + vs.str());
   std::string shapes = "Q " + qs.str() + ", K " + ks.str() + ", V " + vs.str();
   for (std::size_t i = 0; i + 2 < r; ++i) {
+    // Grouped-query attention: K and V with a static divisor of Q's heads (fused_ops.hpp).
+    const bool grouped = qs[i].is_static() && ks[i].is_static() && ks[i].value > 0 && ks[i].value != qs[i].value &&
+                         qs[i].value % ks[i].value == 0;
+    if (grouped) {
+      detail_nn::unify(n, ks[i], vs[i], "K and V are grouped differently: " + shapes);
+      continue;
+    }
     detail_nn::unify(n, qs[i], ks[i], "batch dims differ: " + shapes);
     detail_nn::unify(n, qs[i], vs[i], "batch dims differ: " + shapes);
   }

@@ -136,6 +136,25 @@ inline void infer_channel_layer_norm(Node& n) {
   set_output(n, 0, x.dtype(), x.shape());
 }
 
+// ondine.RMSNorm: Y has X's type and shape; scale the normalised shape X.shape[axis:].
+inline void infer_rms_norm(Node& n) {
+  Value& x = required_input(n, 0);
+  require_floating(n, x);
+  Value& scale = required_input(n, 1);
+  if (scale.dtype() != x.dtype()) throw n.error("scale must have X's element type");
+  if (!x.shape().rank_known()) return set_output(n, 0, x.dtype(), x.shape());
+  const auto rank = static_cast<std::int64_t>(x.shape().rank());
+  const std::int64_t axis = normalize_axis(n, n.attr_int("axis", -1), rank);
+  if (scale.shape().rank_known()) {
+    if (static_cast<std::int64_t>(scale.shape().rank()) != rank - axis)
+      throw n.error("scale " + scale.shape().str() + " is not the normalised shape of X " + x.shape().str());
+    for (std::int64_t i = axis; i < rank; ++i)
+      detail_nn::unify(n, scale.shape()[static_cast<std::size_t>(i - axis)], x.shape()[static_cast<std::size_t>(i)],
+                       "scale " + scale.shape().str() + " is not the normalised shape of X " + x.shape().str());
+  }
+  set_output(n, 0, x.dtype(), x.shape());
+}
+
 inline void infer_lp_norm(Node& n) {
   Value& x = required_input(n, 0);
   require_floating(n, x);
@@ -225,6 +244,7 @@ inline void register_nn_extra_infer(InferTable& t) {
   t["GroupNormalization"] = d::infer_group_norm;
   t[std::string(fused::kDomain) + ".GroupNorm"] = d::infer_group_norm;  // GroupNormalization-21's semantics
   t[std::string(fused::kDomain) + ".ChannelLayerNorm"] = d::infer_channel_layer_norm;
+  t[std::string(fused::kDomain) + ".RMSNorm"] = d::infer_rms_norm;
   t["LpNormalization"] = d::infer_lp_norm;
   t["LpPool"] = d::infer_lp_pool;
   t["GlobalLpPool"] = d::infer_global_lp_pool;

@@ -11,7 +11,9 @@
 // dims are grouped: P = the leading batch dims the mask has, R = the trailing ones it broadcasts over,
 // which puts every mask of the form [b.., 1.., Sq|1, Sk] into a fast form without copying it (its bytes
 // are the same). A constant mask of another form is expanded to the full scores once, at compile time;
-// a run-time one leaves the node to its reference kernel (and the log says so).
+// a run-time one leaves the node to its reference kernel (and the log says so). Grouped K/V heads
+// (grouped-query attention) run the shape-free plan's kernel (dynamic_kernels.hpp), which reads each
+// K/V head for its group of query heads where it is.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/kernel_step.hpp"
 #include "ondine/reference/common.hpp"
 
 namespace ondine::lower::detail {
@@ -40,6 +43,15 @@ inline bool lower_attention(Lowering& L, const Node& n) {
   const std::size_t r = qd.size();
   if (r < 2 || kd.size() != r || vd.size() != r) return decline_fused(L, n, "Q, K and V differ in rank");
   const Dims batch(qd.begin(), qd.end() - 2);
+  // Grouped-query attention (K and V with fewer heads than Q): Ondine's kernel, which reads each K/V head
+  // for its group of query heads in place, rather than oneDNN matmuls over K and V repeated.
+  if (const Dims kb(kd.begin(), kd.end() - 2), vb(vd.begin(), vd.end() - 2); kb != batch || vb != batch) {
+    if (!fused::attention_groups(batch, kb) || !fused::attention_groups(batch, vb))
+      return decline_fused(L, n, "K and V have batch dims that neither equal nor divide Q's");
+    add_kernel_step(L, n, std::make_unique<dyn::AttentionKernel>(n, dyn::host_exp()),
+                    "grouped: Q " + dims_str(qd) + ", K " + dims_str(kd) + ", V " + dims_str(vd));
+    return true;
+  }
   const std::int64_t sq = qd[r - 2], d = qd[r - 1], sk = kd[r - 1], dv = vd[r - 1];
   const Dims scores_dims = [&] {
     Dims s = batch;

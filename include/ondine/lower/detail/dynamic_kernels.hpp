@@ -38,6 +38,7 @@
 
 #include <omp.h>
 
+#include "ondine/ir/fused_ops.hpp"
 #include "ondine/lower/detail/broadcast_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
@@ -52,6 +53,12 @@
 namespace ondine::lower::detail::dyn {
 
 using Dims = std::vector<std::int64_t>;
+
+// The vector exp for oneDNN's effective ISA.
+inline vexp::ExpFn host_exp() {
+  const IsaInfo isa = effective_isa();
+  return vexp::exp_kernel(silu::choose(isa.avx512, isa_runs_on(CpuIsa::Avx2, isa.isa)));
+}
 
 // What a kernel needs of the run: where outputs come from, the oneDNN stream.
 struct RunContext {
@@ -307,10 +314,13 @@ class EltwiseKernel : public Kernel {
 
 // --- LayerNormalization, Softmax ----------------------------------------------------------------
 
+// LayerNormalization, or with `rms` ondine.RMSNorm (no mean taken out, no bias), over the rows of the
+// normalised shape.
 class LayerNormKernel : public Kernel {
  public:
-  explicit LayerNormKernel(const Node& n) : Kernel(n), axis_(n.attr_int("axis", -1)), eps_(n.attr_float("epsilon", 1e-5f)) {}
-  std::string implementation() const override { return "ondine:layer norm rows"; }
+  explicit LayerNormKernel(const Node& n, bool rms = false)
+      : Kernel(n), axis_(n.attr_int("axis", -1)), eps_(n.attr_float("epsilon", 1e-5f)), rms_(rms) {}
+  std::string implementation() const override { return rms_ ? "ondine:RMS norm rows" : "ondine:layer norm rows"; }
   std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
     if (!all_f32(in, {0, 1}) || (in.size() > 2 && !in[2].empty() && in[2].dtype() != DType::Float32))
       return reference(in);
@@ -334,8 +344,10 @@ class LayerNormKernel : public Kernel {
         float* out = py + r * d;
         // omp simd: the sums in vector lanes (the order of float additions is the compiler's to choose).
         float sum = 0;
+        if (!rms_) {
 #pragma omp simd reduction(+ : sum)
-        for (std::int64_t i = 0; i < d; ++i) sum += row[i];
+          for (std::int64_t i = 0; i < d; ++i) sum += row[i];
+        }
         const float mean = sum / static_cast<float>(d);
         float var = 0;
 #pragma omp simd reduction(+ : var)
@@ -353,6 +365,7 @@ class LayerNormKernel : public Kernel {
  private:
   std::int64_t axis_;
   float eps_;
+  bool rms_;
 };
 
 // Softmax (or log-softmax) of each row of `len` floats in place; a row whose maximum is -inf gives NaN, as
@@ -795,8 +808,11 @@ class AttentionKernel : public Kernel {
     const Dims qd = permuted(in[0].dims(), in_perm_[0]);
     const Dims kd = permuted(in[1].dims(), in_perm_[1]);
     const Dims vd = permuted(in[2].dims(), in_perm_[2]);
-    for (std::size_t i = 0; i + 2 < rank; ++i)
-      if (kd[i] != qd[i] || vd[i] != qd[i]) return fallback(ctx, in);
+    // Grouped-query attention: K and V may have fewer heads (query index i reads i / group).
+    const Dims qb(qd.begin(), qd.end() - 2);
+    const auto kg = fused::attention_groups(qb, Dims(kd.begin(), kd.end() - 2));
+    const auto vg = fused::attention_groups(qb, Dims(vd.begin(), vd.end() - 2));
+    if (!kg || !vg) return fallback(ctx, in);
     const std::int64_t Sq = qd[rank - 2], D = qd[rank - 1], Sk = kd[rank - 1], Dv = vd[rank - 1];
     if (kd[rank - 2] != D || vd[rank - 2] != Sk) return fallback(ctx, in);
     Dims scores = qd;
@@ -839,8 +855,8 @@ class AttentionKernel : public Kernel {
         const std::int64_t idx = rest % batch_dims[i];
         rest /= batch_dims[i];
         oq += idx * q.batch_strides[i];
-        ok += idx * k.batch_strides[i];
-        ov += idx * v.batch_strides[i];
+        ok += idx / (*kg)[i] * k.batch_strides[i];
+        ov += idx / (*vg)[i] * v.batch_strides[i];
         oy += idx * out_strides[i];
         if (pm) om += idx * mask_strides[i];
       }

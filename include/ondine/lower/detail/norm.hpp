@@ -17,6 +17,7 @@
 
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
+#include "ondine/lower/detail/kernel_step.hpp"
 #include "ondine/reference/nn.hpp"
 
 namespace ondine::lower::detail {
@@ -104,6 +105,16 @@ inline bool lower_softmax(Lowering& L, const Node& n) {
 
 // LayerNormalization (opset 17) in f32 with the f32 stash type. Declines when the Mean / InvStdDev
 // outputs are read: oneDNN's inference mode does not return them.
+// ondine.RMSNorm: the shape-free plan's row kernel (oneDNN 2.6's layer normalization always takes the
+// mean out).
+inline bool lower_rms_norm(Lowering& L, const Node& n) {
+  const Value *x = n.input(0), *scale = n.input(1);
+  if (!is_f32(x) || !is_f32(scale) || !is_f32(n.output(0))) return decline_fused(L, n, "it is not float32");
+  add_kernel_step(L, n, std::make_unique<dyn::LayerNormKernel>(n, true),
+                  Graph::value_type_str(x) + ", axis " + std::to_string(n.attr_int("axis", -1)));
+  return true;
+}
+
 inline bool lower_layernorm(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
