@@ -222,6 +222,8 @@ TEST_CASE("fuse-attention: each mask broadcast compiles, fast or expanded (compi
   }
 }
 
+namespace {
+
 // Hugging Face's repeat_kv on [B, kv_heads, T, D]: Reshape(Expand(Unsqueeze(x, axes [axis]))) to
 // [B, kv_heads * rep, T, D]: with axis 2 each head repeated in place, with axis 1 the heads tiled.
 Value* repeat_heads(Builder& b, Value* x, const Dims& d, std::int64_t rep, std::int64_t axis = 2) {
@@ -255,6 +257,8 @@ struct GroupedAttention {
             {"mask", uniform_tensor({qd[0], 1, qd[2], kvd[2]}, 4, -3, 0)}};
   }
 };
+
+}  // namespace
 
 TEST_CASE("fuse-attention: grouped-query attention reads K and V without repeating them (1e-5; compiled 1e-4)",
           "[attention][gqa]") {

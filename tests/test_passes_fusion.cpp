@@ -1,5 +1,5 @@
-// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse-rmsnorm, fuse-groupnorm,
-// fuse):
+// Tests of Ondine's fused ops and the passes that create them (fuse-gelu, fuse-layernorm, fuse-rmsnorm, fuse-rotary,
+// fuse-groupnorm, fuse):
 // - the ops: the activation chain attributes, activation recognition and semantics, shape inference;
 // - structure: op counts after each pass;
 // - numbers: the graph before and after a pass agree on the reference executor (seeded inputs,
@@ -23,6 +23,7 @@
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
 #include "ondine/passes/fuse_rmsnorm.hpp"
+#include "ondine/passes/fuse_rotary.hpp"
 #include "ondine/passes/pipeline.hpp"
 #include "ondine/reference/executor.hpp"
 
@@ -613,6 +614,81 @@ TEST_CASE("fuse-rmsnorm: every RMSNorm of the exported Llama-style decoder is on
   CHECK(count(g, "RMSNorm") == 5);  // two per layer and the final norm
   CHECK(count(g, "Sqrt") == 0);
   CHECK(count(g, "ReduceMean") == 0);
+}
+#endif
+
+// --- fuse-rotary -----------------------------------------------------------------------------------
+
+namespace {
+// apply_rotary_pos_emb as exported: x * cos + Concat(-x[..., h:], x[..., :h]) * sin, the Slices with
+// constant starts/ends/axes (end INT64_MAX for `x[..., h:]`); `lo_end` and `swap` make the forms that are
+// not it.
+Value* rotary(Builder& b, Value* x, Value* cos, Value* sin, std::int64_t d, std::int64_t lo_end = -1, bool swap = false) {
+  const std::int64_t h = d / 2, cut = lo_end < 0 ? h : lo_end;
+  auto ints = [&](std::int64_t v) { return b.g.add_constant(b.g.unique_name("i"), Tensor::from_vector<std::int64_t>({1}, {v})); };
+  Value* lo = b.op("Slice", {x, ints(0), ints(cut), ints(-1), ints(1)});
+  Value* hi = b.op("Slice", {x, ints(cut), ints(std::numeric_limits<std::int64_t>::max()), ints(-1)});
+  Value* rotated = swap ? b.op("Concat", {lo, b.op("Neg", {hi})}, {{"axis", std::int64_t{-1}}})
+                        : b.op("Concat", {b.op("Neg", {hi}), lo}, {{"axis", std::int64_t{-1}}});
+  return b.op("Add", {b.op("Mul", {x, cos}), b.op("Mul", {rotated, sin})});
+}
+}  // namespace
+
+TEST_CASE("fuse-rotary: apply_rotary_pos_emb becomes ondine.Rotary (1e-5; compiled 1e-4)", "[fusion][rotary]") {
+  Builder b;
+  Value* q = b.input("q", {2, 4, 3, 16});
+  Value* k = b.input("k", {2, 2, 3, 16});
+  Value* cos = b.input("cos", {2, 1, 3, 16});  // per position, shared by the heads
+  Value* sin = b.input("sin", {2, 1, 3, 16});
+  b.g.add_output(rotary(b, q, cos, sin, 16));
+  b.g.add_output(rotary(b, k, cos, sin, 16));
+  Graph f = run_passes(b.g, "fuse-rotary");
+  CHECK(count(f, "Rotary") == 2);
+  CHECK(f.num_nodes() == 2);
+  std::vector<std::string> log;
+  CompiledModel m = check_compiled(f, 1e-4, &log);
+  CHECK(count_steps(m, "Rotary", "rotary rows") == 2);
+}
+
+TEST_CASE("fuse-rotary: must not fire", "[fusion][rotary][must-not-fire]") {
+  SECTION("the halves rotated the other way") {
+    Builder b;
+    b.g.add_output(rotary(b, b.input("x", {1, 2, 3, 8}), b.input("c", {1, 1, 3, 8}), b.input("s", {1, 1, 3, 8}), 8, -1, true));
+    check_untouched(b.g, "fuse-rotary");
+  }
+  SECTION("cut away from the half") {
+    Builder b;
+    b.g.add_output(rotary(b, b.input("x", {1, 2, 3, 8}), b.input("c", {1, 1, 3, 8}), b.input("s", {1, 1, 3, 8}), 8, 3));
+    check_untouched(b.g, "fuse-rotary");
+  }
+  SECTION("cos broadcasting x up") {
+    Builder b;
+    b.g.add_output(rotary(b, b.input("x", {1, 1, 3, 8}), b.input("c", {1, 2, 3, 8}), b.input("s", {1, 2, 3, 8}), 8));
+    check_untouched(b.g, "fuse-rotary");
+  }
+  SECTION("cos and sin of different shapes") {
+    Builder b;
+    b.g.add_output(rotary(b, b.input("x", {1, 2, 3, 8}), b.input("c", {1, 1, 3, 8}), b.input("s", {3, 8}), 8));
+    check_untouched(b.g, "fuse-rotary");
+  }
+  SECTION("the rotated half read elsewhere too") {
+    Builder b;
+    Value* x = b.input("x", {1, 2, 3, 8});
+    Value* y = rotary(b, x, b.input("c", {1, 1, 3, 8}), b.input("s", {1, 1, 3, 8}), 8);
+    b.g.add_output(y);
+    b.g.add_output(y->producer()->input(1)->producer()->input(0));  // the Concat
+    check_untouched(b.g, "fuse-rotary");
+  }
+}
+
+#if ONDINE_TEST_HAVE_IMPORT
+TEST_CASE("fuse-rotary: the Llama-style decoder's Q and K rotations are one node each", "[fusion][rotary][corpus]") {
+  Graph g = ondine::onnx::load_model(std::string(ONDINE_TEST_DATA_DIR) + "/torch/llama_kv/model.onnx");
+  infer_shapes(g);
+  PassManager pm = make_pass_manager();
+  pm.run(g);
+  CHECK(count(g, "Rotary") == 4);  // Q and K of two layers
+  CHECK(count(g, "Neg") == 0);
 }
 #endif
 

@@ -447,7 +447,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 TEST_CASE("fuse-dynamic-qmatmul: MatMulInteger -> Cast -> Mul -> Add? -> act* becomes one ondine.DynQMatMul, same numbers",
           "[qoperator][dynamic]") {
-  CHECK(std::string(default_pipeline()).find("fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,") != std::string::npos);
+  CHECK(std::string(default_pipeline()).find("fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-rotary,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,") != std::string::npos);
   for (bool per_channel : {true, false}) {
     INFO("per channel " << per_channel);
     Graph g;

@@ -15,6 +15,10 @@
 //   ondine.RMSNorm      (X, scale)         Y = X / sqrt(ReduceMean(X^2 over axes [axis, rank)) + epsilon) * scale:
 //       ONNX opset 23's RMSNormalization (Llama's RMSNorm); "axis" (-1), "epsilon" (1e-5); scale the
 //       normalised shape X.shape[axis:]. Made by fuse-rmsnorm from the ops exporters write.
+//   ondine.Rotary       (X, cos, sin)      Y = X * cos + rotate_half(X) * sin, rotate_half(X) = Concat(-X[..., D/2:],
+//       X[..., :D/2], axis -1): rotary position embeddings as Hugging Face's apply_rotary_pos_emb writes them.
+//       X [..., D] with D even; cos and sin one shape, broadcasting to X's without changing it, last dim D.
+//       Made by fuse-rotary.
 //   ondine.GroupNorm    (X, scale, bias)    Y = GroupNormalization(X, scale, bias) as of opset 21: X [N, C, ...],
 //       scale and bias [C] (one value per channel), "num_groups" dividing C, "epsilon" (1e-5). Made by
 //       fuse-groupnorm from the InstanceNormalization form PyTorch exports; shape inference and the

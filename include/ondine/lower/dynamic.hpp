@@ -98,6 +98,9 @@ inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
     t["ondine.Attention"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       return std::make_unique<AttentionKernel>(n, host_exp());
     };
+    t["ondine.Rotary"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
+      return std::make_unique<RotaryKernel>(n);
+    };
     t["ondine.RMSNorm"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       return std::make_unique<LayerNormKernel>(n, true);
     };

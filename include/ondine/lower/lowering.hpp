@@ -126,6 +126,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
                                "not float32, no Scale, stash_type != 1, or Mean/InvStdDev outputs read"};
     t["ondine.RMSNorm"] = {lower_rms_norm, "Ondine's row kernel (the shape-free plan's): sum of squares, then scale",
                            "not float32"};
+    t["ondine.Rotary"] = {lower_rotary, "Ondine's row kernel (the shape-free plan's): both halves in one pass",
+                          "not float32"};
     t["GroupNormalization"] = {lower_group_norm,
                                "Ondine's kernel (AVX-512 / AVX2 / C++): statistics per group, the per-channel affine "
                                "and a following Relu / LeakyRelu / Clip / SiLU in one write",

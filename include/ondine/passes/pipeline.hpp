@@ -28,6 +28,7 @@
 #include "ondine/passes/fuse_groupnorm.hpp"
 #include "ondine/passes/fuse_layernorm.hpp"
 #include "ondine/passes/fuse_rmsnorm.hpp"
+#include "ondine/passes/fuse_rotary.hpp"
 #include "ondine/passes/fuse_post_ops.hpp"
 #include "ondine/passes/fuse_qdq.hpp"
 #include "ondine/passes/fuse_weight_only.hpp"
@@ -63,7 +64,7 @@ namespace ondine {
 // iterations' reads of the iteration number, and the sequence elements they build, fold after;
 // dft-conv-as-stft runs before fold-pad and fuse, which would give the DFT's Conv pads or post-ops.
 inline const char* default_pipeline() {
-  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-rotary,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -84,6 +85,7 @@ inline PassRegistry& pass_registry() {
         .add<FuseGelu>()
         .add<FuseLayerNorm>()
         .add<FuseRmsNorm>()
+        .add<FuseRotary>()
         .add<FuseGroupNorm>()
         .add<PointwiseAsConv>()
         .add<FuseAttention>()

@@ -199,6 +199,28 @@ inline std::vector<Tensor> rms_norm(const Node& n, const std::vector<Tensor>& in
   return {from_doubles(x.dtype(), x.dims(), v)};
 }
 
+// ondine.Rotary (ir/fused_ops.hpp) in double, rounded once into X's type.
+inline std::vector<Tensor> rotary(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& x = required(n, in, 0);
+  const Tensor& c = required(n, in, 1);
+  const Tensor& s = required(n, in, 2);
+  require_floating(n, x, "X");
+  if (x.rank() == 0 || c.rank() == 0 || c.dims() != s.dims() || c.dims().back() != x.dims().back() ||
+      x.dims().back() % 2 != 0 || detail::broadcast_dims(n, x.dims(), c.dims()) != x.dims())
+    throw n.error("X " + dims_str(x.dims()) + ", cos " + dims_str(c.dims()) + " and sin " + dims_str(s.dims()) +
+                  " do not make a rotary embedding (cos and sin one shape, broadcasting to X's, X's last dim even)");
+  const int64_t d = x.dims().back(), h = d / 2;
+  const std::vector<int64_t> at = detail::broadcast_index_map(c.dims(), x.dims());
+  std::vector<double> xv = to_doubles(x), cv = to_doubles(c), sv = to_doubles(s), y(xv.size());
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    const auto j = static_cast<int64_t>(i) % d;
+    const double rotated = j < h ? -xv[i + static_cast<std::size_t>(h)] : xv[i - static_cast<std::size_t>(h)];
+    const auto k = static_cast<std::size_t>(at[i]);
+    y[i] = xv[i] * cv[k] + rotated * sv[k];
+  }
+  return {from_doubles(x.dtype(), x.dims(), y)};
+}
+
 inline std::vector<Tensor> lp_norm(const Node& n, const std::vector<Tensor>& in) {
   const Tensor& x = required(n, in, 0);
   require_floating(n, x, "input");
@@ -370,6 +392,7 @@ inline void register_nn_extra_kernels(KernelTable& table) {
   table[std::string(fused::kDomain) + ".GroupNorm"] = k::group_norm;  // per-channel scale/bias, as opset 21
   table[std::string(fused::kDomain) + ".ChannelLayerNorm"] = k::channel_layer_norm;
   table[std::string(fused::kDomain) + ".RMSNorm"] = k::rms_norm;
+  table[std::string(fused::kDomain) + ".Rotary"] = k::rotary;
   table["LpNormalization"] = k::lp_norm;
   table["LpPool"] = k::lp_pool;
   table["GlobalLpPool"] = k::lp_pool;

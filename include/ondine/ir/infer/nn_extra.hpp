@@ -155,6 +155,29 @@ inline void infer_rms_norm(Node& n) {
   set_output(n, 0, x.dtype(), x.shape());
 }
 
+// ondine.Rotary: Y has X's type and shape; cos and sin one shape, last dim X's, broadcasting to X.
+inline void infer_rotary(Node& n) {
+  Value& x = required_input(n, 0);
+  require_floating(n, x);
+  Value& c = required_input(n, 1);
+  Value& s = required_input(n, 2);
+  if (c.dtype() != x.dtype() || s.dtype() != x.dtype()) throw n.error("cos and sin must have X's element type");
+  if (x.shape().rank_known() && c.shape().rank_known() && s.shape().rank_known()) {
+    const Shape &xs = x.shape(), &cs = c.shape();
+    if (xs.rank() == 0 || cs.rank() == 0 || cs.rank() > xs.rank() || cs.rank() != s.shape().rank())
+      throw n.error("X " + xs.str() + ", cos " + cs.str() + " and sin " + s.shape().str() + " do not make a rotary embedding");
+    const Dim& d = xs[xs.rank() - 1];
+    if (d.is_static() && d.value % 2 != 0) throw n.error("X's last dim " + d.str() + " is odd");
+    for (std::size_t i = 0; i < cs.rank(); ++i) {
+      const std::string what = "cos " + cs.str() + " and sin " + s.shape().str() + " do not broadcast to X " + xs.str();
+      detail_nn::unify(n, cs[i], s.shape()[i], what);
+      if (!(cs[i].is_static() && cs[i].value == 1) || i + 1 == cs.rank())
+        detail_nn::unify(n, cs[i], xs[xs.rank() - cs.rank() + i], what);
+    }
+  }
+  set_output(n, 0, x.dtype(), x.shape());
+}
+
 inline void infer_lp_norm(Node& n) {
   Value& x = required_input(n, 0);
   require_floating(n, x);
@@ -245,6 +268,7 @@ inline void register_nn_extra_infer(InferTable& t) {
   t[std::string(fused::kDomain) + ".GroupNorm"] = d::infer_group_norm;  // GroupNormalization-21's semantics
   t[std::string(fused::kDomain) + ".ChannelLayerNorm"] = d::infer_channel_layer_norm;
   t[std::string(fused::kDomain) + ".RMSNorm"] = d::infer_rms_norm;
+  t[std::string(fused::kDomain) + ".Rotary"] = d::infer_rotary;
   t["LpNormalization"] = d::infer_lp_norm;
   t["LpPool"] = d::infer_lp_pool;
   t["GlobalLpPool"] = d::infer_global_lp_pool;

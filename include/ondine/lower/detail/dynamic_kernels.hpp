@@ -368,6 +368,45 @@ class LayerNormKernel : public Kernel {
   bool rms_;
 };
 
+// ondine.Rotary (ir/fused_ops.hpp): Y = X * cos + rotate_half(X) * sin along the last axis, cos and sin read
+// through their broadcast (one row of them per position, shared by the heads).
+class RotaryKernel : public Kernel {
+ public:
+  explicit RotaryKernel(const Node& n) : Kernel(n) {}
+  std::string implementation() const override { return "ondine:rotary rows"; }
+  std::vector<Tensor> run(RunContext& ctx, const std::vector<Tensor>& in) const override {
+    if (in.size() < 3 || !all_f32(in, {0, 1, 2})) return reference(in);
+    const Tensor &x = in[0], &c = in[1], &s = in[2];
+    if (x.rank() == 0 || c.rank() == 0 || c.dims() != s.dims()) return reference(in);
+    const std::int64_t d = x.dims().back();
+    Dims out;
+    if (d == 0 || d % 2 != 0 || c.dims().back() != d || !broadcast_shape(x.dims(), c.dims(), out) || out != x.dims())
+      return reference(in);
+    Tensor y = ctx.alloc_output(0, DType::Float32, x.dims());
+    const Dims cs = broadcast_strides(c.dims(), x.dims());
+    const Dims& xd = x.dims();
+    const std::int64_t rows = x.numel() / d, h = d / 2;
+    const float *px = x.data<float>(), *pc = c.data<float>(), *ps = s.data<float>();
+    float* py = y.data<float>();
+    parallel_rows(rows, d, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t r = begin; r < end; ++r) {
+        std::int64_t rest = r, oc = 0;
+        for (std::size_t i = xd.size() - 1; i-- > 0;) {
+          oc += rest % xd[i] * cs[i];
+          rest /= xd[i];
+        }
+        const float *xr = px + r * d, *cr = pc + oc, *sr = ps + oc;
+        float* yr = py + r * d;
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) yr[j] = xr[j] * cr[j] - xr[j + h] * sr[j];
+#pragma omp simd
+        for (std::int64_t j = h; j < d; ++j) yr[j] = xr[j] * cr[j] + xr[j - h] * sr[j];
+      }
+    });
+    return {y};
+  }
+};
+
 // Softmax (or log-softmax) of each row of `len` floats in place; a row whose maximum is -inf gives NaN, as
 // the reference does.
 inline void softmax_row(float* x, std::int64_t len, vexp::ExpFn exp_fn, bool log) {

@@ -115,6 +115,15 @@ inline bool lower_rms_norm(Lowering& L, const Node& n) {
   return true;
 }
 
+// ondine.Rotary: the shape-free plan's row kernel.
+inline bool lower_rotary(Lowering& L, const Node& n) {
+  for (const Value* v : {n.input(0), n.input(1), n.input(2), n.output(0)})
+    if (!is_f32(v)) return decline_fused(L, n, "it is not float32");
+  add_kernel_step(L, n, std::make_unique<dyn::RotaryKernel>(n),
+                  Graph::value_type_str(n.input(0)) + " by " + Graph::value_type_str(n.input(1)));
+  return true;
+}
+
 inline bool lower_layernorm(Lowering& L, const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.output(0);
