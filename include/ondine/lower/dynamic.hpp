@@ -30,6 +30,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -230,6 +231,7 @@ class DynamicModel {
     for (std::size_t i = 0; i < constants_.size(); ++i) values[constants_[i].first] = constants_[i].second;
     for (auto& [name, id] : input_ids_) values[id] = feeds->at(name);
     std::vector<Tensor> args;
+    std::string key;
     for (const Step& s : steps_) {
       args.clear();
       ctx.strides.clear();
@@ -264,6 +266,18 @@ class DynamicModel {
           ctx.bound[i] = it->second;
         }
       const auto start = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      const bool memoised = s.memo && ctx.bound.empty() && Memo::key_of(s.node->op_type(), args, key);
+      if (memoised) {
+        std::lock_guard<std::mutex> lock(s.memo->mutex);
+        if (key == s.memo->key) outs = s.memo->outputs;
+      }
+      if (!outs.empty()) {  // the memo's: the same inputs as last time
+        for (std::size_t i = 0; i < s.outputs.size(); ++i)
+          if (s.outputs[i] >= 0) values[static_cast<std::size_t>(s.outputs[i])] = outs[i];
+        for (int id : s.release) values[static_cast<std::size_t>(id)] = Tensor();
+        if (times) times->add(s.node->op_type(), "memoised", s.node->name(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        continue;
+      }
       try {
         outs = s.kernel ? s.kernel->run(ctx, args) : s.reference(*s.node, args);
       } catch (const dnnl::error& e) {
@@ -277,6 +291,23 @@ class DynamicModel {
       if (outs.size() < s.outputs.size())
         throw s.node->error("kernel returned " + std::to_string(outs.size()) + " outputs, expected " +
                             std::to_string(s.outputs.size()));
+      if (memoised && !outs.empty()) {
+        // Kept in memory of their own: an output that is a view (a Reshape's of a pooled value) must not
+        // hold the pool's buffer.
+        std::vector<Tensor> kept;
+        for (const Tensor& t : outs) {
+          if (t.kind() != Tensor::Kind::Dense || !t.nbytes() || t.is_sole_owner()) {
+            kept.push_back(t);
+            continue;
+          }
+          Tensor own(t.dtype(), t.dims());
+          std::memcpy(own.raw(), t.raw(), t.nbytes());
+          kept.push_back(std::move(own));
+        }
+        std::lock_guard<std::mutex> lock(s.memo->mutex);
+        s.memo->key = key;
+        s.memo->outputs = std::move(kept);
+      }
       for (std::size_t i = 0; i < s.outputs.size(); ++i) {
         if (s.outputs[i] < 0) continue;
         if (i < ctx.bound.size() && ctx.bound[i].first) {  // into the caller's buffer (there already, or copied)
@@ -406,12 +437,41 @@ class DynamicModel {
   const runtime::BufferPool& pool() const { return *pool_; }
 
  private:
+  // A shape-arithmetic step (Shape, Gather, Unsqueeze, Concat, ... on a few integers) gives the same outputs
+  // for the same inputs: its last inputs and outputs are kept, so that a decode, whose shape values repeat
+  // from token to token, skips the reference kernels of most of them. The key is what the outputs depend
+  // on: the dims of Shape's and Size's input, the values of the other inputs (integers or booleans, at most
+  // kMaxValues each); a step with any other input is run every time.
+  struct Memo {
+    static constexpr std::int64_t kMaxValues = 16;
+    std::mutex mutex;
+    std::string key;
+    std::vector<Tensor> outputs;
+    // The key of `args` for `op` (types, dims and the values' bytes), or false when an input does not qualify.
+    static bool key_of(const std::string& op, const std::vector<Tensor>& args, std::string& key) {
+      key.clear();
+      const bool dims_only = op == "Shape" || op == "Size";
+      auto put = [&](std::int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+      for (const Tensor& t : args) {
+        if (t.kind() != Tensor::Kind::Dense) return false;
+        put(static_cast<std::int64_t>(t.dtype()));
+        put(static_cast<std::int64_t>(t.rank()));
+        for (std::int64_t d : t.dims()) put(d);
+        if (dims_only || t.nbytes() == 0) continue;
+        if (t.numel() > kMaxValues || !(is_integer(t.dtype()) || t.dtype() == DType::Bool)) return false;
+        key.append(static_cast<const char*>(t.raw()), t.nbytes());
+      }
+      return true;
+    }
+  };
+
   struct Step {
     const Node* node = nullptr;
     std::unique_ptr<detail::dyn::Kernel> kernel;  // null: the reference kernel
     reference::Kernel reference;
     std::vector<int> inputs, outputs, release;
     int kv = -1;  // a KV pair's Concat: its index in kv_slots_
+    std::unique_ptr<Memo> memo;  // shape arithmetic on the reference kernel (Memo)
   };
   struct KvSlot {
     runtime::KvPair pair;
@@ -572,6 +632,9 @@ class DynamicModel {
           }
         }
       if (!s.kernel) s.reference = kernels.at(n->op_key());
+      if (!s.kernel && n->domain().empty() && n->subgraphs().empty() &&
+          (n->op_type() == "Shape" || detail::cheap_on_reference(n->op_type())))
+        s.memo = std::make_unique<Memo>();
       steps_.push_back(std::move(s));
     }
     for (Value* out : g.outputs()) {
