@@ -37,6 +37,7 @@
 #include "ondine/lower/detail/einsum.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/group_norm.hpp"
+#include "ondine/lower/detail/kernel_step.hpp"
 #include "ondine/lower/detail/matmul.hpp"
 #include "ondine/lower/detail/norm.hpp"
 #include "ondine/lower/detail/pool.hpp"
@@ -254,28 +255,10 @@ inline void lower_reference(Lowering& L, const Node& n) {
   const auto& kernels = reference::kernel_table();
   auto it = kernels.find(n.op_key());
   if (it == kernels.end()) throw n.error("unsupported op: no oneDNN lowering and no reference kernel");
-  std::vector<ReferenceStep::Operand> ins, outs;
-  std::string detail;
-  for (const Value* v : n.inputs()) {
-    if (!v) {
-      ins.emplace_back();
-      continue;
-    }
-    ins.push_back({true, L.row_major_slot(v), v->dtype(), v->shape().sizes()});
-    detail += (detail.empty() ? "" : ", ") + Graph::value_type_str(v);
-  }
-  detail += " -> ";
-  for (const Value* v : n.outputs()) {
-    // An output nobody reads is not copied out (optional outputs may not even be computed).
-    if (!v || (!v->has_uses() && !v->is_graph_output())) {
-      outs.emplace_back();
-      continue;
-    }
-    SlotId slot = L.new_plain_slot(v);
-    L.define_plain(v, slot);
-    outs.push_back({true, slot, v->dtype(), v->shape().sizes()});
-    detail += Graph::value_type_str(v) + " ";
-  }
+  RowMajorOperands ops = row_major_operands(L, n);
+  std::vector<ReferenceStep::Operand>& ins = ops.inputs;
+  std::vector<ReferenceStep::Operand>& outs = ops.outputs;
+  const std::string& detail = ops.types;
   if (is_control_flow(n) && !L.options.reference_ops.count(n.op_key())) {
     // Control flow: its subgraphs compiled (detail/control_flow.hpp), unless the op is forced onto its
     // reference kernel (CompileOptions::reference_ops), which runs them on the reference executor.

@@ -48,26 +48,45 @@ class KernelStep : public ReferenceStep {
   dnnl::engine engine_;
 };
 
-// Lowers `n` to `kernel` on row-major slots of its inputs and outputs.
-inline void add_kernel_step(Lowering& L, const Node& n, std::unique_ptr<dyn::Kernel> kernel,
-                            const std::string& detail) {
-  std::vector<ReferenceStep::Operand> ins, outs;
+// The operands of a step that reads `n`'s inputs in their row-major slots and writes its outputs into plain
+// slots of their own (an output nobody reads gets none: optional outputs may not even be computed), and
+// their types as "in, in -> out " for the step's detail.
+struct RowMajorOperands {
+  std::vector<ReferenceStep::Operand> inputs, outputs;
+  std::string types;
+};
+inline RowMajorOperands row_major_operands(Lowering& L, const Node& n) {
+  RowMajorOperands r;
   for (const Value* v : n.inputs()) {
-    if (!v) ins.emplace_back();
-    else ins.push_back({true, L.row_major_slot(v), v->dtype(), v->shape().sizes()});
+    if (!v) {
+      r.inputs.emplace_back();
+      continue;
+    }
+    r.inputs.push_back({true, L.row_major_slot(v), v->dtype(), v->shape().sizes()});
+    r.types += (r.types.empty() ? "" : ", ") + Graph::value_type_str(v);
   }
+  r.types += " -> ";
   for (const Value* v : n.outputs()) {
     if (!v || (!v->has_uses() && !v->is_graph_output())) {
-      outs.emplace_back();
+      r.outputs.emplace_back();
       continue;
     }
     SlotId slot = L.new_plain_slot(v);
     L.define_plain(v, slot);
-    outs.push_back({true, slot, v->dtype(), v->shape().sizes()});
+    r.outputs.push_back({true, slot, v->dtype(), v->shape().sizes()});
+    r.types += Graph::value_type_str(v) + " ";
   }
+  return r;
+}
+
+// Lowers `n` to `kernel` on row-major slots of its inputs and outputs.
+inline void add_kernel_step(Lowering& L, const Node& n, std::unique_ptr<dyn::Kernel> kernel,
+                            const std::string& detail) {
+  RowMajorOperands ops = row_major_operands(L, n);
   std::string implementation = kernel->implementation();
   L.add_step(std::make_unique<KernelStep>(runtime::StepInfo{n.name(), n.op_type(), implementation, detail}, &n,
-                                          std::move(kernel), L.engine(), std::move(ins), std::move(outs)));
+                                          std::move(kernel), L.engine(), std::move(ops.inputs),
+                                          std::move(ops.outputs)));
 }
 
 }  // namespace ondine::lower::detail
