@@ -681,6 +681,27 @@ TEST_CASE("fuse-rotary: must not fire", "[fusion][rotary][must-not-fire]") {
   }
 }
 
+TEST_CASE("ondine.Rotary: an odd last dim or a cos that does not fit X is an error naming the node", "[fusion][rotary]") {
+  auto graph = [](Dims x, Dims c) {
+    auto g = std::make_unique<Graph>();
+    Value* xv = g->add_input("x", DType::Float32, Shape::from(x));
+    Value* cv = g->add_input("cos", DType::Float32, Shape::from(c));
+    Value* sv = g->add_input("sin", DType::Float32, Shape::from(c));
+    Node* n = g->add_node("Rotary", {xv, cv, sv}, {"y"}, {}, "rope", fused::kDomain);
+    g->add_output(n->output(0));
+    return g;
+  };
+  CHECK_THROWS_WITH(infer_shapes(*graph({1, 2, 3, 7}, {1, 1, 3, 7})), Catch::Contains("rope") && Catch::Contains("odd"));
+  CHECK_THROWS_WITH(infer_shapes(*graph({1, 2, 3, 8}, {1, 1, 3, 4})), Catch::Contains("rope") && Catch::Contains("broadcast"));
+  // The reference kernel refuses what shape inference could not see (run-time shapes).
+  auto g = graph({1, 2, 3, 8}, {1, 1, 3, 8});
+  std::map<std::string, Tensor> feeds{{"x", random_tensor({1, 2, 3, 8}, 1)}, {"cos", random_tensor({1, 1, 3, 4}, 2)},
+                                      {"sin", random_tensor({1, 1, 3, 4}, 3)}};
+  const Node* rope = g->nodes()[0];
+  CHECK_THROWS_WITH(reference::kernel_table().at(rope->op_key())(*rope, {feeds["x"], feeds["cos"], feeds["sin"]}),
+                    Catch::Contains("rope") && Catch::Contains("rotary embedding"));
+}
+
 #if ONDINE_TEST_HAVE_IMPORT
 TEST_CASE("fuse-rotary: the Llama-style decoder's Q and K rotations are one node each", "[fusion][rotary][corpus]") {
   Graph g = ondine::onnx::load_model(std::string(ONDINE_TEST_DATA_DIR) + "/torch/llama_kv/model.onnx");
