@@ -225,6 +225,34 @@ TEST_CASE("quantize_weights: blocked DequantizeLinear in opset 21, within the qu
   CHECK_THAT(report.skipped[0].second, Contains("LM head"));
 }
 
+TEST_CASE("fuse-qdq must not requantize a weight-only layer's 8-bit weights (what it does without VNNI)",
+          "[weight-only][passes]") {
+  // The default pipeline with this CPU-independent setting of a CPU without VNNI: int8 layers' 8-bit weights
+  // halved to 7 bits. A MatMul whose activations are float (weight-only, per column or in blocks) is no int8
+  // layer: its weights stay the file's, and fuse-weight-only takes it.
+  for (bool blocked : {false, true}) {
+    INFO((blocked ? "blocks of 16" : "per column"));
+    Graph g = dq_matmul(DType::Int8, 64, 24, blocked ? 16 : 64, false);
+    if (!blocked) {
+      Node* dq = g.find_value("w")->producer();
+      dq->set_attr("axis", Attribute(std::int64_t{1}));
+      dq->remove_attr("block_size");
+      g.find_value("s")->set_constant(test::uniform_tensor({24}, 2, 0.01f, 0.1f));
+    }
+    infer_shapes(g);
+    Graph before = g.clone();
+    PassManager pm = make_pass_manager();
+    pm.context().options["fuse-qdq.max-abs-weight"] = "64";
+    pm.context().options["fuse-qdq.u8-only"] = "1";
+    pm.context().options["fuse-qdq.halve-weights"] = "1";
+    pm.context().options["fuse-weight-only.activations"] = "float32";
+    pm.run(g);
+    CHECK(g.count_ops("WeightOnlyMatMul") == 1);
+    std::map<std::string, Tensor> feed{{"a", test::uniform_tensor({3, 64}, 3)}};
+    CHECK(rel_diff(ReferenceExecutor(g).run(feed).at("y"), ReferenceExecutor(before).run(feed).at("y")) < 1e-6);
+  }
+}
+
 TEST_CASE("fuse-weight-only: structure and must-not-fire", "[weight-only][passes]") {
   PassManager pm;
   pm.add<FuseWeightOnly>();

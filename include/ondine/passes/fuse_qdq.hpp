@@ -406,10 +406,13 @@ struct FuseQdq {
 
   // fuse-qdq.halve-weights: the weights of `n` (int8 constants, zero point 0, through a DequantizeLinear)
   // requantized to fit `limit`: w' = w/2 rounded half to even, its scale doubled (new constants: the file's
-  // stay as they are). False when they are not such weights.
+  // stay as they are). False when they are not such weights, or when `n` is no int8 layer: its activations
+  // not dequantized (a weight-only MatMul, which fuse-weight-only runs on its own kernel, exactly).
   static bool halve_weights(Graph& g, Node& n, int limit) {
+    Node* act = n.input(0) ? n.input(0)->producer() : nullptr;
+    if (!detail::qdq::is_op(act, "DequantizeLinear")) return false;
     Node* dq = n.input(1) ? n.input(1)->producer() : nullptr;
-    if (!detail::qdq::is_op(dq, "DequantizeLinear") || dq->num_inputs() < 2 || !dq->input(0) ||
+    if (!detail::qdq::is_op(dq, "DequantizeLinear") || dq->attr_int("block_size", 0) != 0 || dq->num_inputs() < 2 || !dq->input(0) ||
         !dq->input(0)->is_constant() || dq->input(0)->dtype() != DType::Int8 || !dq->input(1) ||
         !dq->input(1)->is_constant() || dq->input(1)->dtype() != DType::Float32 || dq->output(0)->uses().size() != 1)
       return false;
