@@ -3,9 +3,10 @@
 // the weights are dequantised in registers, (q - z) * s, and never exist in float32.
 //
 // Why: a decoder's token multiplies one row by every weight matrix, so a step is bound by how many bytes of
-// weights it reads; 4-bit weights are an eighth of float32. The loop keeps the activations in float32
-// (ONNX Runtime's MatMulNBits at its default accuracy level does the same), so the result is the float32
-// product of the dequantised weights up to the order of the sums.
+// weights it reads; 4-bit weights are an eighth of float32. Two kernels: float32 activations (`tiles`: the
+// float32 product of the dequantised weights up to the order of the sums, MatMulNBits' accuracy level 0) and
+// int8 ones per block (`tiles_int8`, below: what ONNX Runtime runs a blocked DequantizeLinear + MatMul file
+// with by default, level 4), several times fewer instructions per weight.
 //
 // Layout (packed once when the model is compiled): the columns in tiles of kVectors SIMD vectors; per tile
 // and block of K, the scales s and s * z as float32 vectors, then the block's rows: for 4 bits two rows per
@@ -174,15 +175,19 @@ __attribute__((always_inline)) inline void tile_rows(const Packed& p, std::int64
   constexpr int kV = T::kVectors, kL = static_cast<int>(T::width);
   const std::int64_t K = p.K, tile = p.tile;
   V acc[R][kV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) acc[r][v] = T::zero();
   const std::uint8_t* wq = p.q.data() + t * p.tile_bytes;
   const float* rows[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) rows[r] = a + (m0 + r) * K;
   for (std::int64_t b = 0; b < p.blocks; ++b) {
     V s[kV], zs[kV];
     const float* sc = p.scale.data() + (t * p.blocks + b) * tile;
     const float* zp = p.scaled_zero.data() + (t * p.blocks + b) * tile;
+#pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) {
       s[v] = T::load(sc + v * kL);
       zs[v] = T::load(zp + v * kL);
@@ -192,40 +197,50 @@ __attribute__((always_inline)) inline void tile_rows(const Packed& p, std::int64
     if constexpr (Bits == 4) {
       for (; k + 2 <= n_rows; k += 2, wq += tile) {
         V a0[R], a1[R];
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           a0[r] = T::set1(rows[r][k0 + k]);
           a1[r] = T::set1(rows[r][k0 + k + 1]);
         }
+#pragma GCC unroll 8
         for (int v = 0; v < kV; ++v) {
           const VI raw = T::widen_u8(wq + v * kL);
           const V w0 = T::fmsub(T::to_float(T::low_nibble(raw)), s[v], zs[v]);
           const V w1 = T::fmsub(T::to_float(T::high_nibble(raw)), s[v], zs[v]);
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) acc[r][v] = T::fmadd(a1[r], w1, T::fmadd(a0[r], w0, acc[r][v]));
         }
       }
       if (k < n_rows) {  // an odd block's last row: the low nibbles alone
+#pragma GCC unroll 8
         for (int v = 0; v < kV; ++v) {
           const V w0 = T::fmsub(T::to_float(T::low_nibble(T::widen_u8(wq + v * kL))), s[v], zs[v]);
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) acc[r][v] = T::fmadd(T::set1(rows[r][k0 + k]), w0, acc[r][v]);
         }
         wq += tile;
       }
     } else {
       for (; k < n_rows; ++k, wq += tile)
+#pragma GCC unroll 8
         for (int v = 0; v < kV; ++v) {
           const VI raw = Signed ? T::widen_s8(wq + v * kL) : T::widen_u8(wq + v * kL);
           const V w = T::fmsub(T::to_float(raw), s[v], zs[v]);
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) acc[r][v] = T::fmadd(T::set1(rows[r][k0 + k]), w, acc[r][v]);
         }
     }
   }
   const std::int64_t n0 = t * tile, valid = std::min(tile, p.N - n0);
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     float* out = y + (m0 + r) * p.N + n0;
     if (valid == tile) {
+#pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) T::store(out + v * kL, acc[r][v]);
     } else {
       alignas(64) float buffer[kV * kL];
+#pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) T::store(buffer + v * kL, acc[r][v]);
       std::memcpy(out, buffer, static_cast<std::size_t>(valid) * sizeof(float));
     }
@@ -327,25 +342,58 @@ inline Packed pack_int8(const Tensor& q, const Tensor& s, const Tensor& z, std::
 struct QuantizedRows {
   std::vector<std::int8_t> q;
   std::vector<float> scale, sum;
+  void resize(const Packed& p, std::int64_t M) {
+    q.resize(static_cast<std::size_t>(M * p.blocks * p.block));
+    scale.resize(static_cast<std::size_t>(M * p.blocks));
+    sum.resize(scale.size());
+  }
 };
-inline void quantize_rows(const Packed& p, const float* a, std::int64_t M, QuantizedRows& out) {
+
+// One block of a row, n values, quantized into q (zeros up to `block`); returns the scale, and the sum of q in
+// `sum`. Vectors of T where the block is whole multiples of them: the product x * (127 / max) rounded by the
+// conversion (to nearest, ties to even, as std::nearbyint in the default mode) and saturated into bytes.
+template <typename T>
+__attribute__((always_inline)) inline float quantize_block(const float* x, std::int64_t n, std::int64_t block,
+                                                           std::int8_t* q, std::int32_t& sum) {
+  constexpr std::int64_t kL = static_cast<std::int64_t>(T::width);
+  const bool vectors = n == block && n % kL == 0;
+  float amax = 0;
+  if (vectors) {
+    typename T::V m = T::zero();
+    for (std::int64_t k = 0; k < n; k += kL) m = T::max(m, T::abs(T::load(x + k)));
+    amax = T::hmax(m);
+  } else {
+    for (std::int64_t k = 0; k < n; ++k) amax = std::max(amax, std::abs(x[k]));
+  }
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  if (vectors) {
+    typename T::VI total = T::zero_i();
+    const typename T::V vinv = T::set1(inv);
+    for (std::int64_t k = 0; k < n; k += kL) total = T::round_to_int8(T::mul(T::load(x + k), vinv), q + k, total);
+    sum = T::hsum_i(total);
+  } else {
+    sum = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const auto v = static_cast<std::int32_t>(std::nearbyint(x[k] * inv));
+      q[k] = static_cast<std::int8_t>(std::max(-127, std::min(127, v)));
+      sum += q[k];
+    }
+    for (std::int64_t k = n; k < block; ++k) q[k] = 0;
+  }
+  return amax / 127.0f;
+}
+
+// Rows [m0, m1) of A into `out` (sized by resize).
+template <typename T>
+__attribute__((always_inline)) inline void quantize_rows(const Packed& p, const float* a, std::int64_t m0,
+                                                         std::int64_t m1, QuantizedRows& out) {
   const std::int64_t width = p.blocks * p.block;
-  out.q.assign(static_cast<std::size_t>(M * width), 0);
-  out.scale.assign(static_cast<std::size_t>(M * p.blocks), 0.0f);
-  out.sum.assign(out.scale.size(), 0.0f);
-  for (std::int64_t m = 0; m < M; ++m)
+  for (std::int64_t m = m0; m < m1; ++m)
     for (std::int64_t b = 0; b < p.blocks; ++b) {
-      const std::int64_t k0 = b * p.block, k1 = std::min(p.K, k0 + p.block);
-      float amax = 0;
-      for (std::int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::abs(a[m * p.K + k]));
-      const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+      const std::int64_t k0 = b * p.block;
       std::int32_t sum = 0;
-      for (std::int64_t k = k0; k < k1; ++k) {
-        const auto v = static_cast<std::int32_t>(std::nearbyint(a[m * p.K + k] * inv));
-        out.q[static_cast<std::size_t>(m * width + k)] = static_cast<std::int8_t>(std::max(-127, std::min(127, v)));
-        sum += out.q[static_cast<std::size_t>(m * width + k)];
-      }
-      out.scale[static_cast<std::size_t>(m * p.blocks + b)] = scale;
+      out.scale[static_cast<std::size_t>(m * p.blocks + b)] =
+          quantize_block<T>(a + m * p.K + k0, std::min(p.K, k0 + p.block) - k0, p.block, out.q.data() + m * width + k0, sum);
       out.sum[static_cast<std::size_t>(m * p.blocks + b)] = static_cast<float>(sum);
     }
 }
@@ -372,6 +420,14 @@ struct ScalarDot : simd::Scalar {
   static V to_float(VI v) { return static_cast<float>(v); }
   static V fnmadd(V a, V b, V c) { return c - a * b; }
   static V mul(V a, V b) { return a * b; }
+  static V max(V a, V b) { return std::max(a, b); }
+  static V abs(V a) { return std::abs(a); }
+  static float hmax(V a) { return a; }
+  static VI round_to_int8(V v, std::int8_t* q, VI sum) {
+    *q = static_cast<std::int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(v))));
+    return sum + *q;
+  }
+  static std::int32_t hsum_i(VI v) { return v; }
 };
 
 #ifdef ONDINE_SIMD_X86
@@ -391,6 +447,15 @@ struct Avx512VnniDot : simd::Avx512 {
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static VI dot8(VI acc, VI w, VI a) { return _mm512_dpbusd_epi32(acc, w, a); }
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static V to_float(VI v) { return _mm512_cvtepi32_ps(v); }
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) static V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static V abs(V a) { return _mm512_abs_ps(a); }
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static float hmax(V a) { return _mm512_reduce_max_ps(a); }
+  // 16 values rounded by the conversion (MXCSR: to nearest, ties to even), saturated into 16 bytes at q.
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static VI round_to_int8(V v, std::int8_t* q, VI sum) {
+    const VI i = _mm512_cvtps_epi32(v);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(i));
+    return _mm512_add_epi32(sum, i);
+  }
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) static std::int32_t hsum_i(VI v) { return _mm512_reduce_add_epi32(v); }
 };
 
 struct Avx2Dot : simd::Avx2 {
@@ -416,6 +481,24 @@ struct Avx2Dot : simd::Avx2 {
   }
   __attribute__((target("avx2,fma"))) static V to_float(VI v) { return _mm256_cvtepi32_ps(v); }
   __attribute__((target("avx2,fma"))) static V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  __attribute__((target("avx2,fma"))) static V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  __attribute__((target("avx2,fma"))) static float hmax(V a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  // 8 values rounded by the conversion (MXCSR: to nearest, ties to even), saturated into 8 bytes at q.
+  __attribute__((target("avx2,fma"))) static VI round_to_int8(V v, std::int8_t* q, VI sum) {
+    const VI i = _mm256_cvtps_epi32(v);
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(words, words));
+    return _mm256_add_epi32(sum, i);
+  }
+  __attribute__((target("avx2,fma"))) static std::int32_t hsum_i(VI v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+  }
 };
 #endif
 
@@ -430,35 +513,45 @@ __attribute__((always_inline)) inline void tile_rows_int8(const Packed& p, std::
   constexpr int kGroupRows = Bits == 4 ? 8 : 4;
   const std::int64_t tile = p.tile, width = p.blocks * p.block, groups = p.block / kGroupRows;
   alignas(64) float out[R][kV * kL];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) T::store(out[r] + v * kL, T::zero());
   const std::uint8_t* wq = p.q.data() + t * p.tile_bytes;
   const V zero_const = T::set1(p.zero_const);
   for (std::int64_t b = 0; b < p.blocks; ++b) {
     VI acc[R][kV];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) acc[r][v] = T::zero_i();
     for (std::int64_t g = 0; g < groups; ++g, wq += tile * 4) {
       const std::int64_t k = b * p.block + g * kGroupRows;
       std::int32_t quad0[R], quad1[R];
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         std::memcpy(&quad0[r], a.q.data() + (m0 + r) * width + k, 4);
         if (Bits == 4) std::memcpy(&quad1[r], a.q.data() + (m0 + r) * width + k + 4, 4);
       }
+#pragma GCC unroll 8
       for (int v = 0; v < kV; ++v) {
         const VI raw = T::load_i(wq + v * kL * 4);
         if constexpr (Bits == 4) {
           const VI lo = T::low_nibbles(raw), hi = T::high_nibbles(raw);
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) acc[r][v] = T::dot(T::dot(acc[r][v], lo, T::bcast_i(quad0[r])), hi, T::bcast_i(quad1[r]));
         } else {
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) acc[r][v] = T::dot8(acc[r][v], raw, T::bcast_i(quad0[r]));
         }
       }
     }
     const float* sc = p.scale.data() + (t * p.blocks + b) * tile;
     const float* zp = p.zero.empty() ? nullptr : p.zero.data() + (t * p.blocks + b) * tile;
+#pragma GCC unroll 8
     for (int v = 0; v < kV; ++v) {
       const V s = T::load(sc + v * kL), z = zp ? T::load(zp + v * kL) : zero_const;
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const float sa = a.scale[static_cast<std::size_t>((m0 + r) * p.blocks + b)];
         const float sum = a.sum[static_cast<std::size_t>((m0 + r) * p.blocks + b)];
@@ -468,6 +561,7 @@ __attribute__((always_inline)) inline void tile_rows_int8(const Packed& p, std::
     }
   }
   const std::int64_t n0 = t * tile, valid = std::min(tile, p.N - n0);
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) std::memcpy(y + (m0 + r) * p.N + n0, out[r], static_cast<std::size_t>(valid) * sizeof(float));
 }
 
@@ -487,9 +581,13 @@ __attribute__((always_inline)) inline void tiles_int8(const Packed& p, const Qua
 }
 
 using TilesInt8Fn = void (*)(const Packed&, const QuantizedRows&, std::int64_t, float*, std::int64_t, std::int64_t);
+using QuantizeRowsFn = void (*)(const Packed&, const float*, std::int64_t, std::int64_t, QuantizedRows&);
 inline void tiles_int8_scalar(const Packed& p, const QuantizedRows& a, std::int64_t M, float* y, std::int64_t t0,
                               std::int64_t t1) {
   tiles_int8<ScalarDot>(p, a, M, y, t0, t1);
+}
+inline void quantize_rows_scalar(const Packed& p, const float* a, std::int64_t m0, std::int64_t m1, QuantizedRows& out) {
+  quantize_rows<ScalarDot>(p, a, m0, m1, out);
 }
 #ifdef ONDINE_SIMD_X86
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void tiles_int8_vnni(const Packed& p, const QuantizedRows& a,
@@ -497,9 +595,18 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void tiles_int8_vn
                                                                                     std::int64_t t0, std::int64_t t1) {
   tiles_int8<Avx512VnniDot>(p, a, M, y, t0, t1);
 }
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void quantize_rows_vnni(const Packed& p, const float* a,
+                                                                                      std::int64_t m0, std::int64_t m1,
+                                                                                      QuantizedRows& out) {
+  quantize_rows<Avx512VnniDot>(p, a, m0, m1, out);
+}
 __attribute__((target("avx2,fma"))) inline void tiles_int8_avx2(const Packed& p, const QuantizedRows& a, std::int64_t M,
                                                                  float* y, std::int64_t t0, std::int64_t t1) {
   tiles_int8<Avx2Dot>(p, a, M, y, t0, t1);
+}
+__attribute__((target("avx2,fma"))) inline void quantize_rows_avx2(const Packed& p, const float* a, std::int64_t m0,
+                                                                    std::int64_t m1, QuantizedRows& out) {
+  quantize_rows<Avx2Dot>(p, a, m0, m1, out);
 }
 #endif
 
@@ -514,6 +621,7 @@ struct Kernel {
   std::int64_t tile = ScalarOps::kVectors;
   const char* name = "scalar";
   TilesInt8Fn tiles_int8 = nullptr;  // set: the int8-activation kernel, its packing pack_int8
+  QuantizeRowsFn quantize_rows = quantize_rows_scalar;  // A's rows for tiles_int8
 };
 inline Kernel choose_kernel(bool int8_activations = false) {
   Kernel k;
@@ -528,11 +636,13 @@ inline Kernel choose_kernel(bool int8_activations = false) {
   static_assert(Avx2Dot::kVectors * Avx2Dot::width == Avx2Ops::kVectors * Avx2Ops::width, "tile widths");
   if (isa.avx512 && isa.int8_vnni) {
     k.tiles_int8 = tiles_int8_vnni;
+    k.quantize_rows = quantize_rows_vnni;
     k.name = "avx512_vnni";
     return k;
   }
   if (avx2) {  // AVX-512 without VNNI too: the AVX2 kernels, both (their tiles are narrower)
-    k = {tiles_avx2, Avx2Ops::kVectors * static_cast<std::int64_t>(Avx2Ops::width), "avx2", tiles_int8_avx2};
+    k = {tiles_avx2, Avx2Ops::kVectors * static_cast<std::int64_t>(Avx2Ops::width), "avx2", tiles_int8_avx2,
+         quantize_rows_avx2};
     return k;
   }
 #endif
@@ -541,24 +651,31 @@ inline Kernel choose_kernel(bool int8_activations = false) {
 }
 
 // Y [M, N] = A [M, K] W on up to `threads` threads, each a contiguous range of tiles. The int8 kernel
-// quantizes A's rows first (one thread: M * K values).
+// quantizes A's rows first, the threads a share of rows each, into buffers kept per calling thread.
 inline void multiply(const Kernel& kernel, const Packed& p, const float* a, std::int64_t M, float* y, int threads) {
   const std::int64_t work = p.K * p.N * std::max<std::int64_t>(M, 1);
-  QuantizedRows rows;
-  if (p.int8_activations) quantize_rows(p, a, M, rows);
+  thread_local QuantizedRows rows;
+  if (p.int8_activations) rows.resize(p, M);
   auto run = [&](std::int64_t t0, std::int64_t t1) {
     if (p.int8_activations) kernel.tiles_int8(p, rows, M, y, t0, t1);
     else kernel.tiles(p, a, M, y, t0, t1);
   };
   if (threads <= 1 || p.tiles < 2 || work < (1 << 16)) {
+    if (p.int8_activations) kernel.quantize_rows(p, a, 0, M, rows);
     run(0, p.tiles);
     return;
   }
   const int nt = static_cast<int>(std::min<std::int64_t>(threads, p.tiles));
+  QuantizedRows& shared = rows;  // the calling thread's buffers, which the team writes and reads
 #pragma omp parallel num_threads(nt)
   {
     const std::int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-    run(p.tiles * t / n, p.tiles * (t + 1) / n);
+    if (p.int8_activations) {
+      kernel.quantize_rows(p, a, M * t / n, M * (t + 1) / n, shared);
+#pragma omp barrier
+    }
+    if (p.int8_activations) kernel.tiles_int8(p, shared, M, y, p.tiles * t / n, p.tiles * (t + 1) / n);
+    else kernel.tiles(p, a, M, y, p.tiles * t / n, p.tiles * (t + 1) / n);
   }
 }
 
