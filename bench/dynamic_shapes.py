@@ -36,7 +36,10 @@ Correctness, in the first round: the encoder output of request 0 against ONNX Ru
 bench/ort_run.mjs), max |diff|, and the decode tokens of every repeat of both engines compared.
 --kv cache (default) decodes with Ondine's KV cache (Model.kv_cache(prompt + steps): the pasts stay in its
 buffers, each step appends its positions in place); --kv feed feeds the presents back as pasts, as ONNX
-Runtime is run. --requests 20 --steps 8 make a short run; --cache-size passes ondine.compile's cache_size (default: the
+Runtime is run. --weight-only fp32 runs a weight-only quantized decoder's products with float32 activations in both
+engines (Ondine's exact_weight_only=True, ONNX Runtime's session.qdq_matmulnbits_accuracy_level 0, the file's own
+arithmetic); the default int8 leaves both at their defaults, which quantize those activations to int8 per block
+(ONNX Runtime's accuracy level 4). --requests 20 --steps 8 make a short run; --cache-size passes ondine.compile's cache_size (default: the
 module's); --timeout ends an engine's run after S seconds (it is then reported as failed); --json FILE writes
 every measurement.
 """
@@ -171,6 +174,8 @@ def run_ondine_engine(a):
     kwargs = {"threads": a.threads}
     if a.cache_size is not None:
         kwargs["cache_size"] = a.cache_size
+    if spec.get("weight_only") == "fp32":
+        kwargs["exact_weight_only"] = True
     t0 = time.perf_counter()
     m = ondine.compile(spec["model"], **kwargs)
     compile_s = time.perf_counter() - t0
@@ -321,6 +326,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache-size", type=int, default=None)
     p.add_argument("--kv", choices=["cache", "feed"], default="cache")
+    p.add_argument("--weight-only", choices=["int8", "fp32"], default="int8")
     p.add_argument("--decode-model", default=None,
                    help="the decode workload's model: a name under MODELS_DIR/torch or an .onnx path (default gpt2_kv_pt)")
     p.add_argument("--timeout", type=float, default=None)
@@ -366,7 +372,9 @@ def main():
                 spec = {"mode": "encoder", "model": model, "lengths": lengths}
             else:
                 spec = {"mode": "decode", "model": model, "prompt": a.prompt, "steps": a.steps, "repeats": a.repeats,
-                        "report_pasts": report_pasts(a.prompt, a.steps), "kv": a.kv}
+                        "report_pasts": report_pasts(a.prompt, a.steps), "kv": a.kv, "weight_only": a.weight_only}
+                if a.weight_only == "fp32":  # both engines multiply the weight-only layers in float32
+                    spec["session_config"] = {"session": {"qdq_matmulnbits_accuracy_level": "0"}}
             spec_path = os.path.join(tmp, f"{w}.spec.json")
             with open(spec_path, "w") as f:
                 json.dump(spec, f)

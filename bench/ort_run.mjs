@@ -4,7 +4,7 @@
 // Usage:
 //   node bench/ort_run.mjs MODEL.onnx --input NAME=in.npy [--input NAME=in.npy ...] --output-dir DIR
 //        [--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]]
-//        [--profile PREFIX] [--concurrent N]
+//        [--profile PREFIX] [--concurrent N] [--config KEY=VALUE ...]
 //
 // Every graph output is written as DIR/<output name>.npy (characters outside [A-Za-z0-9._-] in the name
 // become '_'). Inputs: little-endian .npy, C order, dtypes float32, float64, int64, int32, int8, uint8, bool.
@@ -16,6 +16,7 @@
 // --warmup runs each; prints requests/s and the latency percentiles as one JSON line (bench/throughput.py).
 // --profile PREFIX: ONNX Runtime's own profiler (a Chrome trace, PREFIX_<date>.json, its path on stderr): the
 // time per node and kernel, to set beside `ondine bench --profile` (bench/ort_profile.py sums it per op).
+// --config KEY=VALUE: a session config entry (e.g. session.qdq_matmulnbits_accuracy_level=0), repeatable.
 // Setup (once): cd bench && npm ci --onnxruntime-node-install=skip
 // Errors go to stderr and the exit status is non-zero.
 
@@ -26,7 +27,7 @@ import {Worker, isMainThread, parentPort, workerData} from 'node:worker_threads'
 
 const USAGE = 'usage: node bench/ort_run.mjs MODEL.onnx --input NAME=in.npy [...] --output-dir DIR ' +
     '[--threads N] [--opt-level disabled|basic|extended|all] [--iterations N [--warmup N]] [--profile PREFIX] ' +
-    '[--concurrent N]';
+    '[--concurrent N] [--config KEY=VALUE ...]';
 
 class UsageError extends Error {}
 
@@ -47,7 +48,7 @@ const ORT_TO_DESCR = {
 
 function parseArgs(argv) {
   const opts = {model: null, inputs: [], outputDir: null, threads: 0, optLevel: 'all', iterations: 0, warmup: 1,
-                profile: null, concurrent: 0};
+                profile: null, concurrent: 0, config: {}};
   const value = (i, flag) => {
     if (i + 1 >= argv.length) throw new UsageError(`${flag} needs a value`);
     return argv[i + 1];
@@ -63,6 +64,15 @@ function parseArgs(argv) {
       const eq = spec.indexOf('=');
       if (eq <= 0) throw new UsageError(`--input expects NAME=file.npy, got '${spec}'`);
       opts.inputs.push({name: spec.slice(0, eq), file: spec.slice(eq + 1)});
+    } else if (arg === '--config') {
+      const spec = value(i++, arg);
+      const eq = spec.indexOf('=');
+      if (eq <= 0) throw new UsageError(`--config expects KEY=VALUE, got '${spec}'`);
+      // Nested as the extra session options are: "session.x=1" -> {session: {x: "1"}}.
+      const keys = spec.slice(0, eq).split('.');
+      let node = opts.config;
+      for (const k of keys.slice(0, -1)) node = (node[k] ??= {});
+      node[keys[keys.length - 1]] = spec.slice(eq + 1);
     } else if (arg === '--output-dir') {
       opts.outputDir = value(i++, arg);
     } else if (arg === '--profile') {
@@ -169,6 +179,7 @@ async function openSession(opts) {
   const sessionOptions = {graphOptimizationLevel: opts.optLevel, executionMode: 'sequential'};
   if (opts.threads > 0) sessionOptions.intraOpNumThreads = opts.threads;
   if (opts.profile !== null) Object.assign(sessionOptions, {enableProfiling: true, profileFilePrefix: opts.profile});
+  if (Object.keys(opts.config).length > 0) sessionOptions.extra = opts.config;
   const session = await ort.InferenceSession.create(opts.model, sessionOptions);
 
   const feeds = {};

@@ -22,7 +22,8 @@
 //   2 * prompt and prompt + steps - 1 where they are among the steps), and the tokens fed to the steps; then the
 //   median of every number over the repeats.
 // Session options: intraOpNumThreads = --threads (default 2), interOpNumThreads 1, graph optimization 'all',
-// sequential execution. Prints one JSON line; errors go to stderr and the exit status is non-zero.
+// sequential execution; the spec's "session_config" (nested keys, e.g. {"session": {"qdq_matmulnbits_accuracy_level":
+// "4"}}) goes to the session's config entries. Prints one JSON line; errors go to stderr and the exit status is non-zero.
 // Setup (once): cd bench && npm ci --onnxruntime-node-install=skip
 
 import fs from 'node:fs';
@@ -196,7 +197,8 @@ async function main() {
 
   const t0 = nowMs();
   const session = await ort.InferenceSession.create(spec.model, {
-    intraOpNumThreads: opts.threads, interOpNumThreads: 1, graphOptimizationLevel: 'all', executionMode: 'sequential'});
+    intraOpNumThreads: opts.threads, interOpNumThreads: 1, graphOptimizationLevel: 'all', executionMode: 'sequential',
+    ...(spec.session_config ? {extra: spec.session_config} : {})});
   const loadS = (nowMs() - t0) / 1e3;
   const result = spec.mode === 'encoder' ? await encoder(ort, session, spec) : await decode(ort, session, spec);
   console.log(JSON.stringify({engine: 'onnxruntime-node', version, mode: spec.mode, model: spec.model,

@@ -493,7 +493,8 @@ lower::ShapePlan parse_shape_plan(const std::string& s) {
 std::shared_ptr<Model> compile(const std::string& path, const std::optional<std::string>& precision_given,
                                std::optional<std::map<std::string, std::int64_t>> dims, int threads,
                                const std::string& passes, std::optional<double> max_error, py::object samples,
-                               std::size_t cache_size, const std::string& shape_plan, bool tune) {
+                               std::size_t cache_size, const std::string& shape_plan, bool tune,
+                               bool exact_weight_only) {
   const lower::Precision p = parse_precision(precision_given.value_or("fp32"));
   const lower::ShapePlan plan = parse_shape_plan(shape_plan);
   make_pass_manager(passes);  // a bad pipeline is an error now, not at the first run
@@ -508,6 +509,9 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
     if (tune)
       throw Error("tune=True is for ONNX models; an artifact keeps the choices it was compiled with "
                   "(`ondine compile MODEL.onnx --tune -o MODEL.ondine` tunes them)").in_file(path);
+    if (exact_weight_only)
+      throw Error("exact_weight_only=True is for ONNX models; an artifact's weight-only layers keep the activations "
+                  "they were compiled with (`ondine compile MODEL.onnx --exact-weight-only -o MODEL.ondine`)").in_file(path);
     return load(path, threads, precision_given, cache_size, shape_plan);
   }
   auto m = std::make_shared<Model>();
@@ -517,6 +521,7 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
   m->options.passes = passes;
   m->options.precision = p;
   m->int8 = precision_given == "int8";
+  m->options.weight_only_int8_activations = !exact_weight_only;
   // CompileOptions' default: int8 wherever the CPU can (7-bit weights without VNNI).
   if (dims) m->dims = *dims;
   {
@@ -1118,7 +1123,7 @@ PYBIND11_MODULE(ondine, mod) {
   mod.def("compile", &compile, py::arg("path"), py::kw_only(), py::arg("precision") = py::none(),
           py::arg("dims") = py::none(), py::arg("threads") = 0, py::arg("passes") = "default",
           py::arg("max_error") = py::none(), py::arg("samples") = py::none(), py::arg("cache_size") = 8,
-          py::arg("shape_plan") = "auto", py::arg("tune") = false,
+          py::arg("shape_plan") = "auto", py::arg("tune") = false, py::arg("exact_weight_only") = false,
           "Compile an ONNX model (or load an artifact). precision: 'fp32' (default; an artifact: its own), 'bf16' "
           "(native bf16 CPUs), 'auto', or 'int8' (a quantized model, ondine.quantize: its int8 layers, fp32 "
           "elsewhere; a float model is refused); "
@@ -1126,7 +1131,9 @@ PYBIND11_MODULE(ondine, mod) {
           "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound. "
           "shape_plan: 'auto' (symbolic dims of a transformer: compiled once for any shape), 'per-shape', 'shape-free'. "
           "tune=True (static shapes): time the compiler's alternatives on this CPU and keep the fastest (Model.tuned "
-          "says what), cached per model and machine (ONDINE_TUNE_CACHE).");
+          "says what), cached per model and machine (ONDINE_TUNE_CACHE). exact_weight_only=True: weight-only "
+          "quantized layers (4- or 8-bit weights) multiply float32 activations, the file's own arithmetic (ONNX "
+          "Runtime's MatMulNBits accuracy level 0), instead of int8 ones per block (the default, level 4).");
   mod.def("load", &load, py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("precision") = py::none(),
           py::arg("cache_size") = 8, py::arg("shape_plan") = "auto",
           "Load a compiled artifact (Model.save, `ondine compile -o MODEL.ondine`); precision: the artifact's own "

@@ -237,6 +237,9 @@ inline bool g_precision_given = false;  // --precision on the command line (else
 inline bool g_int8 = false;             // --precision int8 (g_precision is then Fp32: the float layers' precision)
 // --exact-int8-weights: without VNNI, QDQ layers with 8-bit weights stay float (CompileOptions::int8_7bit_weights).
 inline bool g_exact_int8_weights = false;
+// --exact-weight-only: weight-only layers (4/8-bit weights) take float32 activations, the file's own arithmetic,
+// instead of int8 per block (CompileOptions::weight_only_int8_activations).
+inline bool g_exact_weight_only = false;
 inline bool g_tune = false;  // --tune: time the compiler's alternatives here (lower/tune.hpp) and keep the fastest
 inline std::vector<std::string> g_keep_fp32;
 

@@ -160,6 +160,7 @@ inline int compile_variants(const std::string& path, const CompileArgs& args,
     if (g_precision_given)
       argv.insert(argv.end(), {"--precision", g_int8 ? std::string("int8") : std::string(lower::precision_name(precision))});
     if (g_exact_int8_weights) argv.push_back("--exact-int8-weights");
+    if (g_exact_weight_only) argv.push_back("--exact-weight-only");
     if (g_tune) argv.push_back("--tune");  // each variant timed here, under its ISA
     if (precision != lower::Precision::Fp32) {
       for (const std::string& k : g_keep_fp32) argv.insert(argv.end(), {"--keep-fp32", k});
@@ -282,6 +283,7 @@ inline int cmd_compile(const std::string& path, const CompileArgs& args) {
   }
   const lower::IsaInfo target = targets.empty() ? here : targets[0];
   if (to_artifact) lower::set_isa_pass_options(pm, target, !g_exact_int8_weights);
+  if (g_exact_weight_only) pm.context().options.emplace("fuse-weight-only.activations", "float32");
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);
   quantize_for_int8(g, path, target);

@@ -308,6 +308,10 @@ int main(int argc, char** argv) {
   try {
     for (CLI::App* sub : {inspect, compile, run, bench})
       sub->add_flag("--exact-int8-weights", g_exact_int8_weights, exact_weights_help);
+    for (CLI::App* sub : {inspect, compile, run, bench})
+      sub->add_flag("--exact-weight-only", g_exact_weight_only,
+                    "weight-only quantized layers (4- or 8-bit weights) multiply float32 activations, the file's own "
+                    "arithmetic (ONNX Runtime's MatMulNBits accuracy level 0), instead of int8 ones per block");
     compile->add_flag("--tune", g_tune,
                       "with -o MODEL.ondine: time the kernel alternatives (conv layout and algorithm, Linear kernel) "
                       "for this CPU's variant at the packing dims and store the fastest in the artifact, which its "

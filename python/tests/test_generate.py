@@ -65,6 +65,14 @@ def test_weight_only_quantize_compiles_to_the_weight_only_kernel(tmp_path, llama
     m.save(str(tmp_path / "llama_int4.ondine"))
     loaded = ondine.load(str(tmp_path / "llama_int4.ondine"), threads=2)
     assert np.abs(loaded.run(feeds)["logits"] - got).max() <= 1e-5 * np.abs(got).max()
+    # exact_weight_only=True: float32 activations, the file's own arithmetic (its DequantizeLinear + MatMul run
+    # unfused with passes="none"); the default quantizes them to int8 per block, within its rounding.
+    unfused = ondine.compile(out, threads=2, passes="none").run(feeds)["logits"]
+    exact = ondine.compile(out, threads=2, exact_weight_only=True).run(feeds)["logits"]
+    assert np.abs(exact - unfused).max() <= 1e-5 * np.abs(unfused).max()
+    assert 0 < np.abs(got - unfused).max() <= 0.05 * np.abs(unfused).max()
+    with pytest.raises(ondine.Error, match="exact_weight_only"):
+        ondine.compile(str(tmp_path / "llama_int4.ondine"), exact_weight_only=True)
 
 
 def test_bad_arguments_raise(tmp_path, llama):
