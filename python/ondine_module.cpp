@@ -601,7 +601,8 @@ std::shared_ptr<Model> load(const std::string& path, int threads, const std::opt
   const bool precision_given = precision.has_value();
   const lower::Precision given = precision_given ? parse_precision(*precision) : lower::Precision::Fp32;
   py::gil_scoped_release release;
-  artifact::Artifact a = lower::load_artifact(path);
+  // The weights' checksum runs while the graph compiles; a damaged file is reported as such.
+  artifact::Artifact a = lower::load_artifact(path, artifact::WeightCheck::Background);
   m->artifact = a.info;
   m->dims = a.packing_dims;
   m->graph = a.graph.clone();
@@ -614,9 +615,11 @@ std::shared_ptr<Model> load(const std::string& path, int threads, const std::opt
     m->cache = std::make_unique<lower::ShapeCache>(std::move(a.graph), m->options, cache_size);
     if (symbolic_dims(m->graph).empty() && m->cache->shape_input_names().empty()) m->cache->get(lower::ShapeCache::Binding{});
   } catch (Error& e) {
+    a.wait_checked();
     e.in_file(path);
     throw;
   }
+  a.wait_checked();
   return m;
 }
 

@@ -216,14 +216,31 @@ TEST_CASE("artifact: bad files are errors naming the file", "[artifact][bad-inpu
     write_bytes(bad, flipped);
     CHECK_FALSE(read_error(bad).empty());
   }
+  // A weight byte flipped, its checksum computed in the background (while a loader compiles): read returns,
+  // wait_checked() reports the damage.
+  {
+    std::vector<unsigned char> flipped = bytes;
+    flipped[(gap_end + bytes.size()) / 2] ^= 0x10;
+    write_bytes(bad, flipped);
+    CHECK_THAT(read_error(bad), Catch::Contains("does not match"));
+    artifact::Artifact a = artifact::read(bad, {}, artifact::WeightCheck::Background);
+    REQUIRE(a.weights_checked);
+    CHECK_THROWS_WITH(a.wait_checked(), Catch::Contains("does not match") && Catch::Contains("bad.ondine"));
+    artifact::Artifact fine = artifact::read(good, {}, artifact::WeightCheck::Background);
+    CHECK_NOTHROW(fine.wait_checked());
+  }
   // A foreign file (the ONNX model itself), and a newer format version.
   CHECK_THAT(read_error((fs::path(ONDINE_TEST_DATA_DIR) / "torch" / "gated_encoder" / "model.onnx").string()),
              Catch::Contains("not an Ondine artifact"));
   std::vector<unsigned char> newer = bytes;
-  newer[8] = 3;
+  newer[8] = static_cast<unsigned char>(artifact::kFormatVersion + 1);
   write_bytes(bad, newer);
-  CHECK_THAT(read_error(bad), Catch::Contains("format version 3") && Catch::Contains("reads version 2") &&
+  CHECK_THAT(read_error(bad), Catch::Contains("format version " + std::to_string(artifact::kFormatVersion + 1)) &&
+                                  Catch::Contains("reads version " + std::to_string(artifact::kFormatVersion)) &&
                                   Catch::Contains("update Ondine"));
+  newer[8] = 2;  // format 2 (its weights hashed in one sequence): recompiled
+  write_bytes(bad, newer);
+  CHECK_THAT(read_error(bad), Catch::Contains("format version 2") && Catch::Contains("recompile"));
   newer[8] = 1;  // format 1 (one variant, no list): recompiled, not guessed at
   write_bytes(bad, newer);
   CHECK_THAT(read_error(bad), Catch::Contains("format version 1") && Catch::Contains("recompile"));

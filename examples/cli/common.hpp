@@ -42,10 +42,20 @@ struct ModelFile {
   std::size_t packings = 0;
   std::map<std::string, std::int64_t> packing_dims;
   double load_ms = 0;
+  std::shared_ptr<artifact::PendingWeightCheck> weights_checked;  // WeightCheck::Background: pending
+  // Waits for the pending checksum (a damaged file throws); the wait is added to `compile_ms`.
+  void wait_checked(double& compile_ms) {
+    if (!weights_checked) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::shared_ptr<artifact::PendingWeightCheck> pending = std::move(weights_checked);
+    pending->wait();
+    compile_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
 };
 // `describe_only` (inspect): an artifact with no variant for this CPU, or from another oneDNN, is read
 // anyway (its first variant), to be described, not run.
-inline ModelFile load_model_file(const std::string& path, bool describe_only = false) {
+inline ModelFile load_model_file(const std::string& path, bool describe_only = false,
+                                 artifact::WeightCheck check = artifact::WeightCheck::Now) {
   ModelFile m;
   auto t0 = std::chrono::steady_clock::now();
   if (artifact::is_artifact(path)) {
@@ -55,7 +65,8 @@ inline ModelFile load_model_file(const std::string& path, bool describe_only = f
       } catch (const Error&) {
         return std::size_t{0};
       }
-    }) : lower::load_artifact(path);
+    }) : lower::load_artifact(path, check);
+    m.weights_checked = a.weights_checked;
     m.packed = lower::preload_packings(a);
     m.packings = a.packings.size();
     m.packing_dims = a.packing_dims;

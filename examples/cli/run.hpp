@@ -24,7 +24,8 @@ inline int cmd_run(const std::string& path, const std::vector<std::string>& inpu
                    int runs, bool use_reference, int threads, bool check, std::optional<double> check_tolerance,
                    const std::string& passes, bool passes_given, bool profile) {
   pipeline_for(passes);
-  ModelFile file = load_model_file(path);
+  // An artifact's weight checksum runs while the model compiles (awaited below, counted in compile=).
+  ModelFile file = load_model_file(path, false, artifact::WeightCheck::Background);
   adopt_artifact_precision(file);
   const std::string pipeline = pipeline_of(file, passes, passes_given);
   if (file.artifact) std::cout << artifact_summary(*file.artifact, file.variants.size()) << "\n";
@@ -61,8 +62,16 @@ inline int cmd_run(const std::string& path, const std::vector<std::string>& inpu
   check_inputs(g, inputs);  // one message for a wrong name, dtype or shape, whichever engine runs
 
   // The engine: the oneDNN-compiled model by default, or the reference executor (the oracle).
-  Engine engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value(), file.packed,
-                              &inputs);
+  Engine engine;
+  try {
+    engine = make_engine(g, use_reference, threads, pipeline, passes_given || file.artifact.has_value(), file.packed,
+                         &inputs);
+  } catch (...) {
+    double waited = 0;
+    file.wait_checked(waited);  // a damaged file is reported as such, even where it made the compile fail
+    throw;
+  }
+  file.wait_checked(engine.compile_ms);
   if (file.packed && !use_reference) {
     std::cout << "packed weights: " << file.packings << " stored, " << file.packed->preloaded_hits()
               << " used as stored, " << file.packed->packed_here() << " packed at load\n";

@@ -10,7 +10,7 @@
 // File layout (all integers little-endian):
 //   [0, 64)            header: magic "ONDINEAF", u32 format version, u32 header size (64), then u64 pairs
 //                      (offset, bytes) of the schema part and of the weight section, the XXH3-64 of the
-//                      schema part, and 0 (each variant holds the XXH3-64 of the weight bytes it reads)
+//                      schema part, and 0 (each variant holds a hash of the weight bytes it reads)
 //   [schema part]      a FlatBuffer of artifact/schema.fbs, 64-aligned: the signature and one or more
 //                      variants, each a target (ISA, precision, threads) with its graph and packings
 //   [weight section]   every constant tensor's bytes (weights, tensor attributes) and packed weight, each
@@ -22,7 +22,8 @@
 // table limits), every enum value, and every tensor's offset, length and dims against the weight section
 // (the verifier does not know about it). Then a chooser (lower/artifact.hpp: the best variant this CPU
 // runs) picks a variant, its graph is rebuilt and verified like an imported one, and the checksum of the
-// weight bytes it reads is checked (so loading hashes one variant's packed weights, not every variant's).
+// weight bytes it reads is checked (so loading hashes one variant's packed weights, not every variant's),
+// before read() returns or (WeightCheck::Background) while the caller compiles, until wait_checked().
 // Every failure is an ondine::Error naming the file and what is wrong.
 //
 // What is stored: the graph after the pass pipeline (its layout decisions included) and the weights as
@@ -36,12 +37,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <thread>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,7 +65,7 @@
 namespace ondine::artifact {
 
 inline constexpr char kMagic[8] = {'O', 'N', 'D', 'I', 'N', 'E', 'A', 'F'};
-inline constexpr std::uint32_t kFormatVersion = 2;  // 2: variants
+inline constexpr std::uint32_t kFormatVersion = 3;  // 2: variants; 3: weights hashed by pieces
 inline constexpr std::size_t kHeaderBytes = 64;
 inline constexpr std::size_t kAlignment = 64;
 
@@ -94,6 +97,8 @@ struct Packing {
   std::size_t bytes = 0;
 };
 
+class PendingWeightCheck;
+
 // An artifact as read: every variant's Info, and the graph and packings of the one chosen.
 struct Artifact {
   Graph graph;
@@ -103,7 +108,15 @@ struct Artifact {
   std::shared_ptr<void> mapping;                       // the mapped file (weights and packings point into it)
   std::vector<Info> variants;                          // every variant, in file order
   std::size_t variant = 0;                             // the chosen one's index
+  // WeightCheck::Background: the checksum of the chosen variant's weights, computed while the caller
+  // compiles. wait_checked() helps finish it and throws the damaged-file error; call it before the first run.
+  std::shared_ptr<PendingWeightCheck> weights_checked;
+  void wait_checked();
 };
+
+// When read() checks the weights' checksum: before it returns, or on a thread of its own while the caller
+// compiles the graph (loading an artifact is mostly that hash; compiling, oneDNN's JIT).
+enum class WeightCheck { Now, Background };
 
 // Picks the variant to read from all of them (an index into the list); may throw an Error saying why none
 // fits. read() without one takes the first.
@@ -129,6 +142,74 @@ inline void put_u32(unsigned char* p, std::uint32_t v) {
 }
 inline void put_u64(unsigned char* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+// One range of the hashed stream: `bytes` bytes at `data`, or zeros where `data` is null.
+struct HashSegment {
+  const unsigned char* data;
+  std::size_t bytes;
+};
+inline constexpr std::size_t kHashPiece = std::size_t{1} << 20;
+
+// Variant.data_hash (schema.fbs) of the stream the segments make: cut into pieces of kHashPiece bytes, each
+// hashed with XXH3-64 on its own, then the XXH3-64 of the pieces' hashes as little-endian u64s. Why pieces:
+// any number of threads hash them at once (take pieces until none is left), and loading an artifact is
+// mostly this hash.
+class PiecewiseHash {
+ public:
+  explicit PiecewiseHash(std::vector<HashSegment> segments) : segments_(std::move(segments)), starts_(segments_.size() + 1, 0) {
+    for (std::size_t i = 0; i < segments_.size(); ++i) starts_[i + 1] = starts_[i] + segments_[i].bytes;
+    pieces_ = (starts_.back() + kHashPiece - 1) / kHashPiece;
+    hashes_.assign(pieces_ * 8, 0);
+  }
+  // Hashes pieces not yet taken until none is left; any number of threads may call it at once.
+  void work() {
+    for (std::size_t i; (i = next_.fetch_add(1)) < pieces_;) {
+      put_u64(hashes_.data() + i * 8, piece(i));
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+  std::size_t pieces() const { return pieces_; }
+  bool finished() const { return done_.load(std::memory_order_acquire) == pieces_; }
+  void abandon() { next_.store(pieces_); }  // threads stop after their current piece
+  // The hash; every piece must be done (work() on the calling threads, then joined).
+  std::uint64_t result() const { return XXH3_64bits(hashes_.data(), hashes_.size()); }
+
+ private:
+  std::uint64_t piece(std::size_t i) const {
+    static const unsigned char zeros[256] = {};
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    const std::size_t total = starts_.back();
+    std::size_t at = i * kHashPiece;
+    const std::size_t end = std::min(total, at + kHashPiece);
+    auto s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), at) - starts_.begin()) - 1;
+    for (; at < end; ++s) {
+      const std::size_t from = at - starts_[s], take = std::min(segments_[s].bytes - from, end - at);
+      if (segments_[s].data) {
+        XXH3_64bits_update(&state, segments_[s].data + from, take);
+      } else {
+        for (std::size_t k = 0; k < take; k += sizeof zeros) XXH3_64bits_update(&state, zeros, std::min(sizeof zeros, take - k));
+      }
+      at += take;
+    }
+    return XXH3_64bits_digest(&state);
+  }
+
+  std::vector<HashSegment> segments_;
+  std::vector<std::size_t> starts_;
+  std::size_t pieces_ = 0;
+  std::vector<unsigned char> hashes_;
+  std::atomic<std::size_t> next_{0}, done_{0};
+};
+
+// The hash on the OpenMP team.
+inline std::uint64_t piecewise_hash(std::vector<HashSegment> segments) {
+  PiecewiseHash h(std::move(segments));
+#pragma omp parallel if (h.pieces() > 1)
+  h.work();
+  return h.result();
 }
 inline std::uint32_t get_u32(const unsigned char* p) {
   std::uint32_t v = 0;
@@ -158,26 +239,22 @@ class Writer {
     return offset;
   }
 
-  // The XXH3-64 of the weight bytes placed since the last call (data_hash of schema.fbs: each range padded
+  // The hash of the weight bytes placed since the last call (data_hash of schema.fbs: each range padded
   // to 64 bytes, in offset order, each once), read from where they come from.
   std::uint64_t take_data_hash() {
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
-    static const unsigned char zeros[kAlignment] = {};
+    std::vector<HashSegment> segments;
     std::size_t done = 0;  // the end of what was hashed (ranges may overlap: equal bytes stored once)
     for (const auto& [offset, bytes] : used_) {
       const std::size_t end = align_up(offset + bytes);
       if (end <= done) continue;
       const std::size_t from = std::max(offset, done);
       const auto chunk = chunk_at_.at(offset);
-      XXH3_64bits_update(state, static_cast<const unsigned char*>(chunk) + (from - offset), offset + bytes - from);
-      XXH3_64bits_update(state, zeros, end - (offset + bytes));
+      segments.push_back({static_cast<const unsigned char*>(chunk) + (from - offset), offset + bytes - from});
+      segments.push_back({nullptr, end - (offset + bytes)});
       done = end;
     }
-    const std::uint64_t hash = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
     used_.clear();
-    return hash;
+    return piecewise_hash(segments);
   }
 
   flatbuffers::Offset<fb::TensorData> tensor(const Tensor& t, const std::string& what) {
@@ -526,26 +603,20 @@ class Reader {
     if (auto problem = g.check()) throw Error("the stored graph is inconsistent: " + *problem);
   }
 
-  // The XXH3-64 of the weight bytes the tensors read so far (Writer::take_data_hash's rule); nullopt when a
-  // padded range passes the end of the weight section.
-  std::optional<std::uint64_t> data_hash() const {
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
+  // The weight bytes the tensors read so far, as Writer::take_data_hash hashes them; nullopt when a padded
+  // range passes the end of the weight section.
+  std::optional<std::vector<HashSegment>> data_segments() const {
+    std::vector<HashSegment> segments;
     std::size_t done = 0;
-    bool inside = true;
     for (const auto& [offset, bytes] : used_) {
       const std::size_t end = align_up(offset + bytes);
-      if (end > weight_bytes_) inside = false;
-      if (!inside) break;
+      if (end > weight_bytes_) return std::nullopt;
       if (end <= done) continue;
       const std::size_t from = std::max<std::size_t>(offset, done);
-      XXH3_64bits_update(state, weights_ + from, end - from);
+      segments.push_back({weights_ + from, end - from});
       done = end;
     }
-    const std::uint64_t hash = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-    if (!inside) return std::nullopt;
-    return hash;
+    return segments;
   }
 
  private:
@@ -657,20 +728,56 @@ inline void write(const Graph& g, const Info& info, const std::string& path, con
 
 // Maps and checks the artifact at `path` (see the header comment), lets `choose` pick a variant (none: the
 // first) and rebuilds its graph, whose constants point into the mapping. Throws an Error naming the file.
-inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path,
-                           const VariantChooser& choose);
+// A variant's weight checksum in progress: one thread of its own hashes pieces from the start; wait() hashes
+// the rest on the calling thread too (after a compile, both cores take pieces), then compares.
+class PendingWeightCheck {
+ public:
+  PendingWeightCheck(std::vector<detail::HashSegment> segments, std::uint64_t expected, Error damaged,
+                     std::shared_ptr<void> keep)
+      : hash_(std::move(segments)), expected_(expected), damaged_(std::move(damaged)), keep_(std::move(keep)),
+        thread_([this] { hash_.work(); }) {}
+  PendingWeightCheck(const PendingWeightCheck&) = delete;
+  PendingWeightCheck& operator=(const PendingWeightCheck&) = delete;
+  ~PendingWeightCheck() {
+    hash_.abandon();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Throws the damaged-file error when the checksum does not match.
+  void wait() {
+    hash_.work();
+    if (thread_.joinable()) thread_.join();
+    if (hash_.result() != expected_) throw damaged_;
+  }
 
-inline Artifact read(const std::string& path, const VariantChooser& choose = {}) {
+ private:
+  detail::PiecewiseHash hash_;
+  std::uint64_t expected_;
+  Error damaged_;
+  std::shared_ptr<void> keep_;  // the mapping the segments point into
+  std::thread thread_;          // last: started once the rest is ready
+};
+
+inline void Artifact::wait_checked() {
+  if (!weights_checked) return;
+  std::shared_ptr<PendingWeightCheck> pending = std::move(weights_checked);
+  pending->wait();
+}
+
+inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path,
+                           const VariantChooser& choose, WeightCheck check = WeightCheck::Now);
+
+inline Artifact read(const std::string& path, const VariantChooser& choose = {}, WeightCheck check = WeightCheck::Now) {
   std::shared_ptr<detail::Mapping> map = detail::map_file(path);
-  return read_bytes(map->data, map->bytes, map, path, choose);
+  return read_bytes(map->data, map->bytes, map, path, choose, check);
 }
 
 // An artifact linked into the program (`ondine_add_model(... EMBED)`: its bytes in .rodata, 64-byte aligned),
 // checked as a file is; `name` stands for the file in errors. The bytes must outlive what is read from them.
-inline Artifact read_memory(const void* data, std::size_t size, const std::string& name, const VariantChooser& choose = {}) {
+inline Artifact read_memory(const void* data, std::size_t size, const std::string& name, const VariantChooser& choose = {},
+                            WeightCheck check = WeightCheck::Now) {
   if (reinterpret_cast<std::uintptr_t>(data) % kAlignment != 0)
     throw Error("an embedded artifact must be 64-byte aligned").in_file(name);
-  return read_bytes(static_cast<const unsigned char*>(data), size, nullptr, name, choose);
+  return read_bytes(static_cast<const unsigned char*>(data), size, nullptr, name, choose, check);
 }
 
 // Writes every variant of the artifacts at `paths`, in order, as one artifact at `out` (`ondine compile
@@ -690,7 +797,7 @@ inline void combine(const std::vector<std::string>& paths, const std::string& ou
 
 // The checks and the rebuilding of read(), on `size` bytes at `p` kept alive by `map` (null: static data).
 inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared_ptr<void> map, const std::string& path,
-                           const VariantChooser& choose) {
+                           const VariantChooser& choose, WeightCheck check) {
   namespace fb = detail::fb;
   auto fail = [&](const std::string& what) { return Error("not a valid Ondine artifact: " + what).in_file(path); };
   if (size < kHeaderBytes || std::memcmp(p, kMagic, sizeof kMagic) != 0)
@@ -779,12 +886,18 @@ inline Artifact read_bytes(const unsigned char* p, std::size_t size, std::shared
       }
     if (variant->packing_dims())
       for (const fb::Dim* d : *variant->packing_dims()) a.packing_dims[detail::Reader::str(d->symbol())] = d->value();
-    const std::optional<std::uint64_t> hash = reader.data_hash();
-    if (!hash)
+    std::optional<std::vector<detail::HashSegment>> segments = reader.data_segments();
+    if (!segments)
       throw fail("a tensor's padded range passes the end of the weight section of " + std::to_string(weight_bytes) +
                  " bytes (truncated?)");
-    if (*hash != variant->data_hash())
-      throw fail("the checksum of the weights of its variant for " + a.info.isa + " does not match (the file is damaged)");
+    const Error damaged = fail("the checksum of the weights of its variant for " + a.info.isa +
+                               " does not match (the file is damaged)");
+    const std::uint64_t expected = variant->data_hash();
+    if (check == WeightCheck::Now) {
+      if (detail::piecewise_hash(*segments) != expected) throw damaged;
+    } else {  // `map` (null for bytes in memory, which outlive the program's use) keeps the segments' bytes
+      a.weights_checked = std::make_shared<PendingWeightCheck>(std::move(*segments), expected, damaged, map);
+    }
   } catch (Error& e) {
     throw e.in_file(path);
   }

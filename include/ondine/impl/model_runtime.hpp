@@ -57,15 +57,31 @@ Model Model::from_graph(Graph graph, const lower::CompileOptions& options) {
   return Model(std::move(impl));
 }
 
+namespace {
+// Compiles an artifact's graph while its weights' checksum is computed, then waits for that: a damaged file
+// is reported as such, even where the damage made the compile fail first.
+Model compile_checked(artifact::Artifact& a, const lower::CompileOptions& options) {
+  const lower::CompileOptions resolved = lower::artifact_options(options, a);
+  try {
+    Model m = Model::from_graph(std::move(a.graph), resolved);
+    a.wait_checked();
+    return m;
+  } catch (...) {
+    a.wait_checked();
+    throw;
+  }
+}
+}  // namespace
+
 Model Model::load(const std::string& artifact_path, const lower::CompileOptions& options) {
-  artifact::Artifact a = lower::load_artifact(artifact_path);
-  return from_graph(std::move(a.graph), lower::artifact_options(options, a));
+  artifact::Artifact a = lower::load_artifact(artifact_path, artifact::WeightCheck::Background);
+  return compile_checked(a, options);
 }
 
 Model Model::load_memory(const void* data, std::size_t size, const std::string& name,
                          const lower::CompileOptions& options) {
-  artifact::Artifact a = lower::load_artifact_memory(data, size, name);
-  return from_graph(std::move(a.graph), lower::artifact_options(options, a));
+  artifact::Artifact a = lower::load_artifact_memory(data, size, name, artifact::WeightCheck::Background);
+  return compile_checked(a, options);
 }
 
 std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) const {

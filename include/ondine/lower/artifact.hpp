@@ -192,15 +192,18 @@ inline void check_loadable(const artifact::Artifact& a, const std::string& path)
   }
 }
 // The artifact at `path`, read, checked (artifact::read), its best variant for this CPU chosen
-// (choose_variant) and checked against this CPU and this oneDNN.
-inline artifact::Artifact load_artifact(const std::string& path) {
-  artifact::Artifact a = artifact::read(path, choose_variant);
+// (choose_variant) and checked against this CPU and this oneDNN. WeightCheck::Background: the weights'
+// checksum runs while the caller compiles; it calls Artifact::wait_checked() before running.
+inline artifact::Artifact load_artifact(const std::string& path,
+                                        artifact::WeightCheck check = artifact::WeightCheck::Now) {
+  artifact::Artifact a = artifact::read(path, choose_variant, check);
   check_loadable(a, path);
   return a;
 }
 // The same for an artifact linked into the program (artifact::read_memory; `name` names it in errors).
-inline artifact::Artifact load_artifact_memory(const void* data, std::size_t size, const std::string& name) {
-  artifact::Artifact a = artifact::read_memory(data, size, name, choose_variant);
+inline artifact::Artifact load_artifact_memory(const void* data, std::size_t size, const std::string& name,
+                                               artifact::WeightCheck check = artifact::WeightCheck::Now) {
+  artifact::Artifact a = artifact::read_memory(data, size, name, choose_variant, check);
   check_loadable(a, name);
   return a;
 }
