@@ -654,7 +654,8 @@ inline Kernel choose_kernel(bool int8_activations = false) {
 // quantizes A's rows first, the threads a share of rows each, into buffers kept per calling thread.
 inline void multiply(const Kernel& kernel, const Packed& p, const float* a, std::int64_t M, float* y, int threads) {
   const std::int64_t work = p.K * p.N * std::max<std::int64_t>(M, 1);
-  thread_local QuantizedRows rows;
+  thread_local QuantizedRows buffers;
+  QuantizedRows& rows = buffers;  // the calling thread's: its OpenMP team writes and reads these
   if (p.int8_activations) rows.resize(p, M);
   auto run = [&](std::int64_t t0, std::int64_t t1) {
     if (p.int8_activations) kernel.tiles_int8(p, rows, M, y, t0, t1);
@@ -666,16 +667,14 @@ inline void multiply(const Kernel& kernel, const Packed& p, const float* a, std:
     return;
   }
   const int nt = static_cast<int>(std::min<std::int64_t>(threads, p.tiles));
-  QuantizedRows& shared = rows;  // the calling thread's buffers, which the team writes and reads
 #pragma omp parallel num_threads(nt)
   {
     const std::int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
     if (p.int8_activations) {
-      kernel.quantize_rows(p, a, M * t / n, M * (t + 1) / n, shared);
+      kernel.quantize_rows(p, a, M * t / n, M * (t + 1) / n, rows);
 #pragma omp barrier
     }
-    if (p.int8_activations) kernel.tiles_int8(p, shared, M, y, p.tiles * t / n, p.tiles * (t + 1) / n);
-    else kernel.tiles(p, a, M, y, p.tiles * t / n, p.tiles * (t + 1) / n);
+    run(p.tiles * t / n, p.tiles * (t + 1) / n);
   }
 }
 
