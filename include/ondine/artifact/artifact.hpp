@@ -164,13 +164,9 @@ class PiecewiseHash {
   }
   // Hashes pieces not yet taken until none is left; any number of threads may call it at once.
   void work() {
-    for (std::size_t i; (i = next_.fetch_add(1)) < pieces_;) {
-      put_u64(hashes_.data() + i * 8, piece(i));
-      done_.fetch_add(1, std::memory_order_release);
-    }
+    for (std::size_t i; (i = next_.fetch_add(1)) < pieces_;) put_u64(hashes_.data() + i * 8, piece(i));
   }
   std::size_t pieces() const { return pieces_; }
-  bool finished() const { return done_.load(std::memory_order_acquire) == pieces_; }
   void abandon() { next_.store(pieces_); }  // threads stop after their current piece
   // The hash; every piece must be done (work() on the calling threads, then joined).
   std::uint64_t result() const { return XXH3_64bits(hashes_.data(), hashes_.size()); }
@@ -201,7 +197,7 @@ class PiecewiseHash {
   std::vector<std::size_t> starts_;
   std::size_t pieces_ = 0;
   std::vector<unsigned char> hashes_;
-  std::atomic<std::size_t> next_{0}, done_{0};
+  std::atomic<std::size_t> next_{0};
 };
 
 // The hash on the OpenMP team.
