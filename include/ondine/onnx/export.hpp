@@ -3,7 +3,8 @@
 //
 // The exported model re-imports to the same graph: constants become initializers (inline raw_data, or an
 // external side file for large ones), nodes are written in topological order, and every value whose type
-// is known carries it (graph inputs and outputs, value_info for intermediates).
+// is known carries it (graph inputs and outputs, value_info for intermediates). Over the prebuilt libraries
+// (ondine/config.hpp) the export is compiled once, in ondine::compiled.
 #pragma once
 
 #include <algorithm>
@@ -17,9 +18,9 @@
 #include <variant>
 #include <vector>
 
+#include "ondine/config.hpp"
 #include "ondine/error.hpp"
 #include "ondine/ir/graph.hpp"
-#include "ondine/onnx/detail/proto.hpp"
 
 namespace ondine::onnx {
 
@@ -29,6 +30,23 @@ struct ExportOptions {
   // The side file, relative to the model's directory; empty means "<model file name>.data".
   std::string external_data_file;
 };
+
+// Writes `g` as an ONNX model file, optionally with large tensors in a side file next to it.
+ONDINE_ONNX_FUNC void save_model(const Graph& g, const std::string& path, const ExportOptions& opts = {});
+
+// The model as serialized ModelProto bytes, every tensor inline.
+ONDINE_ONNX_FUNC std::string serialize_model(const Graph& g);
+
+// Writes one tensor as a serialized TensorProto (the format of the backend tests' .pb files).
+ONDINE_ONNX_FUNC void save_tensor(const Tensor& t, const std::string& pb_path, const std::string& name = "");
+
+}  // namespace ondine::onnx
+
+// The definitions: in every file of a header-only program, in ondine::compiled alone otherwise.
+#if !ONDINE_ONNX_DECLARATIONS_ONLY
+#include "ondine/onnx/detail/proto.hpp"
+
+namespace ondine::onnx {
 
 namespace detail {
 
@@ -254,8 +272,7 @@ inline void write_proto_file(const ::google::protobuf::MessageLite& message, con
 
 }  // namespace detail
 
-// Writes `g` as an ONNX model file, optionally with large tensors in a side file next to it.
-inline void save_model(const Graph& g, const std::string& path, const ExportOptions& opts = {}) {
+ONDINE_ONNX_FUNC void save_model(const Graph& g, const std::string& path, const ExportOptions& opts) {
   try {
     ::onnx::ModelProto model;
     std::optional<detail::ExternalDataWriter> external;
@@ -277,8 +294,7 @@ inline void save_model(const Graph& g, const std::string& path, const ExportOpti
   }
 }
 
-// The model as serialized ModelProto bytes, every tensor inline.
-inline std::string serialize_model(const Graph& g) {
+ONDINE_ONNX_FUNC std::string serialize_model(const Graph& g) {
   ::onnx::ModelProto model;
   detail::build_model(g, model);
   detail::check_serializable(model);
@@ -287,8 +303,7 @@ inline std::string serialize_model(const Graph& g) {
   return bytes;
 }
 
-// Writes one tensor as a serialized TensorProto (the format of the backend tests' .pb files).
-inline void save_tensor(const Tensor& t, const std::string& pb_path, const std::string& name = "") {
+ONDINE_ONNX_FUNC void save_tensor(const Tensor& t, const std::string& pb_path, const std::string& name) {
   try {
     ::onnx::TensorProto tp;
     detail::tensor_to_proto_inline(t, name, &tp);
@@ -301,3 +316,4 @@ inline void save_tensor(const Tensor& t, const std::string& pb_path, const std::
 }
 
 }  // namespace ondine::onnx
+#endif  // !ONDINE_ONNX_DECLARATIONS_ONLY

@@ -3,7 +3,9 @@
 //
 // Every Error thrown here carries the file it came from; errors about one node also carry the node's
 // name and op. Models up to protobuf's 2 GB limit load in one read; larger weights must be external data
-// (side files next to the model, resolved relative to the model's directory and never outside it).
+// (side files next to the model, resolved relative to the model's directory and never outside it). Over the
+// prebuilt libraries (ondine/config.hpp) the import is compiled once, in ondine::compiled, and files that include
+// this header do not parse protobuf's.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "ondine/config.hpp"
 #include "ondine/error.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/limits.hpp"
-#include "ondine/ir/shape_inference.hpp"
-#include "ondine/onnx/contrib_ops.hpp"
-#include "ondine/onnx/detail/proto.hpp"
+
+namespace onnx {
+class TensorProto;  // protobuf's generated class (onnx/onnx_pb.h), named here without parsing protobuf
+}  // namespace onnx
 
 namespace ondine::onnx {
 
@@ -40,6 +44,31 @@ struct ImportOptions {
 // per-channel scale, QuantizeLinear-21's output_dtype) or refused naming node and attribute (block_size).
 inline constexpr int kMinOpset = 1;
 inline constexpr int kMaxOpset = 21;
+
+// A TensorProto as a Tensor. Data comes from raw_data, the typed fields, or an external file looked up
+// relative to `base_dir`. String tensors keep their strings (Tensor::from_strings).
+ONDINE_ONNX_FUNC Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string& base_dir = "");
+
+// Loads an ONNX model from memory. External data is looked up in `base_dir`; `display_name` is the
+// file named in errors.
+ONDINE_ONNX_FUNC Graph load_model_from_memory(const void* data, std::size_t size, const std::string& base_dir,
+                                              const std::string& display_name, const ImportOptions& opts = {});
+
+// Loads an ONNX model file; external data is looked up next to it.
+ONDINE_ONNX_FUNC Graph load_model(const std::string& path, const ImportOptions& opts = {});
+
+// Loads a serialized TensorProto (the backend tests' input_0.pb / output_0.pb).
+ONDINE_ONNX_FUNC Tensor load_tensor(const std::string& pb_path);
+
+}  // namespace ondine::onnx
+
+// The definitions: in every file of a header-only program, in ondine::compiled alone otherwise.
+#if !ONDINE_ONNX_DECLARATIONS_ONLY
+#include "ondine/ir/shape_inference.hpp"
+#include "ondine/onnx/contrib_ops.hpp"
+#include "ondine/onnx/detail/proto.hpp"
+
+namespace ondine::onnx {
 
 namespace detail {
 
@@ -225,9 +254,7 @@ inline Tensor tensor_from_typed_fields(const ::onnx::TensorProto& tp, DType dtyp
 
 }  // namespace detail
 
-// A TensorProto as a Tensor. Data comes from raw_data, the typed fields, or an external file looked up
-// relative to `base_dir`. String tensors keep their strings (Tensor::from_strings).
-inline Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string& base_dir = "") {
+ONDINE_ONNX_FUNC Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string& base_dir) {
   using namespace detail;
   const std::string label = "tensor '" + tp.name() + "'";
   auto dtype = dtype_from_onnx(tp.data_type());
@@ -638,10 +665,8 @@ inline std::unique_ptr<::onnx::ModelProto> parse_model(const void* data, std::si
 
 }  // namespace detail
 
-// Loads an ONNX model from memory. External data is looked up in `base_dir`; `display_name` is the
-// file named in errors.
-inline Graph load_model_from_memory(const void* data, std::size_t size, const std::string& base_dir,
-                                    const std::string& display_name, const ImportOptions& opts = {}) {
+ONDINE_ONNX_FUNC Graph load_model_from_memory(const void* data, std::size_t size, const std::string& base_dir,
+                                              const std::string& display_name, const ImportOptions& opts) {
   try {
     auto model = detail::parse_model(data, size);
     return detail::import_model(*model, base_dir, opts);
@@ -653,8 +678,7 @@ inline Graph load_model_from_memory(const void* data, std::size_t size, const st
   }
 }
 
-// Loads an ONNX model file; external data is looked up next to it.
-inline Graph load_model(const std::string& path, const ImportOptions& opts = {}) {
+ONDINE_ONNX_FUNC Graph load_model(const std::string& path, const ImportOptions& opts) {
   try {
     std::unique_ptr<::onnx::ModelProto> model;
     {
@@ -670,8 +694,7 @@ inline Graph load_model(const std::string& path, const ImportOptions& opts = {})
   }
 }
 
-// Loads a serialized TensorProto (the backend tests' input_0.pb / output_0.pb).
-inline Tensor load_tensor(const std::string& pb_path) {
+ONDINE_ONNX_FUNC Tensor load_tensor(const std::string& pb_path) {
   try {
     std::vector<char> bytes = detail::read_proto_file(pb_path);
     ::onnx::TensorProto tp;
@@ -687,3 +710,4 @@ inline Tensor load_tensor(const std::string& pb_path) {
 }
 
 }  // namespace ondine::onnx
+#endif  // !ONDINE_ONNX_DECLARATIONS_ONLY

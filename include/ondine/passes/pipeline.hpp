@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ondine/passes/pipeline.hpp - the graph passes built in, the process-wide pass registry, and the default
-// pipeline that `ondine compile` and lower::compile run.
+// pipeline that `ondine compile` and lower::compile run. The built-in passes are compiled once in ondine::runtime
+// when the program is built over the prebuilt libraries (ondine/config.hpp); their headers then stay out of the
+// files that include this one (include a pass's own header to use its class).
 //
 //   Graph g = onnx::load_model("resnet50.onnx");
 //   PassManager pm = make_pass_manager();           // the default pipeline
@@ -14,33 +16,8 @@
 #include <sstream>
 #include <string>
 
-#include "ondine/passes/cancel_transposes.hpp"
-#include "ondine/passes/dce.hpp"
-#include "ondine/passes/deconv_as_conv.hpp"
-#include "ondine/passes/dft_conv_as_stft.hpp"
-#include "ondine/passes/fold_batchnorm.hpp"
-#include "ondine/passes/fold_constants.hpp"
-#include "ondine/passes/fold_pad.hpp"
-#include "ondine/passes/fuse_attention.hpp"
-#include "ondine/passes/fuse_dynamic_qconv.hpp"
-#include "ondine/passes/fuse_dynamic_qmatmul.hpp"
-#include "ondine/passes/fuse_gelu.hpp"
-#include "ondine/passes/fuse_groupnorm.hpp"
-#include "ondine/passes/fuse_layernorm.hpp"
-#include "ondine/passes/fuse_rmsnorm.hpp"
-#include "ondine/passes/fuse_rotary.hpp"
-#include "ondine/passes/fuse_post_ops.hpp"
-#include "ondine/passes/fuse_qdq.hpp"
-#include "ondine/passes/fuse_weight_only.hpp"
-#include "ondine/passes/layout.hpp"
+#include "ondine/config.hpp"
 #include "ondine/passes/pass_manager.hpp"
-#include "ondine/passes/pointwise_as_conv.hpp"
-#include "ondine/passes/qoperator_to_qdq.hpp"
-#include "ondine/passes/remove_identity.hpp"
-#include "ondine/passes/scatter_rows.hpp"
-#include "ondine/passes/scatter_slices.hpp"
-#include "ondine/passes/unroll_loops.hpp"
-#include "ondine/passes/widen_float16.hpp"
 
 namespace ondine {
 
@@ -68,7 +45,69 @@ inline const char* default_pipeline() {
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
-inline PassRegistry& pass_registry() {
+ONDINE_CORE_FUNC PassRegistry& pass_registry();
+
+// The pipeline with each "default" entry spelled out ("fold-bn,default" -> "fold-bn,remove-identity,...");
+// "none" and "" are no passes.
+inline std::string expand_pipeline(const std::string& pipeline) {
+  std::string out;
+  for (auto& [name, repeat] : PassManager::parse_pipeline(pipeline)) {
+    if (name == "default" && repeat) throw Error("pipeline '" + pipeline + "': 'default' cannot be repeated");
+    out += (out.empty() ? "" : ",") + (name == "default" ? std::string(default_pipeline()) : name + (repeat ? "*" : ""));
+  }
+  return out;
+}
+
+inline PassManager make_pass_manager(const std::string& pipeline = default_pipeline(),
+                                     PassManager::Options options = {}) {
+  PassManager pm(std::move(options));
+  pm.add_pipeline(expand_pipeline(pipeline), pass_registry());
+  return pm;
+}
+
+// The limits CPUs without VNNI need (passes/fuse_qdq.hpp: their int8 kernels saturate past 7-bit weights,
+// so fuse-qdq leaves layers with 8-bit weights, or reading s8 activations, in float; with `halve_weights`
+// it requantizes 8-bit weights to 7 bits instead, CompileOptions::int8_7bit_weights).
+inline void limit_int8_fusion(PassManager& pm, bool halve_weights = false) {
+  pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
+  pm.context().options.emplace("fuse-qdq.u8-only", "1");
+  if (halve_weights) pm.context().options.emplace("fuse-qdq.halve-weights", "1");
+}
+
+}  // namespace ondine
+
+// The definitions: in every file of a header-only program, in ondine::runtime alone otherwise.
+#if !ONDINE_CORE_DECLARATIONS_ONLY
+#include "ondine/passes/cancel_transposes.hpp"
+#include "ondine/passes/dce.hpp"
+#include "ondine/passes/deconv_as_conv.hpp"
+#include "ondine/passes/dft_conv_as_stft.hpp"
+#include "ondine/passes/fold_batchnorm.hpp"
+#include "ondine/passes/fold_constants.hpp"
+#include "ondine/passes/fold_pad.hpp"
+#include "ondine/passes/fuse_attention.hpp"
+#include "ondine/passes/fuse_dynamic_qconv.hpp"
+#include "ondine/passes/fuse_dynamic_qmatmul.hpp"
+#include "ondine/passes/fuse_gelu.hpp"
+#include "ondine/passes/fuse_groupnorm.hpp"
+#include "ondine/passes/fuse_layernorm.hpp"
+#include "ondine/passes/fuse_rmsnorm.hpp"
+#include "ondine/passes/fuse_rotary.hpp"
+#include "ondine/passes/fuse_post_ops.hpp"
+#include "ondine/passes/fuse_qdq.hpp"
+#include "ondine/passes/fuse_weight_only.hpp"
+#include "ondine/passes/layout.hpp"
+#include "ondine/passes/pointwise_as_conv.hpp"
+#include "ondine/passes/qoperator_to_qdq.hpp"
+#include "ondine/passes/remove_identity.hpp"
+#include "ondine/passes/scatter_rows.hpp"
+#include "ondine/passes/scatter_slices.hpp"
+#include "ondine/passes/unroll_loops.hpp"
+#include "ondine/passes/widen_float16.hpp"
+
+namespace ondine {
+
+ONDINE_CORE_FUNC PassRegistry& pass_registry() {
   static PassRegistry registry = [] {
     PassRegistry r;
     r.add<WidenFloat16>()
@@ -104,31 +143,5 @@ inline PassRegistry& pass_registry() {
   return registry;
 }
 
-// The pipeline with each "default" entry spelled out ("fold-bn,default" -> "fold-bn,remove-identity,...");
-// "none" and "" are no passes.
-inline std::string expand_pipeline(const std::string& pipeline) {
-  std::string out;
-  for (auto& [name, repeat] : PassManager::parse_pipeline(pipeline)) {
-    if (name == "default" && repeat) throw Error("pipeline '" + pipeline + "': 'default' cannot be repeated");
-    out += (out.empty() ? "" : ",") + (name == "default" ? std::string(default_pipeline()) : name + (repeat ? "*" : ""));
-  }
-  return out;
-}
-
-inline PassManager make_pass_manager(const std::string& pipeline = default_pipeline(),
-                                     PassManager::Options options = {}) {
-  PassManager pm(std::move(options));
-  pm.add_pipeline(expand_pipeline(pipeline), pass_registry());
-  return pm;
-}
-
-// The limits CPUs without VNNI need (passes/fuse_qdq.hpp: their int8 kernels saturate past 7-bit weights,
-// so fuse-qdq leaves layers with 8-bit weights, or reading s8 activations, in float; with `halve_weights`
-// it requantizes 8-bit weights to 7 bits instead, CompileOptions::int8_7bit_weights).
-inline void limit_int8_fusion(PassManager& pm, bool halve_weights = false) {
-  pm.context().options.emplace("fuse-qdq.max-abs-weight", "64");
-  pm.context().options.emplace("fuse-qdq.u8-only", "1");
-  if (halve_weights) pm.context().options.emplace("fuse-qdq.halve-weights", "1");
-}
-
 }  // namespace ondine
+#endif  // !ONDINE_CORE_DECLARATIONS_ONLY

@@ -4,7 +4,9 @@
 // defined here.
 //
 // It is the oracle that every optimisation and every compiled model is checked against, so it is kept
-// independent of the passes and of oneDNN, and it checks its inputs strictly.
+// independent of the passes and of oneDNN, and it checks its inputs strictly. The table is compiled once in
+// ondine::runtime when the program is built over the prebuilt libraries (ondine/config.hpp); the kernels'
+// own headers then stay out of the files that include this one.
 #pragma once
 
 #include <functional>
@@ -14,13 +16,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ondine/config.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/common.hpp"
+#include "ondine/reference/interpreter.hpp"
+
+// The definitions: in every file of a header-only program, in ondine::runtime alone otherwise.
+#if !ONDINE_CORE_DECLARATIONS_ONLY
 #include "ondine/reference/control_flow.hpp"
 #include "ondine/reference/einsum.hpp"
 #include "ondine/reference/fused.hpp"
-#include "ondine/reference/interpreter.hpp"
 #include "ondine/reference/layout.hpp"
 #include "ondine/reference/loss.hpp"
 #include "ondine/reference/math.hpp"
@@ -40,7 +46,7 @@
 namespace ondine {
 
 namespace reference {
-inline const KernelTable& kernel_table() {
+ONDINE_CORE_FUNC const KernelTable& kernel_table() {
   static const KernelTable table = [] {
     KernelTable t;
     register_nn_kernels(t);
@@ -68,3 +74,4 @@ inline const KernelTable& kernel_table() {
 }  // namespace reference
 
 }  // namespace ondine
+#endif  // !ONDINE_CORE_DECLARATIONS_ONLY

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ondine/config.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/ir/shape_inference.hpp"
 #include "ondine/reference/common.hpp"
@@ -22,7 +23,7 @@ namespace ondine {
 
 namespace reference {
 // Every op's reference kernel, by op key (reference/executor.hpp).
-inline const KernelTable& kernel_table();
+ONDINE_CORE_FUNC const KernelTable& kernel_table();
 }  // namespace reference
 
 // An op is supported when it has both shape inference and a reference kernel.

@@ -39,6 +39,7 @@
 #include <omp.h>
 
 #include "ondine/ir/fused_ops.hpp"
+#include "ondine/ir/infer/tensor_ops.hpp"
 #include "ondine/lower/detail/broadcast_ops.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "ondine/ir/infer/rnn.hpp"
 #include "ondine/lower/detail/context.hpp"
 #include "ondine/lower/detail/eltwise.hpp"
 #include "ondine/lower/detail/recurrence.hpp"
