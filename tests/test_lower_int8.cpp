@@ -865,6 +865,70 @@ TEST_CASE("dynamic quantization compiled: DynQConv equals the reference, int8 wh
         }
 }
 
+namespace {
+
+// MatMulInteger with uint8 weights around zero points 113..131, as quantize_dynamic's QUInt8 writes transformer
+// layers: DynamicQuantizeLinear(x [2, 5, 64]) -> MatMulInteger(W [64, 24], W_zp) -> Cast -> Mul(xs * ws) -> Add(b).
+Graph uint8_weight_matmul_graph(bool per_column) {
+  Graph g;
+  const std::int64_t k = 64, n = 24;
+  Value* x = g.add_input("x", DType::Float32, Shape{2, 5, k});
+  Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "x_quantize");
+  dql->set_opset(11);
+  std::mt19937 rng(23);
+  Tensor w(DType::UInt8, {k, n});
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(rng() % 256);
+  Tensor wz(DType::UInt8, per_column ? std::vector<std::int64_t>{n} : std::vector<std::int64_t>{});
+  for (std::int64_t i = 0; i < wz.numel(); ++i) wz.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(113 + (i * 7) % 19);
+  Value* acc = g.add_node("MatMulInteger", {dql->output(0), g.add_constant("w", w), dql->output(2), g.add_constant("wz", wz)},
+                          {"acc"}, {}, "mmi")->output(0);
+  Value* accf = g.add_node("Cast", {acc}, {"accf"}, {{"to", std::int64_t{1}}}, "cast")->output(0);
+  Tensor ws(DType::Float32, per_column ? std::vector<std::int64_t>{n} : std::vector<std::int64_t>{});
+  for (std::int64_t i = 0; i < ws.numel(); ++i) ws.data<float>()[i] = 0.002f * static_cast<float>(1 + i % 5);
+  Value* scale = g.add_node("Mul", {dql->output(1), g.add_constant("ws", ws)}, {"s"}, {}, "scales")->output(0);
+  Value* y = g.add_node("Mul", {accf, scale}, {"scaled"}, {}, "rescale")->output(0);
+  Tensor b(DType::Float32, {n});
+  for (std::int64_t i = 0; i < n; ++i) b.data<float>()[i] = 0.05f * static_cast<float>(i) - 0.3f;
+  g.add_output(g.add_node("Add", {y, g.add_constant("b", b)}, {"y"}, {}, "bias")->output(0));
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("dynamic quantization compiled: DynQMatMul with uint8 weights shifted into int8 (row sums compensated) "
+          "with VNNI, else float32; equal to the reference",
+          "[any-isa]") {
+  const bool vnni = lower::effective_isa().int8_vnni;
+  for (bool per_column : {false, true}) {
+    INFO("per column " << per_column << ", isa " << lower::effective_isa().name);
+    Graph g = uint8_weight_matmul_graph(per_column);
+    infer_shapes(g);
+    // Inputs off zero: the source zero point is far from 0.
+    std::map<std::string, Tensor> inputs{{"x", random_input({2, 5, 64}, 41, -0.5f, 3.0f)}};
+    const Tensor want = ReferenceExecutor(g).run(inputs).at("y");
+    CompiledModel m = lower::compile(g);
+    const Tensor got = m.run(inputs).at("y");
+    REQUIRE(got.dims() == want.dims());
+    double worst = 0, top = 0;
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+      top = std::max(top, std::abs(want.at_double(static_cast<std::size_t>(i))));
+      worst = std::max(worst, std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i))));
+    }
+    CHECK(top > 0.1);
+    CHECK(worst <= 1e-6 * top);
+    std::size_t compiled = 0, shifted = 0, centred = 0;
+    for (auto& s : m.steps()) {
+      compiled += s.op == "DynQMatMul" && s.implementation != "reference";
+      shifted += s.op == "DynQMatMul" && s.detail.rfind("src u8", 0) == 0 &&
+                 s.detail.find("shifted into s8 +row-sum compensation") != std::string::npos;
+      centred += s.op == "DynQMatMul" && s.detail.rfind("src centred f32", 0) == 0;
+    }
+    CHECK(compiled == 1);
+    CHECK(shifted == (vnni ? 1u : 0u));
+    CHECK(centred == (vnni ? 0u : 1u));
+  }
+}
+
 TEST_CASE("DynamicQuantizeLinear compiled: bit for bit the reference, an all-zero input, NaN and Inf named", "[any-isa]") {
   Graph g;
   Value* x = g.add_input("x", DType::Float32, Shape{4, 1000});

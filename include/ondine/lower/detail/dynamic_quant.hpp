@@ -7,10 +7,10 @@
 // The products run in int8 (u8 x s8, s32 sums) where that is exact: centred weights that fit int8,
 // and either VNNI or weights within [-64, 64] (without VNNI oneDNN adds pairs of u8 x s8 products in
 // saturating 16 bits). A 2-D convolution whose centred weights do not fit int8 (uint8 weights with an
-// asymmetric zero point span up to 255 values around it) still runs in int8 with VNNI: each output
-// channel's weights shifted by k[c] into int8, and k[c] times the window sum of the centred source
-// added back (Ondine's kernel writes it into the output, the convolution's sum post-op adds its
-// products to it). Else on float32 kernels over the same integers: the u8 source centred on its zero
+// asymmetric zero point span up to 255 values around it), and a matmul's, still run in int8 with VNNI:
+// each output channel's weights shifted by k[c] into int8, and k[c] times the window (matmul: row) sum of
+// the centred source added back (Ondine's kernel writes it into the output, the primitive's sum post-op
+// adds its products to it). Else on float32 kernels over the same integers: the u8 source centred on its zero
 // point by a reorder, the centred weights as floats. Each product and sum of the integers is exact in
 // float32 up to 2^24, so all forms compute the same numbers (to float rounding beyond that).
 //
@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -312,6 +313,21 @@ inline std::optional<std::vector<int>> int8_shifts(const Tensor& w) {
   return shift;
 }
 
+// A [K, N] matrix as [N, K]: a matmul's weights with its output channels (columns) first, as int8_shifts and
+// shifted read them.
+inline Tensor columns_first(const Tensor& w) {
+  const std::int64_t rows = w.dims()[0], cols = w.dims()[1];
+  const std::size_t width = dtype_size(w.dtype());
+  Tensor t(w.dtype(), {cols, rows});
+  const auto* src = static_cast<const char*>(w.raw());
+  auto* dst = static_cast<char*>(t.raw());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      std::memcpy(dst + static_cast<std::size_t>(c * rows + r) * width, src + static_cast<std::size_t>(r * cols + c) * width,
+                  width);
+  return t;
+}
+
 inline Tensor shifted(const Tensor& w, const std::vector<int>& shift) {
   Tensor t(DType::Int8, w.dims());
   const std::int64_t per = w.numel() / w.dims()[0];
@@ -478,7 +494,14 @@ inline bool lower_dyn_qmatmul(Lowering& L, const Node& n) {
   std::int64_t k = wd[0], cols = wd[1], m = 1;
   for (std::size_t i = 0; i + 1 < xd.size(); ++i) m *= xd[i];
   std::string why;
-  const bool int8 = dynq::exact_in_int8(w->constant(), why);
+  bool int8 = dynq::exact_in_int8(w->constant(), why);
+  // Weights beyond int8 (uint8 weights with a zero point, quantize_dynamic's QUInt8), with VNNI: each column
+  // shifted into int8, and the shift times the row sum of the centred source added back, as lower_dyn_qconv
+  // does (the compensation is its kernel on a 1x1 convolution over the M rows).
+  std::optional<std::vector<int>> shift;
+  if (!int8 && w->dtype() == DType::Int16 && effective_isa().int8_vnni && k >= 16)
+    shift = dynq::int8_shifts(dynq::columns_first(w->constant()));
+  int8 = int8 || shift.has_value();
   const memory::data_type src_dt = int8 ? memory::data_type::u8 : memory::data_type::f32,
                           wei_dt = int8 ? memory::data_type::s8 : memory::data_type::f32;
   memory::desc src_md = plain_md({m, k}, src_dt), wei_md = any_md({k, cols}, wei_dt),
@@ -487,7 +510,7 @@ inline bool lower_dyn_qmatmul(Lowering& L, const Node& n) {
   if (int8) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
   dnnl::post_ops ops;
   std::vector<fused::Activation> activations;
-  if (!dynq::post_ops(n, channel_md, b != nullptr, ops, activations)) return false;
+  if (!dynq::post_ops(n, channel_md, b != nullptr, ops, activations, shift.has_value())) return false;
   attr.set_post_ops(ops);
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, L.engine(), true);
   if (!pd) {
@@ -501,20 +524,36 @@ inline bool lower_dyn_qmatmul(Lowering& L, const Node& n) {
                                      pd.src_desc());
   std::vector<SlotArg> args{{DNNL_ARG_SRC, src, pd.src_desc()}};
   std::vector<std::pair<int, memory>> consts;
-  consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(int8 ? w->constant() : dynq::as_float(w->constant()), pd.weights_desc()));
-  if (b) consts.emplace_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, L.constant_memory(b->constant(), channel_md));
+  const Tensor weights = shift ? dynq::columns_first(dynq::shifted(dynq::columns_first(w->constant()), *shift))
+                         : int8 ? w->constant()
+                                : dynq::as_float(w->constant());
+  consts.emplace_back(DNNL_ARG_WEIGHTS, L.constant_memory(weights, pd.weights_desc()));
+  if (b)
+    consts.emplace_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(shift ? 2 : 1) | DNNL_ARG_SRC_1,
+                        L.constant_memory(b->constant(), channel_md));
   memory::desc value_md = plain_md(y->shape().sizes(), memory::data_type::f32);
   SlotId dst = L.new_value_slot(y, value_md);
-  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc()});
+  args.push_back({DNNL_ARG_DST, dst, pd.dst_desc(), shift.has_value()});
   L.define(y, dst, value_md);
+  std::optional<dynq::Compensation> comp;
+  if (shift) {  // the rows as an M x 1 image of K channels, the columns as N output channels
+    dynq::Compensation& c = comp.emplace();
+    c.src = src;
+    c.dst = dst;
+    c.batch = 1, c.channels = k, c.height = m, c.width = 1;
+    c.out_channels = cols, c.out_height = m, c.out_width = 1;
+    c.shift.assign(shift->begin(), shift->end());
+  }
   std::string detail = std::string(int8 ? "src u8 " : "src centred f32 ") + dims_str({m, k}) + " x wei " +
-                       layout_name(pd.weights_desc()) + dims_str(wd) + " scale, zero point at run time" +
+                       layout_name(pd.weights_desc()) + dims_str(wd) +
+                       (shift ? " shifted into s8 +row-sum compensation" : "") + " scale, zero point at run time" +
                        (w_scale.size() > 1 ? " w per-column" : "") + (b ? " +bias" : "") +
                        (activations.empty() ? "" : " +" + fused::activations_str(activations)) + " -> f32" +
                        (int8 ? "" : " (float32: " + why + ")");
   L.add_step(std::make_unique<DynQStep>(runtime::StepInfo{n.name(), n.op_type(), pd.impl_info_str(), detail}, &n,
                                         L.engine(), dnnl::matmul(pd), std::move(args), std::move(consts),
-                                        pd.scratchpad_desc(), scale_slot, zero_slot, int8, std::move(w_scale), channel_md));
+                                        pd.scratchpad_desc(), scale_slot, zero_slot, int8, std::move(w_scale), channel_md,
+                                        std::move(comp)));
   L.scratchpad_bytes = std::max(L.scratchpad_bytes, pd.scratchpad_desc().get_size());
   return true;
 }
