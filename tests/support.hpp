@@ -171,20 +171,26 @@ inline std::vector<quant::Sample> random_samples(const Graph& g, std::size_t cou
 
 // A dynamically quantized convolution as ONNX Runtime's quantize_dynamic writes it for CNNs:
 // DynamicQuantizeLinear(x) -> ConvInteger(xq, W, xz, W_zp) -> Cast -> Mul(xs * w_scale) -> Add(bias
-// [1, M, 1, 1]) -> Relu, x [2, 32, 9, 9], W [M=12, 32/group, 3, 3]. `uint8_weights`: W uint8 around
-// zero points 113..131 (their centred values beyond int8), else int8 with zero point 0.
+// [1, M, 1, 1]) -> Relu, x [2, 32, 9, 9], W [M=12, 32/group, 3, 3] (`one_d`: x [2, 32, 17], W [12, 32/group,
+// 3]). `uint8_weights`: W uint8 around zero points 113..131 (their centred values beyond int8), else int8 with
+// zero point 0.
 struct DynamicConvSpec {
-  bool uint8_weights = false, per_channel = false, relu = true;
+  bool uint8_weights = false, per_channel = false, relu = true, one_d = false;
   std::int64_t group = 1, stride = 1, pad = 1;
 };
 inline Graph dynamic_conv_graph(const DynamicConvSpec& spec) {
   Graph g;
   const std::int64_t m = 12, c = 32;
-  Value* x = g.add_input("x", DType::Float32, Shape{2, c, 9, 9});
+  const std::vector<std::int64_t> xd = spec.one_d ? std::vector<std::int64_t>{2, c, 17} : std::vector<std::int64_t>{2, c, 9, 9};
+  Value* x = g.add_input("x", DType::Float32, Shape::from(xd));
   Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "x_quantize");
   dql->set_opset(11);
   std::mt19937 rng(17);
-  const std::vector<std::int64_t> wd{m, c / spec.group, 3, 3};
+  const std::size_t spatial = xd.size() - 2;
+  std::vector<std::int64_t> wd{m, c / spec.group};
+  wd.resize(xd.size(), 3);
+  std::vector<std::int64_t> per_channel_dims(xd.size(), 1);  // [1, M, 1(, 1)]
+  per_channel_dims[1] = m;
   Tensor w(spec.uint8_weights ? DType::UInt8 : DType::Int8, wd);
   std::vector<int> zero(spec.per_channel ? m : 1);
   for (std::size_t i = 0; i < zero.size(); ++i) zero[i] = spec.uint8_weights ? 113 + static_cast<int>((i * 7) % 19) : 0;
@@ -197,18 +203,18 @@ inline Graph dynamic_conv_graph(const DynamicConvSpec& spec) {
   for (std::size_t i = 0; i < zero.size(); ++i)
     if (spec.uint8_weights) wz.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(zero[i]);
     else wz.data<std::int8_t>()[i] = 0;
-  std::map<std::string, Attribute> attrs{{"kernel_shape", std::vector<std::int64_t>{3, 3}},
-                                         {"pads", std::vector<std::int64_t>{spec.pad, spec.pad, spec.pad, spec.pad}},
-                                         {"strides", std::vector<std::int64_t>{spec.stride, spec.stride}},
+  std::map<std::string, Attribute> attrs{{"kernel_shape", std::vector<std::int64_t>(spatial, 3)},
+                                         {"pads", std::vector<std::int64_t>(2 * spatial, spec.pad)},
+                                         {"strides", std::vector<std::int64_t>(spatial, spec.stride)},
                                          {"group", spec.group}};
   Value* acc = g.add_node("ConvInteger", {dql->output(0), g.add_constant("w", w), dql->output(2), g.add_constant("wz", wz)},
                           {"acc"}, attrs, "conv")->output(0);
   Value* accf = g.add_node("Cast", {acc}, {"accf"}, {{"to", std::int64_t{1}}}, "cast")->output(0);
-  Tensor ws(DType::Float32, spec.per_channel ? std::vector<std::int64_t>{1, m, 1, 1} : std::vector<std::int64_t>{});
+  Tensor ws(DType::Float32, spec.per_channel ? per_channel_dims : std::vector<std::int64_t>{});
   for (std::int64_t i = 0; i < ws.numel(); ++i) ws.data<float>()[i] = 0.002f * static_cast<float>(1 + i % 5);
   Value* s = g.add_node("Mul", {dql->output(1), g.add_constant("ws", ws)}, {"s"}, {}, "scales")->output(0);
   Value* y = g.add_node("Mul", {accf, s}, {"scaled"}, {}, "rescale")->output(0);
-  Tensor b(DType::Float32, {1, m, 1, 1});
+  Tensor b(DType::Float32, per_channel_dims);
   for (std::int64_t i = 0; i < m; ++i) b.data<float>()[i] = 0.05f * static_cast<float>(i) - 0.3f;
   y = g.add_node("Add", {g.add_constant("b", b), y}, {"biased"}, {}, "bias")->output(0);
   if (spec.relu) y = g.add_node("Relu", {y}, {"y"}, {}, "relu")->output(0);

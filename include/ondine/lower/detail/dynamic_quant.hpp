@@ -6,13 +6,13 @@
 //
 // The products run in int8 (u8 x s8, s32 sums) where that is exact: centred weights that fit int8,
 // and either VNNI or weights within [-64, 64] (without VNNI oneDNN adds pairs of u8 x s8 products in
-// saturating 16 bits). A 2-D convolution whose centred weights do not fit int8 (uint8 weights with an
-// asymmetric zero point span up to 255 values around it), and a matmul's, still run in int8 with VNNI:
-// each output channel's weights shifted by k[c] into int8, and k[c] times the window (matmul: row) sum of
-// the centred source added back (Ondine's kernel writes it into the output, the primitive's sum post-op
-// adds its products to it). Else on float32 kernels over the same integers: the u8 source centred on its zero
-// point by a reorder, the centred weights as floats. Each product and sum of the integers is exact in
-// float32 up to 2^24, so all forms compute the same numbers (to float rounding beyond that).
+// saturating 16 bits). A 1-D or 2-D convolution or a matmul whose centred weights do not fit int8 (uint8
+// weights with an asymmetric zero point span up to 255 values around it) still runs in int8 with VNNI:
+// each output channel's weights shifted by k[c] into int8, and k[c] times the window (matmul: row) sum
+// of the centred source added back (Ondine's kernel writes it into the output, the primitive's sum
+// post-op adds its products to it). Else on float32 kernels over the same integers: the u8 source
+// centred on its zero point by a reorder, the centred weights as floats. Each product and sum of the
+// integers is exact in float32 up to 2^24, so all forms compute the same numbers (to float rounding beyond that).
 //
 // All compute what the reference kernels compute, in the same float32 operations: x / scale (a
 // division, as ONNX writes it, not a multiplication by 1 / scale), round half to even, the zero point
@@ -570,11 +570,12 @@ inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
   const std::size_t rank = xd.size();
   std::string why;
   bool int8 = dynq::exact_in_int8(w->constant(), why);
-  // Weights beyond int8 in a 2-D convolution, with VNNI: shifted into int8 and compensated. Not with
-  // few input channels per group (an RGB image): oneDNN's int8 kernels gain nothing there, and the
-  // float32 one is 4x faster (U-Net's first layer, 256x256: 0.8 against 3.4 ms).
+  // Weights beyond int8 in a 1-D or 2-D convolution, with VNNI: shifted into int8 and compensated (a 1-D
+  // one as an image of height 1). Not with few input channels per group (an RGB image): oneDNN's int8
+  // kernels gain nothing there, and the float32 one is 4x faster (U-Net's first layer, 256x256: 0.8
+  // against 3.4 ms).
   std::optional<std::vector<int>> shift;
-  if (!int8 && rank == 4 && w->dtype() == DType::Int16 && effective_isa().int8_vnni && wd[1] >= 16)
+  if (!int8 && (rank == 3 || rank == 4) && w->dtype() == DType::Int16 && effective_isa().int8_vnni && wd[1] >= 16)
     shift = dynq::int8_shifts(w->constant());
   int8 = int8 || shift.has_value();
   const memory::data_type src_dt = int8 ? memory::data_type::u8 : memory::data_type::f32,
@@ -589,8 +590,9 @@ inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
   if (!dynq::post_ops(n, channel_md, b != nullptr, ops, activations, shift.has_value())) return false;
   attr.set_post_ops(ops);
   // The compensation kernel reads the source and writes the output channels-last.
-  const memory::desc src_md = shift ? memory::desc(xd, src_dt, memory::format_tag::nhwc) : any_md(xd, src_dt),
-                     dst_md = shift ? memory::desc(yd, memory::data_type::f32, memory::format_tag::nhwc)
+  const memory::format_tag channels_last = rank == 3 ? memory::format_tag::nwc : memory::format_tag::nhwc;
+  const memory::desc src_md = shift ? memory::desc(xd, src_dt, channels_last) : any_md(xd, src_dt),
+                     dst_md = shift ? memory::desc(yd, memory::data_type::f32, channels_last)
                                     : any_md(yd, memory::data_type::f32);
   dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
                                        any_md(weight_dims, wei_dt), dst_md, win.strides, dilates, r.pad_begin, r.pad_end);
@@ -618,13 +620,14 @@ inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
     dynq::Compensation& c = comp.emplace();
     c.src = src;
     c.dst = dst;
-    c.batch = xd[0], c.channels = xd[1], c.height = xd[2], c.width = xd[3];
-    c.groups = group, c.out_channels = oc, c.out_height = yd[2], c.out_width = yd[3];
-    for (int i = 0; i < 2; ++i) {
-      c.kernel[i] = kernel[static_cast<std::size_t>(i)];
-      c.stride[i] = win.strides[static_cast<std::size_t>(i)];
-      c.dilation[i] = win.dilations[static_cast<std::size_t>(i)];
-      c.pad[i] = r.pad_begin[static_cast<std::size_t>(i)];
+    const std::size_t first = rank == 3 ? 1 : 0;  // a 1-D convolution: height 1, its window along the width
+    c.batch = xd[0], c.channels = xd[1], c.height = rank == 3 ? 1 : xd[2], c.width = xd.back();
+    c.groups = group, c.out_channels = oc, c.out_height = rank == 3 ? 1 : yd[2], c.out_width = yd.back();
+    for (std::size_t i = first; i < 2; ++i) {
+      c.kernel[i] = kernel[i - first];
+      c.stride[i] = win.strides[i - first];
+      c.dilation[i] = win.dilations[i - first];
+      c.pad[i] = r.pad_begin[i - first];
     }
     c.shift.assign(shift->begin(), shift->end());
   }
