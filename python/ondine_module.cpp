@@ -569,15 +569,31 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
     m->bound_chose_fp32 = r.chose_fp32;
     return m;
   }
-  if (tune && !symbolic_dims(m->graph).empty())
-    throw Error("tune=True times one shape: bind the symbolic dims with dims={...}").in_file(path);
   py::gil_scoped_release release;
   try {
     if (tune) {  // lower/tune.hpp: the compiler's alternatives timed here; the precision too unless given
       if (!precision_given) m->options.precision = lower::Precision::Auto;
-      lower::TuneResult r = lower::tune(m->graph, m->options);
+      // The tuner times one shape: dims the caller left symbolic at 1 (as an artifact packs them). Its choices
+      // are the model's, so every shape the Model then runs compiles with them.
+      Graph timed = m->graph.clone();
+      std::map<std::string, std::int64_t> at;
+      for (const std::string& symbol : symbolic_dims(timed)) at[symbol] = 1;
+      bind_dims(timed, at);
+      std::string bound;
+      for (auto& [symbol, size] : at) bound += (bound.empty() ? "" : ", ") + symbol + "=1";
+      lower::TuneResult r;
+      try {
+        r = lower::tune(timed, m->options);
+      } catch (Error& e) {
+        if (at.empty()) throw;
+        Error with_hint(e.message() + " (tune=True timed the model at " + bound +
+                        "; bind the symbolic dims to the shape to tune with dims={...})");
+        if (!e.node().empty() || !e.op().empty()) with_hint.at_node(e.node(), e.op());
+        throw with_hint;
+      }
       m->options = r.options;
       m->tuned = r.text();
+      if (!at.empty()) m->tuned = "timed at " + bound + " (dims left symbolic); its choices apply to every shape\n" + m->tuned;
     }
     m->cache = std::make_unique<lower::ShapeCache>(m->graph.clone(), m->options, cache_size);
     // Static shapes compile now, so compile() reports what cannot compile (ONNX Runtime's sessions do the
@@ -1133,7 +1149,7 @@ PYBIND11_MODULE(ondine, mod) {
           "dims binds symbolic dims (others specialise per call); threads 0: OpenMP's default; passes: a "
           "pipeline string. max_error with samples=[feed, ...]: bf16 with nodes kept fp32 until within the bound. "
           "shape_plan: 'auto' (symbolic dims of a transformer: compiled once for any shape), 'per-shape', 'shape-free'. "
-          "tune=True (static shapes): time the compiler's alternatives on this CPU and keep the fastest (Model.tuned "
+          "tune=True: time the compiler's alternatives on this CPU (dims left symbolic at 1) and keep the fastest (Model.tuned "
           "says what), cached per model and machine (ONDINE_TUNE_CACHE). exact_weight_only=True: weight-only "
           "quantized layers (4- or 8-bit weights) multiply float32 activations, the file's own arithmetic (ONNX "
           "Runtime's MatMulNBits accuracy level 0), instead of int8 ones per block (the default, level 4).");
