@@ -171,17 +171,21 @@ inline std::vector<quant::Sample> random_samples(const Graph& g, std::size_t cou
 
 // A dynamically quantized convolution as ONNX Runtime's quantize_dynamic writes it for CNNs:
 // DynamicQuantizeLinear(x) -> ConvInteger(xq, W, xz, W_zp) -> Cast -> Mul(xs * w_scale) -> Add(bias
-// [1, M, 1, 1]) -> Relu, x [2, 32, 9, 9], W [M=12, 32/group, 3, 3] (`one_d`: x [2, 32, 17], W [12, 32/group,
-// 3]). `uint8_weights`: W uint8 around zero points 113..131 (their centred values beyond int8), else int8 with
-// zero point 0.
+// [1, M, 1, 1]) -> Relu, x [2, 32, 9, 9], W [M=12, 32/group, 3, 3] (`spatial` 1: x [2, 32, 17]; 3: x [2, 32, 5, 6,
+// 7]; W 3 wide in each). `uint8_weights`: W uint8 around zero points 113..131 (their centred values beyond int8),
+// else int8 with zero point 0.
 struct DynamicConvSpec {
-  bool uint8_weights = false, per_channel = false, relu = true, one_d = false;
-  std::int64_t group = 1, stride = 1, pad = 1;
+  bool uint8_weights = false, per_channel = false, relu = true;
+  std::int64_t group = 1, stride = 1, pad = 1, spatial = 2;
+  std::vector<std::int64_t> input_dims() const {
+    return spatial == 1 ? std::vector<std::int64_t>{2, 32, 17}
+                        : spatial == 3 ? std::vector<std::int64_t>{2, 32, 5, 6, 7} : std::vector<std::int64_t>{2, 32, 9, 9};
+  }
 };
 inline Graph dynamic_conv_graph(const DynamicConvSpec& spec) {
   Graph g;
   const std::int64_t m = 12, c = 32;
-  const std::vector<std::int64_t> xd = spec.one_d ? std::vector<std::int64_t>{2, c, 17} : std::vector<std::int64_t>{2, c, 9, 9};
+  const std::vector<std::int64_t> xd = spec.input_dims();
   Value* x = g.add_input("x", DType::Float32, Shape::from(xd));
   Node* dql = g.add_node("DynamicQuantizeLinear", {x}, {"xq", "xs", "xz"}, {}, "x_quantize");
   dql->set_opset(11);

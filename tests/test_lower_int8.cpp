@@ -821,29 +821,28 @@ TEST_CASE("dynamic quantization compiled: DynamicQuantizeLinear and DynQMatMul e
     }
 }
 
-TEST_CASE("dynamic quantization compiled: DynQConv (1-D, 2-D) equals the reference, int8 where exact (shifted weights "
+TEST_CASE("dynamic quantization compiled: DynQConv (1-D to 3-D) equals the reference, int8 where exact (shifted weights "
           "compensated), else float32",
           "[any-isa]") {
   const bool vnni = lower::effective_isa().int8_vnni;
-  for (bool one_d : {false, true})
+  for (std::int64_t spatial : {1, 2, 3})
   for (bool uint8_weights : {false, true})
     for (bool per_channel : {false, true})
       for (std::int64_t group : {1, 2})
         for (std::int64_t pad : {0, 1}) {
           test::DynamicConvSpec spec;
-          spec.one_d = one_d;
+          spec.spatial = spatial;
           spec.uint8_weights = uint8_weights;
           spec.per_channel = per_channel;
           spec.group = group;
           spec.stride = group;
           spec.pad = pad;
-          INFO((one_d ? "1-D" : "2-D") << ", uint8 " << uint8_weights << ", per channel " << per_channel << ", group "
-                                       << group << ", pad " << pad << ", isa " << lower::effective_isa().name);
+          INFO(spatial << "-D, uint8 " << uint8_weights << ", per channel " << per_channel << ", group " << group
+                       << ", pad " << pad << ", isa " << lower::effective_isa().name);
           Graph g = test::dynamic_conv_graph(spec);
           infer_shapes(g);
           // Inputs centred off zero: a zero point far from 0, whose padding must add nothing.
-          std::map<std::string, Tensor> inputs{
-              {"x", random_input(one_d ? Dims{2, 32, 17} : Dims{2, 32, 9, 9}, 31, -0.5f, 3.0f)}};
+          std::map<std::string, Tensor> inputs{{"x", random_input(spec.input_dims(), 31, -0.5f, 3.0f)}};
           const Tensor want = ReferenceExecutor(g).run(inputs).at("y");
           CompiledModel m = lower::compile(g);
           const Tensor got = m.run(inputs).at("y");

@@ -6,7 +6,7 @@
 //
 // The products run in int8 (u8 x s8, s32 sums) where that is exact: centred weights that fit int8,
 // and either VNNI or weights within [-64, 64] (without VNNI oneDNN adds pairs of u8 x s8 products in
-// saturating 16 bits). A 1-D or 2-D convolution or a matmul whose centred weights do not fit int8 (uint8
+// saturating 16 bits). A convolution (1-D to 3-D) or a matmul whose centred weights do not fit int8 (uint8
 // weights with an asymmetric zero point span up to 255 values around it) still runs in int8 with VNNI:
 // each output channel's weights shifted by k[c] into int8, and k[c] times the window (matmul: row) sum
 // of the centred source added back (Ondine's kernel writes it into the output, the primitive's sum
@@ -337,18 +337,19 @@ inline Tensor shifted(const Tensor& w, const std::vector<int>& shift) {
   return t;
 }
 
-// y[n, oh, ow, c] = shift[c] * S[n, oh, ow, g(c)], S the sum over group g's channels and the window of
-// (a - a_zp), padding adding nothing: the part of sum((a - a_zp) * w) the shifted weights leave out.
-// a u8 and y f32 channels-last.
+// y[n, od, oh, ow, c] = shift[c] * S[n, od, oh, ow, g(c)], S the sum over group g's channels and the window of
+// (a - a_zp), padding adding nothing: the part of sum((a - a_zp) * w) the shifted weights leave out. a u8 and
+// y f32 channels-last. A 1-D or 2-D convolution has extent 1 in the spatial dims it lacks (a matmul: M rows of
+// height 1 and width 1).
 struct Compensation {
   SlotId src = 0, dst = 0;
-  std::int64_t batch = 0, height = 0, width = 0, channels = 0, groups = 1, out_height = 0, out_width = 0,
-               out_channels = 0;
-  std::int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, dilation[2] = {1, 1}, pad[2] = {0, 0};
+  std::int64_t batch = 0, channels = 0, groups = 1, out_channels = 0;
+  std::int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1};  // depth, height, width
+  std::int64_t kernel[3] = {1, 1, 1}, stride[3] = {1, 1, 1}, dilation[3] = {1, 1, 1}, pad[3] = {0, 0, 0};
   std::vector<float> shift;
 
   void run(const std::uint8_t* a, int zero_point, float* y) const {
-    const std::int64_t cg = channels / groups, mg = out_channels / groups, pixels = batch * height * width;
+    const std::int64_t cg = channels / groups, mg = out_channels / groups, pixels = batch * in[0] * in[1] * in[2];
     // t: each pixel's sum over a group's channels, centred.
     std::vector<std::int32_t> t(static_cast<std::size_t>(pixels * groups));
     static const bool avx2 = __builtin_cpu_supports("avx2");
@@ -362,32 +363,36 @@ struct Compensation {
       }
     // window: t summed over each output position's window (padding adds nothing), times the shifts.
 #pragma omp parallel for schedule(static)
-    for (std::int64_t row = 0; row < batch * out_height; ++row) {
-      const std::int64_t n = row / out_height, oh = row % out_height;
+    for (std::int64_t row = 0; row < batch * out[0] * out[1]; ++row) {
+      const std::int64_t n = row / (out[0] * out[1]), od = row / out[1] % out[0], oh = row % out[1];
       std::vector<float> window(static_cast<std::size_t>(groups));
-      for (std::int64_t ow = 0; ow < out_width; ++ow) {
+      for (std::int64_t ow = 0; ow < out[2]; ++ow) {
         for (std::int64_t g = 0; g < groups; ++g) {
           std::int64_t sum = 0;
-          for (std::int64_t kh = 0; kh < kernel[0]; ++kh) {
-            const std::int64_t ih = oh * stride[0] - pad[0] + kh * dilation[0];
-            if (ih < 0 || ih >= height) continue;
-            const std::int32_t* tr = t.data() + (n * height + ih) * width * groups + g;
-            for (std::int64_t kw = 0; kw < kernel[1]; ++kw) {
-              const std::int64_t iw = ow * stride[1] - pad[1] + kw * dilation[1];
-              if (iw >= 0 && iw < width) sum += tr[iw * groups];
+          for (std::int64_t kd = 0; kd < kernel[0]; ++kd) {
+            const std::int64_t id = od * stride[0] - pad[0] + kd * dilation[0];
+            if (id < 0 || id >= in[0]) continue;
+            for (std::int64_t kh = 0; kh < kernel[1]; ++kh) {
+              const std::int64_t ih = oh * stride[1] - pad[1] + kh * dilation[1];
+              if (ih < 0 || ih >= in[1]) continue;
+              const std::int32_t* tr = t.data() + ((n * in[0] + id) * in[1] + ih) * in[2] * groups + g;
+              for (std::int64_t kw = 0; kw < kernel[2]; ++kw) {
+                const std::int64_t iw = ow * stride[2] - pad[2] + kw * dilation[2];
+                if (iw >= 0 && iw < in[2]) sum += tr[iw * groups];
+              }
             }
           }
           window[static_cast<std::size_t>(g)] = static_cast<float>(sum);
         }
-        float* __restrict out = y + (row * out_width + ow) * out_channels;
+        float* __restrict dst_row = y + (row * out[2] + ow) * out_channels;
         const float* __restrict k = shift.data();
         if (groups == 1) {
           const float w = window[0];
 #pragma omp simd
-          for (std::int64_t c = 0; c < out_channels; ++c) out[c] = k[c] * w;
+          for (std::int64_t c = 0; c < out_channels; ++c) dst_row[c] = k[c] * w;
         } else {
           for (std::int64_t g = 0; g < groups; ++g)
-            for (std::int64_t c = g * mg; c < (g + 1) * mg; ++c) out[c] = k[c] * window[static_cast<std::size_t>(g)];
+            for (std::int64_t c = g * mg; c < (g + 1) * mg; ++c) dst_row[c] = k[c] * window[static_cast<std::size_t>(g)];
         }
       }
     }
@@ -540,8 +545,7 @@ inline bool lower_dyn_qmatmul(Lowering& L, const Node& n) {
     dynq::Compensation& c = comp.emplace();
     c.src = src;
     c.dst = dst;
-    c.batch = 1, c.channels = k, c.height = m, c.width = 1;
-    c.out_channels = cols, c.out_height = m, c.out_width = 1;
+    c.batch = 1, c.channels = k, c.in[1] = m, c.out_channels = cols, c.out[1] = m;
     c.shift.assign(shift->begin(), shift->end());
   }
   std::string detail = std::string(int8 ? "src u8 " : "src centred f32 ") + dims_str({m, k}) + " x wei " +
@@ -570,12 +574,12 @@ inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
   const std::size_t rank = xd.size();
   std::string why;
   bool int8 = dynq::exact_in_int8(w->constant(), why);
-  // Weights beyond int8 in a 1-D or 2-D convolution, with VNNI: shifted into int8 and compensated (a 1-D
-  // one as an image of height 1). Not with few input channels per group (an RGB image): oneDNN's int8
+  // Weights beyond int8, with VNNI: shifted into int8 and compensated (a 1-D or 2-D convolution as a 3-D one of
+  // extent 1 in its missing dims). Not with few input channels per group (an RGB image): oneDNN's int8
   // kernels gain nothing there, and the float32 one is 4x faster (U-Net's first layer, 256x256: 0.8
   // against 3.4 ms).
   std::optional<std::vector<int>> shift;
-  if (!int8 && (rank == 3 || rank == 4) && w->dtype() == DType::Int16 && effective_isa().int8_vnni && wd[1] >= 16)
+  if (!int8 && w->dtype() == DType::Int16 && effective_isa().int8_vnni && wd[1] >= 16)
     shift = dynq::int8_shifts(w->constant());
   int8 = int8 || shift.has_value();
   const memory::data_type src_dt = int8 ? memory::data_type::u8 : memory::data_type::f32,
@@ -590,7 +594,8 @@ inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
   if (!dynq::post_ops(n, channel_md, b != nullptr, ops, activations, shift.has_value())) return false;
   attr.set_post_ops(ops);
   // The compensation kernel reads the source and writes the output channels-last.
-  const memory::format_tag channels_last = rank == 3 ? memory::format_tag::nwc : memory::format_tag::nhwc;
+  const memory::format_tag channels_last =
+      rank == 3 ? memory::format_tag::nwc : rank == 4 ? memory::format_tag::nhwc : memory::format_tag::ndhwc;
   const memory::desc src_md = shift ? memory::desc(xd, src_dt, channels_last) : any_md(xd, src_dt),
                      dst_md = shift ? memory::desc(yd, memory::data_type::f32, channels_last)
                                     : any_md(yd, memory::data_type::f32);
@@ -620,14 +625,15 @@ inline bool lower_dyn_qconv(Lowering& L, const Node& n) {
     dynq::Compensation& c = comp.emplace();
     c.src = src;
     c.dst = dst;
-    const std::size_t first = rank == 3 ? 1 : 0;  // a 1-D convolution: height 1, its window along the width
-    c.batch = xd[0], c.channels = xd[1], c.height = rank == 3 ? 1 : xd[2], c.width = xd.back();
-    c.groups = group, c.out_channels = oc, c.out_height = rank == 3 ? 1 : yd[2], c.out_width = yd.back();
-    for (std::size_t i = first; i < 2; ++i) {
-      c.kernel[i] = kernel[i - first];
-      c.stride[i] = win.strides[i - first];
-      c.dilation[i] = win.dilations[i - first];
-      c.pad[i] = r.pad_begin[i - first];
+    const std::size_t spatial = rank - 2, first = 3 - spatial;  // the missing leading spatial dims: extent 1
+    c.batch = xd[0], c.channels = xd[1], c.groups = group, c.out_channels = oc;
+    for (std::size_t i = 0; i < spatial; ++i) {
+      c.in[first + i] = xd[2 + i];
+      c.out[first + i] = yd[2 + i];
+      c.kernel[first + i] = kernel[i];
+      c.stride[first + i] = win.strides[i];
+      c.dilation[first + i] = win.dilations[i];
+      c.pad[first + i] = r.pad_begin[i];
     }
     c.shift.assign(shift->begin(), shift->end());
   }
