@@ -567,47 +567,58 @@ def to_float16(model):
     return model
 
 
-def quantize_dynamic_convs(model):
-    """The model's Conv layers dynamically quantized as ONNX Runtime's quantize_dynamic writes them for CNNs (the
-    ConvInteger form): per input, DynamicQuantizeLinear (uint8, scale and zero point from the run's min and max);
-    per Conv with a constant weight, the weight as uint8 with one asymmetric scale and zero point (range widened to
-    hold 0), ConvInteger(x_q, w_q, x_zp, w_zp) with the Conv's attributes, Cast to float, Mul by x_scale * w_scale,
-    and the bias added as [1, C, 1, ...]. Other layers (ConvTranspose, pooling) stay float."""
+def uint8_weight(w):
+    """A float weight as quantize_dynamic stores it in uint8: one asymmetric scale and zero point over its range
+    widened to hold 0. Returns (weight_uint8, scale, zero_point)."""
+    w = np.asarray(w, np.float64)
+    lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    zero = int(np.clip(round(-lo / scale), 0, 255))
+    return np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8), scale, zero
+
+
+def quantize_dynamic_layers(model, op_type):
+    """The model's `op_type` layers ("Conv" or "MatMul") with a constant weight, dynamically quantized as ONNX
+    Runtime's quantize_dynamic writes them with uint8 weights: per input, DynamicQuantizeLinear (uint8, scale and
+    zero point from the run's min and max); per layer, the weight as uint8 (uint8_weight), ConvInteger or
+    MatMulInteger(x_q, w_q, x_zp, w_zp) with the layer's attributes, Cast to float, Mul by x_scale * w_scale, and
+    a Conv's bias added as [1, C, 1, ...]. Other layers stay float. Returns how many were quantized."""
     from onnx import TensorProto, helper, numpy_helper
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     quantized_inputs = {}
     nodes = []
+    count = 0
     for node in g.node:
-        if node.op_type != "Conv" or node.input[1] not in inits:
+        weight = inits.get(node.input[1]) if node.op_type == op_type and len(node.input) > 1 else None
+        if weight is None or weight.data_type != TensorProto.FLOAT or (op_type == "MatMul" and len(weight.dims) != 2):
             nodes.append(node)
             continue
+        count += 1
         x = node.input[0]
         if x not in quantized_inputs:
             names = [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"]
             nodes.append(helper.make_node("DynamicQuantizeLinear", [x], names, name=f"{x}_QuantizeLinear"))
             quantized_inputs[x] = names
         xq, xs, xzp = quantized_inputs[x]
-        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
-        lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
-        scale = (hi - lo) / 255.0 if hi > lo else 1.0
-        zero = int(np.clip(round(-lo / scale), 0, 255))
-        wq = np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8)
+        w = numpy_helper.to_array(weight)
+        wq, scale, zero = uint8_weight(w)
         base = node.name or node.output[0]
         g.initializer.extend([numpy_helper.from_array(wq, f"{base}_W_quantized"),
                               numpy_helper.from_array(np.array(scale, np.float32), f"{base}_W_scale"),
                               numpy_helper.from_array(np.array(zero, np.uint8), f"{base}_W_zero_point")])
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        nodes.append(helper.make_node("ConvInteger", [xq, f"{base}_W_quantized", xzp, f"{base}_W_zero_point"],
+        nodes.append(helper.make_node(f"{op_type}Integer", [xq, f"{base}_W_quantized", xzp, f"{base}_W_zero_point"],
                                       [f"{base}_output_quantized"], name=f"{base}_quant", **attrs))
         nodes.append(helper.make_node("Cast", [f"{base}_output_quantized"], [f"{base}_output_cast"],
                                       name=f"{base}_cast", to=TensorProto.FLOAT))
         nodes.append(helper.make_node("Mul", [xs, f"{base}_W_scale"], [f"{base}_scales"], name=f"{base}_scales_mul"))
-        scaled = node.output[0] if len(node.input) < 3 else f"{base}_output_scaled"
+        biased = op_type == "Conv" and len(node.input) >= 3 and node.input[2]
+        scaled = f"{base}_output_scaled" if biased else node.output[0]
         nodes.append(helper.make_node("Mul", [f"{base}_output_cast", f"{base}_scales"], [scaled],
                                       name=f"{base}_output_scale_mul"))
-        if len(node.input) >= 3 and node.input[2]:
+        if biased:
             bias = numpy_helper.to_array(inits[node.input[2]])
             rank = len(w.shape)
             g.initializer.append(numpy_helper.from_array(bias.reshape((1, -1) + (1,) * (rank - 2)), f"{base}_bias_reshaped"))
@@ -619,6 +630,13 @@ def quantize_dynamic_convs(model):
     kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept)
+    return count
+
+
+def quantize_dynamic_convs(model):
+    """The model's Conv layers dynamically quantized as ONNX Runtime's quantize_dynamic writes them for CNNs (the
+    ConvInteger form, quantize_dynamic_layers)."""
+    quantize_dynamic_layers(model, "Conv")
     return model
 
 
