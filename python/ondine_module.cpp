@@ -228,6 +228,7 @@ struct Model {
   bool bound_chose_fp32 = false;              // auto under the bound chose fp32
   bool int8 = false;                          // precision='int8': a quantized model, float layers fp32
   std::string tuned;                          // tune=True: the tuner's decisions (lower::TuneResult::text)
+  std::string tuned_choices;                  // ... as an artifact stores them (save() writes them)
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const {
     if (fixed) {
@@ -593,6 +594,9 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
       }
       m->options = r.options;
       m->tuned = r.text();
+      for (const lower::TuneDecision& d : r.decisions)
+        if (d.knob != "precision" && d.why != "set by the caller")
+          m->tuned_choices += (m->tuned_choices.empty() ? "" : ",") + d.knob + "=" + d.value;
       if (!at.empty()) m->tuned = "timed at " + bound + " (dims left symbolic); its choices apply to every shape\n" + m->tuned;
     }
     m->cache = std::make_unique<lower::ShapeCache>(m->graph.clone(), m->options, cache_size);
@@ -671,6 +675,7 @@ void save(const Model& m, const std::string& path) {
                                              lower::effective_isa(), precision);
   info.keep_fp32 = keep_fp32;
   info.ondine_version = ondine::version;
+  info.tuned = m.artifact ? m.artifact->tuned : m.tuned_choices;  // the kernels chose here, applied at load
   lower::save_artifact(g, path, info, m.dims);
 }
 
@@ -1002,6 +1007,7 @@ py::dict inspect(const std::string& path, std::map<std::string, std::int64_t> di
     a["isa"] = info->isa;
     a["precision"] = info->precision;
     a["keep_fp32"] = info->keep_fp32;
+    a["tuned"] = info->tuned;
     a["passes"] = info->passes;
     a["threads"] = info->threads;
     a["onednn_version"] = info->onednn_version;

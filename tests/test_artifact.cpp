@@ -429,6 +429,68 @@ TEST_CASE("artifact: the tuner's kernel choices are stored, applied at load unle
   }
 }
 
+TEST_CASE("artifact: the packings of a compile already done (the tuner's kept plan, the bf16 bound's) are "
+          "stored as they are and load with nothing packed again",
+          "[artifact][tune]") {
+  Graph g = optimised("face_embedding");
+  Graph bound = g.clone();
+  const std::map<std::string, std::int64_t> dims = lower::packing_dims(g, {});
+  bind_dims(bound, dims);
+  lower::CompileOptions options;
+  options.threads = 2;
+  options.passes = "none";
+  lower::TuneOptions t;
+  t.cache_path = "none";
+  t.budget_seconds = 5;
+  t.runs = 1;
+  t.keep_packings = true;
+  const lower::TuneResult r = lower::tune(bound, options, t);
+  REQUIRE(r.packed);
+  REQUIRE(r.packed->size() > 0);
+  artifact::Info info = lower::artifact_info(g, "face_embedding", "default", 2, lower::effective_isa(),
+                                             r.options.precision);
+  for (const lower::TuneDecision& d : r.decisions)
+    if (d.knob != "precision") info.tuned += (info.tuned.empty() ? "" : ",") + d.knob + "=" + d.value;
+  const std::string path = tmp_path("tuned_packed.ondine");
+  CHECK(lower::save_artifact(g, path, info, {}, true, r.packed).empty());
+  artifact::Artifact a = lower::load_artifact(path);
+  CHECK(a.packings.size() == r.packed->size());
+  CHECK(a.packing_dims == dims);
+  lower::CompileOptions loaded = lower::artifact_options(options, a);
+  Graph at = a.graph.clone();
+  bind_dims(at, a.packing_dims);
+  Graph reference_graph = at.clone();
+  CompiledModel model = lower::compile(std::move(at), loaded);
+  CHECK(loaded.packed_weights->packed_here() == 0);
+  CHECK(loaded.packed_weights->preloaded_hits() > 0);
+  const std::map<std::string, Tensor> in = case_inputs("face_embedding", 0);
+  const double bound_error = r.options.precision == lower::Precision::Bf16 ? 3e-2 : 1e-4;
+  for (const auto& [name, want] : ReferenceExecutor(reference_graph).run(in))
+    CHECK(test::rel_error(model.run(in).at(name), want) < bound_error);
+
+  // The bf16 bound's kept compile: only where bf16 is native.
+  if (!lower::effective_isa().bf16_native) return;
+  lower::Bf16BoundOptions bo;
+  bo.max_error = 1e-2;
+  bo.keep_packings = true;
+  lower::CompileOptions bf16 = options;
+  bf16.precision = lower::Precision::Bf16;
+  const lower::Bf16BoundResult b = lower::compile_bf16_within(bound, bf16, {in}, bo);
+  REQUIRE(b.packed);
+  artifact::Info binfo = lower::artifact_info(g, "face_embedding", "default", 2, lower::effective_isa(),
+                                              lower::Precision::Bf16);
+  binfo.keep_fp32 = b.kept;
+  const std::string bpath = tmp_path("bf16_packed.ondine");
+  CHECK(lower::save_artifact(g, bpath, binfo, {}, true, b.packed).empty());
+  artifact::Artifact ba = lower::load_artifact(bpath);
+  lower::CompileOptions bloaded = lower::artifact_options(options, ba);
+  Graph bat = ba.graph.clone();
+  bind_dims(bat, ba.packing_dims);
+  CompiledModel bmodel = lower::compile(std::move(bat), bloaded);
+  CHECK(bloaded.packed_weights->packed_here() == 0);
+  CHECK(!bmodel.bf16_nodes().empty());
+}
+
 TEST_CASE("artifact: a packing's source is looked up among the constants only", "[artifact]") {
   // A source the lowering derived and freed leaves a dangling address, which another packing's bytes may
   // reuse (seen with oneDNN capped at AVX2): it must not be taken for that packing's bytes, but stay a

@@ -186,9 +186,10 @@ inline int compile_variants(const std::string& path, const CompileArgs& args,
 // and in fp32 on seeded inputs (symbolic dims at --dim, else 1), the error max |bf16 - fp32| / max |fp32|
 // printed; with --max-error, nodes are kept fp32, worst first, until it holds (an Error when it cannot:
 // nothing is written); `requested` auto also times both and keeps the faster. Returns the precision to store;
-// `keep_fp32` gets the nodes kept.
+// `keep_fp32` gets the nodes kept, `packed` the weights of the compile kept (the artifact stores them).
 inline lower::Precision check_bf16_artifact(const Graph& optimised, const std::string& path, const CompileArgs& args,
-                                            lower::Precision requested, std::vector<std::string>& keep_fp32) {
+                                            lower::Precision requested, std::vector<std::string>& keep_fp32,
+                                            std::shared_ptr<lower::PackedWeights>& packed) {
   const lower::IsaInfo here = lower::effective_isa();
   if (!here.bf16_native) {
     std::cout << "bf16:    not checked (this CPU runs " << here.name << ", no native bf16): check the artifact where "
@@ -209,6 +210,7 @@ inline lower::Precision check_bf16_artifact(const Graph& optimised, const std::s
   lower::Bf16BoundOptions bo;
   bo.max_error = g_max_error ? *g_max_error : std::numeric_limits<double>::max();  // no bound: measure only
   bo.progress = bf16_bound_progress();
+  bo.keep_packings = true;
   lower::Bf16BoundResult r;
   try {
     r = lower::compile_bf16_within(bound, options, {inputs}, bo);
@@ -231,6 +233,7 @@ inline lower::Precision check_bf16_artifact(const Graph& optimised, const std::s
                 " with " + std::to_string(r.kept.size()) + " node(s) kept fp32; nothing written (compile it in fp32)")
         .in_file(path);
   keep_fp32.insert(keep_fp32.end(), r.kept.begin(), r.kept.end());
+  packed = r.packed;
   if (requested == lower::Precision::Auto) {
     std::cout << std::fixed << std::setprecision(2) << "precision: auto chose " << (r.chose_fp32 ? "fp32" : "bf16")
               << " (median of 7 runs: bf16 " << r.bf16_ms << " ms, fp32 " << r.fp32_ms << " ms)" << std::defaultfloat << "\n";
@@ -327,11 +330,14 @@ inline int cmd_compile(const std::string& path, const CompileArgs& args) {
     lower::Precision precision = g_precision;
     if (precision == lower::Precision::Auto) precision = target.bf16_faster ? lower::Precision::Bf16 : lower::Precision::Fp32;
     std::vector<std::string> keep_fp32 = g_keep_fp32;
+    // The packings of a compile already done with the artifact's settings (the bf16 check's, the tuner's):
+    // stored as they are; without one, save_artifact compiles once to pack.
+    std::shared_ptr<lower::PackedWeights> compiled;
     if (precision == lower::Precision::Bf16) {
       if (!target.bf16_native)
         throw UsageError("--precision bf16: the target " + target.name + " has no native bf16 (avx512_core_bf16, "
                          "avx512_core_amx); compile it in fp32 or with --precision auto");
-      precision = check_bf16_artifact(g, path, args, g_precision, keep_fp32);
+      precision = check_bf16_artifact(g, path, args, g_precision, keep_fp32, compiled);
     } else {
       keep_fp32.clear();
     }
@@ -357,20 +363,25 @@ inline int cmd_compile(const std::string& path, const CompileArgs& args) {
       opts.matmul_kernel = g_matmul_kernel;
       lower::TuneOptions t;
       t.tune_int8_weights = false;  // the graph's int8 layers are fused already
+      t.keep_packings = true;
       auto line = std::make_shared<ondine::cli::ProgressLine>("tuning");
       t.progress = [line](const std::string& what) { line->update(0, std::nullopt, what); };
       lower::TuneResult r = lower::tune(bound, opts, t);
       line->clear();
-      for (const lower::TuneDecision& d : r.decisions)
+      bool forced = false;  // a knob set by an option: not stored, so the tuner's packings may not match at load
+      for (const lower::TuneDecision& d : r.decisions) {
         if (d.knob != "precision" && d.why != "set by the caller")
           info.tuned += (info.tuned.empty() ? "" : ",") + d.knob + "=" + d.value;
+        forced |= d.knob != "precision" && d.why == "set by the caller";
+      }
+      compiled = forced ? nullptr : r.packed;  // from the cache: none (save_artifact compiles)
       std::cout << r.text();
     } else if (g_tune) {
       std::cout << "tune:    not for " << target.name << " (it runs here as " << here.name << "): its built-in choices\n";
     }
     if (!can_pack)
       info.unpacked = "compiled on a CPU without " + target.name + " (it had " + here.name + ")";
-    const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims), can_pack);
+    const std::string not_packed = lower::save_artifact(g, args.out_file, info, parse_dims(args.dims), can_pack, compiled);
     if (!not_packed.empty()) std::cout << "note:    weights not packed: " << not_packed << "\n";
     std::cout << (args.as_variant ? "variant: " : "wrote:   ") << (args.as_variant ? target.name : args.out_file)
               << " (artifact: " << g.num_nodes() << " nodes, " << info.precision

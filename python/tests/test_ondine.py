@@ -178,6 +178,12 @@ def test_tune(tmp_path, monkeypatch, images):
     assert rel_error(tuned.run({"input": images[:8]})["logits"], plain) <= bound
     again = ondine.compile(MNIST, dims={"batch": 8}, tune=True)
     assert "(from the cache)" in again.tuned
+    # save() stores the tuned kernels, applied when the artifact loads
+    path = str(tmp_path / "tuned.ondine")
+    tuned.save(path)
+    stored = ondine.inspect(path)["artifact"]["tuned"]
+    assert "conv_layout=" in stored and "precision" not in stored
+    assert rel_error(ondine.load(path).run({"input": images[:8]})["logits"], plain) <= bound
     assert (tmp_path / "tune.txt").read_text().startswith("ondine-tune 1\n")
     assert ondine.compile(MNIST, dims={"batch": 8}).tuned == ""
     symbolic = ondine.compile(MNIST, tune=True)

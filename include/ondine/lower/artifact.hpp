@@ -208,34 +208,10 @@ inline artifact::Artifact load_artifact_memory(const void* data, std::size_t siz
   return a;
 }
 
-// The weights of `optimised` packed as compile() packs them here, for an artifact: symbolic dims bound to
-// `dims` (others to 1), `threads` threads, float layers in `precision` but those `keep_fp32` names (bf16
-// weights are packed as bf16), the kernels `tuned` chose (apply_tuned). `dims` gets the bindings used.
-inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int threads,
-                                                    std::map<std::string, std::int64_t>& dims,
-                                                    std::shared_ptr<PackedWeights>& keep,
-                                                    Precision precision = Precision::Fp32,
-                                                    const std::vector<std::string>& keep_fp32 = {},
-                                                    const std::string& tuned = "") {
-  Graph bound = optimised.clone();
-  std::map<std::string, std::int64_t> used;  // the graph's own symbols: given, else 1
-  for (const std::string& symbol : symbolic_dims(optimised)) {
-    auto it = dims.find(symbol);
-    used[symbol] = it != dims.end() ? it->second : 1;
-  }
-  dims = used;
-  bind_dims(bound, dims);
-  CompileOptions options;
-  options.threads = threads;
-  options.passes = "none";
-  options.precision = precision;
-  options.keep_fp32 = keep_fp32;
-  apply_tuned(tuned, options);
-  keep = std::make_shared<PackedWeights>();
-  options.packed_weights = keep;
-  compile(std::move(bound), options);
+// The packings `packed` recorded, as an artifact stores them (their bytes stay in `packed`'s memory).
+inline std::vector<artifact::Packing> packings_of(const PackedWeights& packed) {
   std::vector<artifact::Packing> out;
-  for (const PackedWeights::Record& r : keep->records()) {
+  for (const PackedWeights::Record& r : packed.records()) {
     artifact::Packing p;
     p.source = r.source;
     p.source_bytes = r.source_bytes;
@@ -248,6 +224,41 @@ inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int 
     out.push_back(std::move(p));
   }
   return out;
+}
+
+// The bindings an artifact of `optimised` packs at: each of its symbolic dims as `dims` gives it, else 1.
+inline std::map<std::string, std::int64_t> packing_dims(const Graph& optimised,
+                                                        const std::map<std::string, std::int64_t>& dims) {
+  std::map<std::string, std::int64_t> used;
+  for (const std::string& symbol : symbolic_dims(optimised)) {
+    auto it = dims.find(symbol);
+    used[symbol] = it != dims.end() ? it->second : 1;
+  }
+  return used;
+}
+
+// The weights of `optimised` packed as compile() packs them here, for an artifact: symbolic dims bound to
+// `dims` (others to 1), `threads` threads, float layers in `precision` but those `keep_fp32` names (bf16
+// weights are packed as bf16), the kernels `tuned` chose (apply_tuned). `dims` gets the bindings used.
+inline std::vector<artifact::Packing> make_packings(const Graph& optimised, int threads,
+                                                    std::map<std::string, std::int64_t>& dims,
+                                                    std::shared_ptr<PackedWeights>& keep,
+                                                    Precision precision = Precision::Fp32,
+                                                    const std::vector<std::string>& keep_fp32 = {},
+                                                    const std::string& tuned = "") {
+  Graph bound = optimised.clone();
+  dims = packing_dims(optimised, dims);
+  bind_dims(bound, dims);
+  CompileOptions options;
+  options.threads = threads;
+  options.passes = "none";
+  options.precision = precision;
+  options.keep_fp32 = keep_fp32;
+  apply_tuned(tuned, options);
+  keep = std::make_shared<PackedWeights>();
+  options.packed_weights = keep;
+  compile(std::move(bound), options);
+  return packings_of(*keep);
 }
 
 // A PackedWeights holding the artifact's packings (their bytes in place in the mapping). A packing whose
@@ -288,11 +299,19 @@ inline CompileOptions artifact_options(CompileOptions options, const artifact::A
 // not given: 1) at info.threads threads; `packed = false` stores the plain weights only (info.unpacked
 // should say why). A graph that does not compile at those dims (a size of 1 its shapes reject) is written
 // unpacked. Returns why the weights are not stored packed ("" when they are), as stored in the file.
+// `compiled`: the packings of a compile the caller already did of `optimised` (options.packed_weights)
+// at those dims, threads, precision, keep_fp32 and tuned kernels (the tuner's or the bf16 bound's kept
+// plan): stored as they are, without compiling again.
 inline std::string save_artifact(const Graph& optimised, const std::string& path, artifact::Info info,
-                                 std::map<std::string, std::int64_t> dims = {}, bool packed = true) {
+                                 std::map<std::string, std::int64_t> dims = {}, bool packed = true,
+                                 const std::shared_ptr<PackedWeights>& compiled = nullptr) {
   std::shared_ptr<PackedWeights> keep;
   std::vector<artifact::Packing> packings;
-  if (packed) {
+  if (packed && compiled) {
+    dims = packing_dims(optimised, dims);
+    packings = packings_of(*compiled);
+    info.unpacked.clear();
+  } else if (packed) {
     try {
       packings = make_packings(optimised, info.threads, dims, keep, artifact_precision(info), info.keep_fp32, info.tuned);
       info.unpacked.clear();

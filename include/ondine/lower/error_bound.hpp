@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <string>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "ondine/ir/error_bound.hpp"
 #include "ondine/ir/graph.hpp"
 #include "ondine/lower/compiler.hpp"
+#include "ondine/lower/packed_weights.hpp"
 
 namespace ondine::lower {
 
@@ -44,6 +46,9 @@ struct Bf16BoundResult {
   // sample, and `model` is the faster (float32 unless bf16 is at least kAutoMinGain faster). 0: not timed.
   double bf16_ms = 0.0, fp32_ms = 0.0;
   bool chose_fp32 = false;  // `model` is the float32 compile (slower in bf16, or the bound was not met)
+  // Bf16BoundOptions::keep_packings: the weights `model`'s compile packed (an artifact stores them:
+  // lower::save_artifact), so that writing one needs no further compile.
+  std::shared_ptr<PackedWeights> packed;
 };
 
 // bf16 must beat float32 by this fraction for Precision::Auto to keep it: timing noise must not trade
@@ -55,6 +60,8 @@ struct Bf16BoundOptions {
   std::size_t max_fallbacks = 0;  // keep at most this many nodes float32 (0: no limit)
   // Long work shows progress: called with what is being done ("ranking 3/54 'conv3'", "fallback 2: ...").
   std::function<void(const std::string&)> progress;
+  // Keep the packed weights of the compile that becomes the result (Bf16BoundResult::packed).
+  bool keep_packings = false;
 };
 
 namespace detail::bf16_bound {
@@ -98,17 +105,29 @@ inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions op
   if (samples.empty()) throw Error("the bf16 error bound needs at least one sample to measure the error on");
   if (!(bo.max_error >= 0.0) || !std::isfinite(bo.max_error))
     throw Error("the error bound must be a finite number >= 0, got " + std::to_string(bo.max_error));
+  // A compile that may become the result: with packings of its own when the caller keeps them.
+  auto compile_candidate = [&](CompileOptions o, std::shared_ptr<PackedWeights>& packed) {
+    if (bo.keep_packings && !o.packed_weights) o.packed_weights = std::make_shared<PackedWeights>();
+    packed = o.packed_weights;
+    return compile(graph, o);
+  };
   CompileOptions fp32 = options;
   fp32.precision = Precision::Fp32;
-  if (options.precision == Precision::Auto && resolved_precision(options.precision) == Precision::Fp32)
-    return Bf16BoundResult{compile(graph, fp32), {}, {}, 0.0, 0.0, true};
+  std::shared_ptr<PackedWeights> fp32_packed;
+  if (options.precision == Precision::Auto && resolved_precision(options.precision) == Precision::Fp32) {
+    Bf16BoundResult r{compile_candidate(fp32, fp32_packed), {}, {}, 0.0, 0.0, true, 0.0, 0.0, false, nullptr};
+    r.packed = fp32_packed;
+    return r;
+  }
   const bool automatic = options.precision == Precision::Auto;
-  CompiledModel fp32_model = compile(graph, fp32);
+  CompiledModel fp32_model = compile_candidate(fp32, fp32_packed);
   const SampleOutputs reference = run_all(fp32_model, samples);
   options.precision = Precision::Bf16;
   const std::vector<std::string> user_kept = options.keep_fp32;
 
-  Bf16BoundResult r{compile(graph, options), {}, {}, 0.0, 0.0, false};
+  std::shared_ptr<PackedWeights> packed;
+  Bf16BoundResult r{compile_candidate(options, packed), {}, {}, 0.0, 0.0, false, 0.0, 0.0, false, nullptr};
+  r.packed = packed;
   r.error = r.initial_error = output_error(graph, reference, run_all(r.model, samples));
   if (r.error > bo.max_error) {
     const std::vector<std::string> candidates = r.model.bf16_nodes();
@@ -130,7 +149,7 @@ inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions op
         r.kept.push_back(r.ranking[i].first);
         options.keep_fp32 = user_kept;
         options.keep_fp32.insert(options.keep_fp32.end(), r.kept.begin(), r.kept.end());
-        r.model = compile(graph, options);
+        r.model = compile_candidate(options, r.packed);
         return output_error(graph, reference, run_all(r.model, samples));
       },
       [&](std::size_t i, double before, double after) {
@@ -146,6 +165,7 @@ inline Bf16BoundResult compile_bf16_within(const Graph& graph, CompileOptions op
     std::tie(r.bf16_ms, r.fp32_ms) = detail::bf16_bound::time_both(r.model, fp32_model, samples.front());
     if (!r.met || r.bf16_ms > r.fp32_ms * (1.0 - kAutoMinGain)) {
       r.model = std::move(fp32_model);
+      r.packed = fp32_packed;
       r.chose_fp32 = true;
     }
   }

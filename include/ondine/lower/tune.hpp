@@ -39,6 +39,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -58,6 +59,7 @@
 #include "ondine/ir/graph.hpp"
 #include "ondine/lower/compiler.hpp"
 #include "ondine/lower/isa.hpp"
+#include "ondine/lower/packed_weights.hpp"
 #include "ondine/lower/tune_cache.hpp"
 
 namespace ondine::lower {
@@ -76,6 +78,8 @@ struct TuneOptions {
   std::function<void(const std::string&)> progress;
   // Warnings (a cache file ignored): stderr when null.
   std::function<void(const std::string&)> warn;
+  // Keep the packed weights of the plan kept (TuneResult::packed), for an artifact (lower::save_artifact).
+  bool keep_packings = false;
 };
 
 struct TuneDecision {
@@ -90,6 +94,9 @@ struct TuneResult {
   bool from_cache = false;
   double seconds = 0;  // the search's time
   double best_ms = 0;  // the kept plan's median time (0 when from the cache)
+  // TuneOptions::keep_packings: the weights the kept plan's compile packed (null when from the cache: no
+  // plan was compiled).
+  std::shared_ptr<PackedWeights> packed;
 
   // "conv_layout=blocked,conv_algorithm=winograd": what the cache and artifacts store.
   std::string decisions_str() const {
@@ -393,8 +400,14 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
   const std::map<std::string, Tensor> inputs = seeded_inputs(graph, topts.inputs);
   std::size_t step = 0, total = 0;
   for (const Knob& k : knobs) total += k.values.size() - 1;
+  // A compile that may become the kept plan: with packings of its own when the caller keeps them.
+  auto compile_candidate = [&](CompileOptions o, std::shared_ptr<PackedWeights>& packed) {
+    if (topts.keep_packings && !o.packed_weights) o.packed_weights = std::make_shared<PackedWeights>();
+    packed = o.packed_weights;
+    return compile(graph, o);
+  };
   say("tune: compiling the heuristics' plan");
-  CompiledModel best = compile(graph, r.options);
+  CompiledModel best = compile_candidate(r.options, r.packed);
   std::map<std::string, Tensor> fp32_outputs;  // the float32 plan's outputs: the bf16 candidates' reference
   if (r.options.precision == Precision::Fp32) fp32_outputs = best.run(inputs);
   double best_ms = 0;
@@ -414,8 +427,9 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
       CompileOptions candidate = r.options;
       set(candidate);
       std::optional<CompiledModel> m;
+      std::shared_ptr<PackedWeights> packed;
       try {
-        m.emplace(compile(graph, candidate));
+        m.emplace(compile_candidate(candidate, packed));
       } catch (const Error&) {
         tried += "; " + value + " does not compile here";
         continue;
@@ -436,6 +450,7 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
         d.why = buf;
         r.options = candidate;
         best = std::move(*m);
+        r.packed = packed;
         best_ms = alt_ms;
       } else {
         std::snprintf(buf, sizeof buf, "; %s %.3g ms against %.3g ms", value.c_str(), alt_ms, cur_ms);
@@ -485,8 +500,9 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
     }
     if (chosen.empty() || to_one == 0 || to_one == candidates.size()) return;  // the model-wide setting suffices
     std::optional<CompiledModel> m;
+    std::shared_ptr<PackedWeights> packed;
     try {
-      m.emplace(compile(graph, mixed));
+      m.emplace(compile_candidate(mixed, packed));
     } catch (const Error&) {
       return;
     }
@@ -500,6 +516,7 @@ inline TuneResult tune(const Graph& graph, const CompileOptions& options, const 
     if (alt_ms >= cur_ms * (1.0 - topts.min_gain)) return;
     r.options = mixed;
     best = std::move(*m);
+    r.packed = packed;
     best_ms = alt_ms;
     r.decisions.insert(r.decisions.end(), chosen.begin(), chosen.end());
   };
