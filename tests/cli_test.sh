@@ -395,6 +395,9 @@ if cmp -s "$work/art/logits.npy" "$work/onnx/logits.npy"; then passes=$((passes 
 expect 0 'samples/s' -- "$ondine" bench "$work/gpt.ondine" --dim batch --dim seq=16 --runs 2 --warmup 1
 expect 1 'passes ran when it was compiled' -- "$ondine" run "$work/gpt.ondine" --passes default
 expect 0 'logits .* 1\.000000' -- "$ondine" compare "$gpt/model.onnx" "$work/gpt.ondine" --input "$gpt/case0.input_ids.npy" --compiled
+# --tune: the tuner's choices (the thread split among them) stored with its kept plan's packings, applied by run.
+expect 0 'threads = (all|1/2) ' -- env ONDINE_TUNE_CACHE="$work/tune.txt" "$ondine" compile "$gpt/model.onnx" -o "$work/tuned.ondine" --tune --target native --threads 2
+expect 0 'packed weights: [1-9][0-9]* stored, [1-9][0-9]* used as stored, 0 packed at load' -- "$ondine" run "$work/tuned.ondine" --threads 2
 
 # ISA variants: one artifact for several targets, each compiled in its own process; the best this CPU runs is
 # chosen at load (DNNL_MAX_CPU_ISA caps what "this CPU" has). The avx2 variant under an AVX2 cap equals the

@@ -115,6 +115,58 @@ TEST_CASE("tune: a knob the caller set is not tuned; precision auto makes bf16 a
   CHECK(r.options.precision != lower::Precision::Auto);  // resolved
 }
 
+TEST_CASE("tune: the thread split runs a plan on fewer threads, computes the same, and applies only at the count "
+          "it was measured at",
+          "[tune]") {
+  Graph g = conv_and_linear();
+  auto in = test::uniform_tensor({1, 16, 12, 12}, 5);
+  const auto want = ReferenceExecutor(g).run({{"x", in}});
+  lower::CompileOptions two;
+  two.threads = 2;
+  lower::CompileOptions split = two;
+  split.plan_threads = 1;
+  CHECK(lower::plan_thread_count(two) == 2);
+  CHECK(lower::plan_thread_count(split) == 1);
+  CompiledModel on_one = lower::compile(g, split);
+  CHECK(on_one.program().threads == 1);
+  CHECK(lower::compile(g, two).program().threads == 2);
+  CHECK(test::relative_error(on_one.run({{"x", in}}).begin()->second, want.begin()->second) <= 1e-4);
+
+  // The tuner tries it at 2 threads (its value names the count), not at 1; a caller's split is kept.
+  lower::TuneOptions t;
+  t.cache_path = "none";
+  t.runs = 1;
+  std::map<std::string, std::string> knobs;
+  for (const auto& d : lower::tune(g, two, t).decisions) knobs[d.knob] = d.value;
+  REQUIRE(knobs.count("threads") == 1);
+  CHECK((knobs["threads"] == "all" || knobs["threads"] == "1/2"));
+  lower::CompileOptions one;
+  one.threads = 1;
+  knobs.clear();
+  for (const auto& d : lower::tune(g, one, t).decisions) knobs[d.knob] = d.value;
+  CHECK(knobs.count("threads") == 0);
+  const lower::TuneResult kept = lower::tune(g, split, t);
+  CHECK(kept.options.plan_threads == 1);
+  CHECK(kept.key.find(";threads=1/2") != std::string::npos);
+
+  // Stored in an artifact: it applies where the loader runs 2 threads, not 4; a caller's split wins.
+  lower::CompileOptions at_two = two, at_four;
+  at_four.threads = 4;
+  lower::apply_tuned("threads=1/2", at_two);
+  lower::apply_tuned("threads=1/2", at_four);
+  CHECK(at_two.plan_threads == 1);
+  CHECK(at_four.plan_threads == 0);
+  lower::CompileOptions mine = two;
+  mine.plan_threads = 2;
+  lower::apply_tuned("threads=1/2", mine);
+  CHECK(mine.plan_threads == 2);
+  lower::CompileOptions all = two;
+  lower::apply_tuned("threads=all", all);
+  CHECK(all.plan_threads == 0);
+  for (const char* bad : {"threads=2/2", "threads=0/2", "threads=one", "threads=1/2x"})
+    CHECK_THROWS_WITH(lower::apply_tuned(bad, all), Catch::Contains(std::string(bad)));
+}
+
 TEST_CASE("tune cache: decisions made with a knob free are not reused where the caller fixed it", "[tune]") {
   Graph g = conv_and_linear();
   lower::TuneOptions t;

@@ -269,9 +269,13 @@ inline void check_int8_model(const Graph& g, const std::string& path) {
       .in_file(path);
 }
 
+// The kernel choices an artifact compiled with --tune stores (Info::tuned): tool_compile_options applies them
+// where no option set the same choice.
+inline std::string g_artifact_tuned;
 // An artifact runs in the precision it was compiled in (its variant's label and float32 nodes) unless
-// --precision says otherwise; then its bf16 or fp32 weights are packed again at load.
+// --precision says otherwise; then its bf16 or fp32 weights are packed again at load. Its tuned choices too.
 inline void adopt_artifact_precision(const ModelFile& file) {
+  if (file.artifact) g_artifact_tuned = file.artifact->tuned;
   if (!file.artifact || g_precision_given) return;
   g_precision = lower::artifact_precision(*file.artifact);
   g_keep_fp32.insert(g_keep_fp32.end(), file.artifact->keep_fp32.begin(), file.artifact->keep_fp32.end());

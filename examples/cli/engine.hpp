@@ -94,6 +94,7 @@ inline lower::CompileOptions tool_compile_options(int threads, const std::string
   opts.matmul_kernel = g_matmul_kernel;
   opts.int8_7bit_weights = !g_exact_int8_weights;  // int8 wherever this CPU can (7-bit weights without VNNI)
   opts.weight_only_int8_activations = !g_exact_weight_only;
+  lower::apply_tuned(g_artifact_tuned, opts);  // an artifact's tuned choices, where no option set them
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");
   opts.progress = [compiling](std::size_t done, std::size_t total, const Node* n) {
     if (!n) return compiling->clear();

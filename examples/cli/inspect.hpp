@@ -211,6 +211,7 @@ inline int cmd_inspect(const std::string& path, const std::vector<std::string>& 
       options.packed_weights = file.packed;
       options.precision = lower::artifact_precision(*file.artifact);
       options.keep_fp32 = file.artifact->keep_fp32;
+      lower::apply_tuned(file.artifact->tuned, options);
       try {
         lower::compile(std::move(at_dims), options);
         std::cout << "load:    " << file.packed->preloaded_hits() << " weight requests answered by the stored packings, "

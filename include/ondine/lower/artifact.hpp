@@ -35,12 +35,15 @@
 // packed weights (Info::unpacked says why): its weights are packed at first load.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <omp.h>
 
 #include "oneapi/dnnl/dnnl.h"
 
@@ -133,7 +136,8 @@ inline void prepare_for_passes(Graph& g) {
 // Sets the kernel choices an artifact stores (Info::tuned: "conv_layout=any,conv_algorithm=direct", what
 // lower::tune decided when it was compiled) on `options`, where the caller left them Auto: a caller's
 // setting wins. Names of other decisions (precision: the variant's own) are skipped; a value this version
-// does not know is an Error, as a target ISA it does not know is.
+// does not know is an Error, as a target ISA it does not know is. A thread split ("threads=1/2": one of two)
+// applies where `options` runs the count it was measured at, not at another.
 inline void apply_tuned(const std::string& tuned, CompileOptions& options) {
   std::size_t begin = 0;
   while (begin < tuned.size()) {
@@ -161,6 +165,13 @@ inline void apply_tuned(const std::string& tuned, CompileOptions& options) {
       const MatMulKernel k = value == "auto" ? MatMulKernel::Auto : value == "gemm" ? MatMulKernel::Gemm
                              : value == "conv1x1" ? MatMulKernel::Conv1x1 : throw bad();
       if (options.matmul_kernel == MatMulKernel::Auto) options.matmul_kernel = k, mark();
+    } else if (knob == "threads") {
+      int n = 0, of = 0;
+      if (value != "all" && (std::sscanf(value.c_str(), "%d/%d", &n, &of) != 2 || n < 1 || of <= n ||
+                             std::to_string(n) + "/" + std::to_string(of) != value))
+        throw bad();
+      const int here = options.threads > 0 ? options.threads : omp_get_max_threads();
+      if (options.plan_threads <= 0 && n > 0 && here == of) options.plan_threads = n, mark();
     } else if (knob != "precision" && knob != "int8_weights") {
       throw bad();
     }

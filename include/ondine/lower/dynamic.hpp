@@ -160,7 +160,7 @@ class DynamicModel {
   // Runs options.passes on the symbolic graph (CompileOptions::passes: lower/pass_pipeline.hpp) and makes one
   // kernel per node. Computes in float32 (the precision
   // options of the per-shape compiler do not apply). Throws naming the node for an unsupported op.
-  explicit DynamicModel(Graph graph, const CompileOptions& options = {}) : threads_(options.threads) {
+  explicit DynamicModel(Graph graph, const CompileOptions& options = {}) : threads_(plan_thread_count(options)) {
     auto g = std::make_shared<Graph>(std::move(graph));
     g->verify();
     check_supported(*g);
@@ -170,7 +170,7 @@ class DynamicModel {
     detail::inline_constant_captures(*g);
     graph_ = g;
     // oneDNN fixes a primitive's work split when it is created: create them for the threads that run them.
-    detail::ThreadCountScope threads(options.threads);
+    detail::ThreadCountScope threads(threads_);
     build(options);
   }
 

@@ -412,13 +412,13 @@ inline void run_passes(Graph& g, const CompileOptions& options) {
 // Lowers `g` (shapes static, passes done) into a CompiledModel; `compile_body` compiles the subgraphs of its
 // control flow. Reports progress and logs the steps, the arena and the precision per options.
 inline CompiledModel lower_static(std::shared_ptr<Graph> g, const CompileOptions& options, CompileFn compile_body) {
-  ThreadCountScope threads(options.threads);
+  ThreadCountScope threads(plan_thread_count(options));
   auto program = std::make_shared<runtime::Program>();
   auto library = std::make_shared<Library>();
   if (options.packed_weights) library->engine = options.packed_weights->engine();
   program->graph = g;
   program->isa = effective_isa().name;
-  program->threads = options.threads;
+  program->threads = plan_thread_count(options);
   program->library = library;
   program->make_backend = [library]() -> std::unique_ptr<runtime::ContextBackend> {
     return std::make_unique<DnnlBackend>(library->engine);

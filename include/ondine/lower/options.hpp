@@ -89,6 +89,10 @@ struct CompileOptions {
   // in every run (applied to the calling thread for the run's duration and restored afterwards).
   // 0: OpenMP's default (OMP_NUM_THREADS, else all cores). ExecContext::threads overrides it per context.
   int threads = 0;
+  // How many of `threads` a plan runs on: 0, all of them; fewer where the tuner measured fewer faster (its
+  // `threads` knob, lower/tune.hpp: a small model spends more waking threads for each step than they save).
+  // A plan for another thread count (a stream's: PlanCache::for_threads) runs on all of its own.
+  int plan_threads = 0;
   // Verbose log: one line per step with the implementation oneDNN chose, and a summary.
   std::function<void(const std::string&)> log;
   // Long compiles show progress: called as the lowering goes through the graph's nodes (`done` of
@@ -139,6 +143,12 @@ struct CompileOptions {
   std::map<std::string, ConvAlgorithm> conv_algorithm_per_node;
   std::set<std::string> fp32_nodes;
 };
+
+// The threads a plan compiled with `o` runs on (0: OpenMP's default): CompileOptions::plan_threads where it
+// asks for fewer than `threads`, else `threads`.
+inline int plan_thread_count(const CompileOptions& o) {
+  return o.plan_threads > 0 && (o.threads <= 0 || o.plan_threads < o.threads) ? o.plan_threads : o.threads;
+}
 
 // `text` matches the glob `pattern`: '*' any run of characters (also none), '?' exactly one.
 inline bool glob_match(const std::string& pattern, const std::string& text) {

@@ -246,6 +246,7 @@ class PlanCache {
     if (!sibling) {
       CompileOptions options = options_;
       options.threads = threads;
+      options.plan_threads = 0;  // a tuned split was measured at options_.threads
       sibling = std::make_unique<PlanCache>(graph_.clone(), std::move(options), capacity_, compile_);
     }
     return *sibling;

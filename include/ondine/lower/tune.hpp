@@ -5,13 +5,13 @@
 // measured on a few CPUs; the tuner times them on the one the model runs on.
 //
 //   lower::TuneResult t = lower::tune(graph, options);   // options.precision Auto: fp32 and bf16 are candidates
-//   CompiledModel m = lower::compile(graph, t.options);  // what tune() found fastest (t.model is that compile)
+//   CompiledModel m = lower::compile(graph, t.options);  // what tune() found fastest
 //   t.text()                                              // each knob: the value kept, the timings, why
 //
-// How: coordinate descent over the knobs that apply to the model (conv_layout, conv_algorithm,
-// matmul_kernel, precision fp32/bf16, int8 weights 7-bit/exact without VNNI), in that order, starting
-// from the built-in heuristics. Each alternative is compiled and timed against the best so far,
-// interleaved on the same seeded inputs (median of `runs`); it is kept only when faster by `min_gain`
+// How: coordinate descent over the knobs that apply to the model (threads: the plan on all of them or fewer,
+// conv_layout, conv_algorithm, matmul_kernel, precision fp32/bf16, int8 weights 7-bit/exact without VNNI),
+// in that order, starting from the built-in heuristics. Each alternative is compiled and timed against the
+// best so far, interleaved on the same seeded inputs (median of `runs`); it is kept only when faster by `min_gain`
 // and, for bf16, when its outputs are within `max_error` of the float32 compile's (max |a - b| / max |b|
 // per output). A knob the caller set (not Auto) is the caller's: it is not tuned, and neither is the
 // precision unless it is Auto. The budget bounds the whole search; knobs not reached keep the heuristic.
@@ -236,6 +236,21 @@ inline bool has_constant_matmul(const Graph& g) {
 inline std::vector<Knob> knobs_for(const Graph& g, const CompileOptions& base, const TuneOptions& t,
                                    std::vector<TuneDecision>& fixed) {
   std::vector<Knob> knobs;
+  // First the thread split, which changes every other timing: all of `threads`, or 1 (and half of them from
+  // 4): a small model spends more waking threads for each step than they save. A value names the count it
+  // was measured at ("1/2": one of two), which is the only count it applies to (lower::apply_tuned).
+  const int threads = base.threads > 0 ? base.threads : omp_get_max_threads();
+  auto split = [threads](int n) { return std::to_string(n) + "/" + std::to_string(threads); };
+  if (threads >= 2 && base.plan_threads <= 0) {
+    Knob k{"threads",
+           {{"all", [](CompileOptions& o) { o.plan_threads = 0; }}},
+           [split](const CompileOptions& o) { return o.plan_threads > 0 ? split(o.plan_threads) : std::string("all"); }};
+    for (int n : threads >= 4 ? std::vector<int>{threads / 2, 1} : std::vector<int>{1})
+      k.values.push_back({split(n), [n](CompileOptions& o) { o.plan_threads = n; }});
+    knobs.push_back(std::move(k));
+  } else if (threads >= 2) {
+    fixed.push_back({"threads", split(base.plan_threads), "set by the caller"});
+  }
   const bool convs = has_op(g, {"Conv", "ConvTranspose"});
   if (convs) {
     if (base.conv_layout == ConvLayout::Auto)

@@ -169,7 +169,7 @@ inline bool lower_recurrent(Lowering& L, const Node& n) {
 
   // A bidirectional layer runs as two one-direction primitives side by side (ConcurrentStep), one thread
   // each, when the compile may use two threads; otherwise as oneDNN's one bidirectional primitive.
-  const int threads = L.options.threads > 0 ? L.options.threads : omp_get_max_threads();
+  const int threads = plan_thread_count(L.options) > 0 ? plan_thread_count(L.options) : omp_get_max_threads();
   // Ondine's recurrence kernels on AVX-512 and AVX2 (recurrence.hpp): an fp32 LSTM at small batch, and a GRU whose
   // input projection the graph computed (quantize-dynamic's form), which oneDNN would multiply by W again.
   const IsaInfo isa = effective_isa();
