@@ -523,7 +523,9 @@ std::shared_ptr<Model> compile(const std::string& path, const std::optional<std:
   m->options.precision = p;
   m->int8 = precision_given == "int8";
   m->options.weight_only_int8_activations = !exact_weight_only;
-  // CompileOptions' default: int8 wherever the CPU can (7-bit weights without VNNI).
+  // Without VNNI: precision="int8" runs 8-bit-weight layers int8 (7-bit weights); else this CPU's int8 and fp32
+  // rates decide (lower::int8_7bit_weights_by_default), as in the CLI.
+  if (m->int8) m->options.int8_7bit_weights = true;
   if (dims) m->dims = *dims;
   {
     py::gil_scoped_release release;
@@ -660,7 +662,8 @@ void save(const Model& m, const std::string& path) {
   if (!m.artifact) {
     lower::prepare_for_passes(g);
     PassManager pm = make_pass_manager(m.options.passes);
-    lower::set_isa_pass_options(pm);
+    lower::set_isa_pass_options(pm, lower::effective_isa(),
+                                m.options.int8_7bit_weights.value_or(lower::int8_7bit_weights_by_default()));
     try {
       pm.run(g);
     } catch (Error& e) {

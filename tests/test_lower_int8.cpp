@@ -606,9 +606,14 @@ TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights requantized to 7
         }
       CHECK(b.g.find_value("w")->constant().data<std::int8_t>()[5] == max_w);  // the file's weights unchanged
       if (!lower::effective_isa().int8_vnni && t == DType::UInt8) {
-        // int8 by default without VNNI: CompileOptions::int8_7bit_weights requantizes the layer's weights,
-        // within 10% of the file's numbers; exact_weights() keeps it float, an fp32 island.
-        CompiledModel m = lower::compile(b.g);
+        // int8 without VNNI: CompileOptions::int8_7bit_weights requantizes the layer's weights, within 10% of
+        // the file's numbers; exact_weights() keeps it float. Unset: 7-bit where this CPU's
+        // int8 rate is well above its fp32 rate.
+        lower::CompileOptions seven;
+        seven.int8_7bit_weights = true;
+        CompiledModel m = lower::compile(b.g, seven);
+        CHECK((lower::int8_plan(lower::compile(b.g)).int8_steps >= 1) ==
+              (max_w <= 64 || lower::int8_7bit_weights_by_default()));
         auto in = random_input({1, 16, 9, 9}, 9);
         Tensor want = ReferenceExecutor(b.g).run({{"x", in}}).begin()->second;
         Tensor got = m.run({{"x", in}}).begin()->second;
@@ -616,7 +621,7 @@ TEST_CASE("fuse-qdq limits for CPUs without VNNI: 8-bit weights requantized to 7
         CHECK(lower::int8_plan(m).int8_steps >= 1);
         CHECK(test::relative_error(got, want) <= 0.1);
         CompiledModel exact = lower::compile(b.g, exact_weights());
-        CHECK(lower::int8_plan(exact).islands.empty() == (max_w <= 64));
+        CHECK((lower::int8_plan(exact).int8_steps == 0) == (max_w > 64));  // 8-bit weights: float (fake-quant)
       }
       CHECK(count(optimized(b.g), "ondine.QConv") == 1);  // without the limits: always
       PassManager bad = make_pass_manager();
@@ -1011,5 +1016,95 @@ TEST_CASE("dynamic quantization of models/bert.onnx (when generated) compiles to
   CHECK(int8 == (vnni ? 24u : 0u));
 }
 #endif
+
+// fake-quant: the Q/DQ pairs that stay float (here every layer: fuse-qdq told to fuse nothing, as on a CPU
+// without VNNI for 8-bit weights with --exact-int8-weights) become ondine.FakeQuant, fused after the conv.
+TEST_CASE("fake-quant: Q/DQ pairs kept float run as post-ops, as the pair computes") {
+  QBuilder b;
+  std::map<std::string, Attribute> same{{"pads", std::vector<std::int64_t>{1, 1, 1, 1}}};
+  Value* x = b.qdq(b.input("x", {1, 64, 16, 16}), 0.01f, 128);
+  Value* a = b.qdq(b.op("Relu", {b.conv(x, 64, 64, 3, same)}), 0.02f, 0);  // 3x3: Winograd where it pays
+  Value* c = b.qdq(b.conv(a, 64, 64, 1), 0.03f, 120);                          // 1x1, an asymmetric zero point
+  Value* r = b.qdq(b.op("Relu", {b.op("Add", {c, x})}), 0.02f, 0);            // a residual add, then Relu
+  b.g.add_output(b.qdq(b.conv(r, 32, 64, 3, same), 0.05f, -3, DType::Int8));   // int8 output, s8 activations
+  infer_shapes(b.g);
+
+  auto float_pipeline = [](Graph& g, const std::string& pipeline) {
+    PassManager pm = make_pass_manager(pipeline);
+    pm.context().options["fuse-qdq.max-abs-weight"] = "0";  // no layer in int8
+    pm.run(g);
+  };
+  SECTION("structure: one FakeQuant per pair, the reference bit for bit unchanged") {
+    Graph g = b.g.clone();
+    float_pipeline(g, "fuse-qdq,fake-quant,fold-constants,dce");
+    CHECK(count(g, "QuantizeLinear") == 0);
+    CHECK(count(g, "DequantizeLinear") == 0);  // the weights' DQs are folded constants
+    CHECK(count(g, "ondine.FakeQuant") == 5);
+    std::map<std::string, Tensor> in{{"x", random_input({1, 64, 16, 16}, 3)}};
+    Tensor want = ReferenceExecutor(b.g).run(in).begin()->second;
+    Tensor got = ReferenceExecutor(g).run(in).begin()->second;
+    REQUIRE(want.dims() == got.dims());
+    CHECK(std::memcmp(want.data<float>(), got.data<float>(), static_cast<std::size_t>(want.numel()) * 4) == 0);
+    // After fuse, the pairs after a conv are its activations; the one after the Add stays a node.
+    Graph h = b.g.clone();
+    float_pipeline(h, "default");
+    std::size_t in_chains = 0;
+    for (Node* n : h.nodes())
+      if (n->op_type() == "FusedConv")
+        for (const fused::Activation& act : fused::read_activations(*n))
+          in_chains += act.op == "FakeQuantU8" || act.op == "FakeQuantS8";
+    CHECK(in_chains == 3);
+    CHECK(count(h, "ondine.FakeQuant") == 2);  // the input's and the Add's
+  }
+  SECTION("numbers: compiled against the reference on the QDQ graph") {
+    Graph g = b.g.clone();
+    float_pipeline(g, "default");
+    lower::CompileOptions o;
+    o.passes = "none";
+    CompiledModel m = lower::compile(g, o);
+    CHECK(lower::int8_plan(m).int8_steps == 0);
+    for (auto& st : m.steps()) {
+      INFO(st.op << " '" << st.name << "': " << st.implementation);
+      CHECK(st.op != "QuantizeLinear");
+      CHECK(st.op != "DequantizeLinear");
+      CHECK(st.implementation.rfind("ref", 0) != 0);
+    }
+    std::map<std::string, Tensor> in{{"x", random_input({1, 64, 16, 16}, 5)}};
+    Tensor want = ReferenceExecutor(b.g).run(in).begin()->second;
+    Tensor got = m.run(in).begin()->second;
+    // Each output a multiple of its step (0.05). The float kernels (Winograd's transforms most) round
+    // differently from the reference's double sums, which moves a value near a rounding boundary by one
+    // step, and such a step moves later layers' sums: within two steps, and most outputs exact (a wrong
+    // rounding mode or zero point would leave half or fewer exact).
+    double worst = 0;
+    std::size_t exact = 0, within_one = 0;
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+      double d = std::abs(want.at_double(static_cast<std::size_t>(i)) - got.at_double(static_cast<std::size_t>(i)));
+      worst = std::max(worst, d);
+      exact += d < 1e-6;
+      within_one += d <= 0.05 * 1.0001;
+    }
+    INFO("worst " << worst << ", exact " << exact << ", within one step " << within_one << " of " << want.numel());
+    CHECK(worst <= 2 * 0.05 * 1.0001);
+    CHECK(static_cast<double>(within_one) >= 0.99 * static_cast<double>(want.numel()));
+    CHECK(static_cast<double>(exact) >= 0.75 * static_cast<double>(want.numel()));
+  }
+  SECTION("must not fire: a requantization (other parameters) or per-channel activations") {
+    QBuilder n;
+    Value* in = n.input("x", {1, 4, 3, 3});
+    Value* requant = n.dq(n.q(in, 0.01f, 128), 0.02f, 128);  // Q and DQ disagree: not a fake quantization
+    Value* s = n.g.add_constant("pcs", Tensor::from_vector<float>({4}, {0.1f, 0.2f, 0.3f, 0.4f}));
+    Value* z = n.g.add_constant("pcz", Tensor::from_vector<std::uint8_t>({4}, {1, 2, 3, 4}));
+    Value* pc = n.op("DequantizeLinear", {n.op("QuantizeLinear", {requant, s, z}, {{"axis", std::int64_t{1}}}), s, z},
+                     {{"axis", std::int64_t{1}}});
+    n.g.add_output(pc);
+    infer_shapes(n.g);
+    Graph g = n.g.clone();
+    PassManager pm = make_pass_manager("fake-quant");
+    CHECK_FALSE(pm.run(g));
+    CHECK(count(g, "ondine.FakeQuant") == 0);
+    CHECK(count(g, "QuantizeLinear") == 2);
+  }
+}
 
 }  // namespace test_lower_int8

@@ -285,7 +285,10 @@ inline int cmd_compile(const std::string& path, const CompileArgs& args) {
     return compile_variants(path, args, targets);
   }
   const lower::IsaInfo target = targets.empty() ? here : targets[0];
-  if (to_artifact) lower::set_isa_pass_options(pm, target, !g_exact_int8_weights);
+  // 7-bit weights without VNNI unless --exact-int8-weights, or, compiling for this CPU, its rates say int8 gains nothing.
+  if (to_artifact)
+    lower::set_isa_pass_options(pm, target,
+                                !g_exact_int8_weights && (target.isa != here.isa || lower::int8_7bit_weights_by_default()));
   if (g_exact_weight_only) pm.context().options.emplace("fuse-weight-only.activations", "float32");
   Graph g = ondine::onnx::load_model(path);
   check_supported(g);

@@ -92,7 +92,10 @@ inline lower::CompileOptions tool_compile_options(int threads, const std::string
   opts.conv_layout = g_conv_layout;
   opts.conv_algorithm = g_conv_algorithm;
   opts.matmul_kernel = g_matmul_kernel;
-  opts.int8_7bit_weights = !g_exact_int8_weights;  // int8 wherever this CPU can (7-bit weights without VNNI)
+  // Without VNNI: --exact-int8-weights keeps 8-bit-weight layers float; --precision int8 asks for int8 (7-bit
+  // weights); else this CPU's int8 and fp32 rates decide (lower::int8_7bit_weights_by_default).
+  if (g_exact_int8_weights) opts.int8_7bit_weights = false;
+  else if (g_int8) opts.int8_7bit_weights = true;
   opts.weight_only_int8_activations = !g_exact_weight_only;
   lower::apply_tuned(g_artifact_tuned, opts);  // an artifact's tuned choices, where no option set them
   auto compiling = std::make_shared<ondine::cli::ProgressLine>("compiling");

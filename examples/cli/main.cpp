@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   std::vector<CLI::Option*> precision_opts;
   const std::string exact_weights_help =
       "on a CPU without VNNI, keep a quantized model's layers with 8-bit weights in float, exactly as the file says "
-      "(default: their weights requantized to 7 bits, which these CPUs' int8 kernels compute exactly, and run int8)";
+      "(default: where this CPU's int8 rate is well above its fp32 rate, their weights requantized to 7 bits, which "
+      "these CPUs' int8 kernels compute exactly, and run int8; else float as with this flag)";
 
   precision_opts.push_back(inspect->add_option("--precision", precision,
                                                "with --compiled: fp32 (default), bf16 or auto, as run and bench take "

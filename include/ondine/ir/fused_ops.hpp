@@ -29,13 +29,20 @@
 //       LayerNormalization(axis -1) read through Transpose(perm [0, 2, ..., 1]) and written back; made by
 //       pointwise-as-conv (ConvNeXt's LayerNorm, LayerNorm2d), so a channel-blocked activation is
 //       normalised in place of its layout, without the two transposes.
+//   ondine.FakeQuant    (X)                Y = DequantizeLinear(QuantizeLinear(X, scale, zero_point), scale, zero_point):
+//       X float32; "scale" a positive float, "zero_point" an integer, "to" the quantized type ("uint8" or
+//       "int8"). Elementwise: y = (clamp(round_half_even(x / scale), qmin - zp, qmax - zp)) * scale, bit for bit
+//       what the two ONNX ops compute in float32 (the rounding is of x / scale, before the zero point is added).
+//       Made by fake-quant from the QuantizeLinear/DequantizeLinear pairs a QDQ model keeps in float, so they
+//       run as post-ops of the op before them.
 //
 // The activation chain `act` is three attributes of equal length: "activations" (names, applied in
 // order), "activation_alpha" and "activation_beta" (one float each, 0 when the activation has no
 // parameter). The names and their parameters:
 //   Relu, LeakyRelu(alpha), Clip(alpha = min, beta = max), Sigmoid, Tanh, HardSwish,
 //   HardSigmoid(alpha, beta), Elu(alpha), Gelu (erf form), GeluTanh (tanh approximation),
-//   Swish(alpha) = x * Sigmoid(alpha * x) (SiLU at alpha 1, as exporters write it: Mul(x, Sigmoid(x))).
+//   Swish(alpha) = x * Sigmoid(alpha * x) (SiLU at alpha 1, as exporters write it: Mul(x, Sigmoid(x))),
+//   FakeQuantU8(alpha = scale, beta = zero point), FakeQuantS8(alpha, beta): ondine.FakeQuant to uint8 / int8.
 //
 // Shape inference (ir/infer/fused.hpp), the reference kernels (reference/fused.hpp), the passes that
 // create these ops (passes/fuse_*.hpp) and the oneDNN lowering (lower/) all read the chain through
@@ -48,6 +55,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ondine/ir/graph.hpp"
@@ -67,7 +75,7 @@ struct Activation {
 inline const std::vector<std::string>& activation_names() {
   static const std::vector<std::string> names{"Relu",      "LeakyRelu",   "Clip", "Sigmoid", "Tanh",
                                               "HardSwish", "HardSigmoid", "Elu",  "Gelu",    "GeluTanh",
-                                              "Swish"};
+                                              "Swish",     "FakeQuantU8", "FakeQuantS8"};
   return names;
 }
 inline bool is_activation_name(const std::string& op) {
@@ -133,12 +141,33 @@ inline std::optional<double> constant_bound(const Node& n, std::size_t i, double
 }
 }  // namespace detail
 
+// ondine.FakeQuant's attributes as an activation of the chain; nullopt when they are not valid (a scale that
+// is not positive and finite, a zero point outside the type, another type).
+inline std::optional<Activation> fake_quant_of(const Node& n) {
+  const float scale = n.attr_float("scale", 0.0f);
+  const std::int64_t zp = n.attr_int("zero_point", 0);
+  const std::string to = n.attr_string("to", "uint8");
+  if (!(scale > 0) || !std::isfinite(scale) || (to != "uint8" && to != "int8")) return std::nullopt;
+  if (to == "uint8" ? (zp < 0 || zp > 255) : (zp < -128 || zp > 127)) return std::nullopt;
+  return Activation{to == "uint8" ? "FakeQuantU8" : "FakeQuantS8", scale, static_cast<float>(zp)};
+}
+
+// The integer range of a FakeQuant activation.
+inline std::pair<float, float> fake_quant_range(const Activation& a) {
+  return a.op == "FakeQuantU8" ? std::pair<float, float>{0.0f, 255.0f} : std::pair<float, float>{-128.0f, 127.0f};
+}
+
 // The activation node `n` computes, when it is one that can join a post-op chain: a unary op of
 // the list above on a floating input, with constant parameters (Clip's bounds: constant scalars at
 // opset >= 11, attributes before). nullopt for anything else.
 inline std::optional<Activation> as_activation(const Node& n) {
   const std::string& op = n.op_type();
   if (n.num_outputs() != 1 || !n.input(0) || !is_floating(n.input(0)->dtype())) return std::nullopt;
+  if (n.domain() == kDomain && op == "FakeQuant") {
+    std::optional<Activation> a = fake_quant_of(n);
+    if (!a || n.num_inputs() != 1 || n.input(0)->dtype() != DType::Float32) return std::nullopt;
+    return a;
+  }
   // ondine.Gelu, and ONNX's own Gelu (opset 20), which has the same approximate attribute.
   if (n.domain() == kDomain || (n.domain().empty() && op == "Gelu")) {
     if (op != "Gelu" || n.num_inputs() != 1) return std::nullopt;
@@ -182,6 +211,12 @@ inline double apply(const Activation& a, double x) {
   if (op == "HardSigmoid") return std::max(0.0, std::min(1.0, a.alpha * x + static_cast<double>(a.beta)));
   if (op == "Elu") return x < 0 ? a.alpha * std::expm1(x) : x;
   if (op == "Swish") return x * apply(Activation{"Sigmoid"}, a.alpha * x);
+  if (op == "FakeQuantU8" || op == "FakeQuantS8") {  // in float32, as QuantizeLinear and DequantizeLinear compute
+    const auto [qmin, qmax] = fake_quant_range(a);
+    const float q = std::nearbyint(static_cast<float>(x) / a.alpha);  // ties to even
+    const float clamped = std::min(std::max(q, qmin - a.beta), qmax - a.beta) + 0.0f;  // -0 as DequantizeLinear: +0
+    return static_cast<double>(clamped * a.alpha);
+  }
   // Gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); the tanh form approximates Phi.
   if (op == "Gelu") return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
   if (op == "GeluTanh") {

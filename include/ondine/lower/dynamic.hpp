@@ -132,7 +132,7 @@ inline const std::map<std::string, DynFactory>& dynamic_kernel_table() {
       return std::make_unique<EltwiseKernel>(n, *spec, e);
     };
     for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Softplus", "HardSwish",
-                           "HardSigmoid", "Gelu", "ondine.Gelu"})
+                           "HardSigmoid", "Gelu", "ondine.Gelu", "ondine.FakeQuant"})
       t[op] = unary;
     t["Transpose"] = [](const Node& n, const dnnl::engine&) -> std::unique_ptr<Kernel> {
       return std::make_unique<TransposeKernel>(n);

@@ -193,6 +193,16 @@ inline PeakRates measured_peak_rates() {
   return rates;
 }
 
+// Without VNNI, whether a QDQ layer's 8-bit weights are requantized to 7 bits so that it runs int8 (else it
+// stays float, exact): where this CPU's int8 kernels are measurably faster than its fp32 ones. On Zen 2 a u8 x
+// s8 multiply-add issues no faster than an FMA (int8 38, fp32 37 G(FL)OP/s per core): there ResNet-50 QDQ runs
+// int8 in 110-114 ms and exact in float in 100 ms (2 threads); CPUs whose int8 rate is 4/3 of fp32 or more gain
+// from int8 (docs/quantization.md, "Int8 without VNNI").
+inline bool int8_7bit_weights_by_default() {
+  const PeakRates r = measured_peak_rates();
+  return r.int8 >= 1.15 * r.fp32;
+}
+
 // One fp32 island: its steps (indices into the compiled steps, in order) and what they cost.
 struct Fp32Island {
   std::vector<std::size_t> steps;

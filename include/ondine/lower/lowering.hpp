@@ -111,6 +111,8 @@ inline const std::map<std::string, Lowerer>& lowering_table() {
     t["ondine.Gelu"] = {lower_eltwise, "oneDNN eltwise gelu_erf / gelu_tanh (or a post-op of the producer)",
                         "not float32"};
     t["Gelu"] = t["ondine.Gelu"];  // opset 20: the same op as ondine.Gelu
+    t["ondine.FakeQuant"] = {lower_eltwise, "oneDNN eltwise linear + round + clip + pow (or post-ops of the producer)",
+                             "not float32"};
     t["ondine.Attention"] = {lower_attention, "oneDNN matmul + softmax + matmul, scores in a per-thread buffer",
                              "not float32, or a mask that does not broadcast to the scores"};
     t["MaxPool"] = {lower_pool, "oneDNN pooling", "not float32, not 1-3 spatial axes, or its Indices output read"};

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,13 +118,13 @@ struct CompileOptions {
   ConvAlgorithm conv_algorithm = ConvAlgorithm::Auto;
   // Float32 matrix products by constant 2-D weights: oneDNN's matmul or a 1x1 convolution (MatMulKernel above).
   MatMulKernel matmul_kernel = MatMulKernel::Auto;
-  // On a CPU without VNNI, whose int8 kernels saturate past 7-bit weights: true (default) requantizes a
-  // QDQ layer's 8-bit weights to 7 bits (w/2 rounded half to even, scales doubled: up to half an 8-bit
-  // step more error per weight) so that it runs int8, what a quantized model is for (ResNet-50 and
-  // MobileNetV2 QDQ on an AVX2 host: 2.3-3.2x faster than with those layers in float; docs/performance.md,
-  // "Int8 without VNNI");
-  // false keeps such layers in float, exactly as the file says. No effect with VNNI.
-  bool int8_7bit_weights = true;
+  // On a CPU without VNNI, whose int8 kernels saturate past 7-bit weights: true requantizes a QDQ layer's
+  // 8-bit weights to 7 bits (w/2 rounded half to even, scales doubled: up to half an 8-bit step more error
+  // per weight) so that it runs int8; false keeps such layers in float, exactly as the file says, their
+  // QuantizeLinear/DequantizeLinear pairs as post-ops (passes/fake_quant.hpp). Unset (default): true where
+  // this CPU's measured int8 rate is well above its fp32 rate (int8_7bit_weights_by_default, int8_plan.hpp),
+  // false where int8 gains nothing (AMD Zen 2: both about 37 G(FL)OP/s per core). No effect with VNNI.
+  std::optional<bool> int8_7bit_weights;
   // Weight-only quantized matrix products (4- or 8-bit weights, float activations: ondine.WeightOnlyMatMul):
   // true (default) quantizes their activations to int8 per row and block of K (symmetric, max |a| / 127) and
   // multiplies integers (VNNI, or AVX2's vpmaddubsw), as ONNX Runtime's MatMulNBits at accuracy level 4 and

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ondine/ir/graph.hpp"
+#include "ondine/lower/int8_plan.hpp"
 #include "ondine/lower/isa.hpp"
 #include "ondine/lower/options.hpp"
 #include "ondine/passes/pipeline.hpp"
@@ -52,8 +53,10 @@ inline bool run_pipeline(Graph& g, const std::string& pipeline, const CompileOpt
   if (pm.size() == 0) return false;
   if (!options.weight_only_int8_activations) pm.context().options.emplace("fuse-weight-only.activations", "float32");
   const bool log = options.log && !quiet;
-  if (isa_limits && set_isa_pass_options(pm, effective_isa(), options.int8_7bit_weights) && log)
-    options.log(options.int8_7bit_weights
+  const bool seven_bit = isa_limits && !effective_isa().int8_vnni &&
+                         options.int8_7bit_weights.value_or(int8_7bit_weights_by_default());
+  if (isa_limits && set_isa_pass_options(pm, effective_isa(), seven_bit) && log)
+    options.log(seven_bit
                     ? "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm int8 weights beyond +-64 requantized to 7 "
                       "bits (w/2 rounded to even, scales doubled); layers reading s8 activations stay float"
                     : "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm layers with int8 weights beyond +-64 or s8 "

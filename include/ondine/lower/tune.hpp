@@ -293,9 +293,11 @@ inline std::vector<Knob> knobs_for(const Graph& g, const CompileOptions& base, c
       knobs.push_back({"int8_weights",
                        {{"7bit", [](CompileOptions& o) { o.int8_7bit_weights = true; }},
                         {"exact", [](CompileOptions& o) { o.int8_7bit_weights = false; }}},
-                       [](const CompileOptions& o) { return std::string(o.int8_7bit_weights ? "7bit" : "exact"); }});
+                       [](const CompileOptions& o) {
+                         return std::string(o.int8_7bit_weights.value_or(int8_7bit_weights_by_default()) ? "7bit" : "exact");
+                       }});
     else
-      fixed.push_back({"int8_weights", base.int8_7bit_weights ? "7bit" : "exact", "set by the caller"});
+      fixed.push_back({"int8_weights", base.int8_7bit_weights.value_or(true) ? "7bit" : "exact", "set by the caller"});
   }
   return knobs;
 }

@@ -97,7 +97,7 @@ inline bool is_inheriting_unary(const std::string& op) {
                                          "Exp",      "Log",       "Sqrt",       "Abs",        "Neg",
                                          "Softplus", "HardSwish", "HardSigmoid", "Clip",      "Reciprocal",
                                          "Pow",      "Identity",  "Dropout",    "Softmax",    "LogSoftmax",
-                                         "Gelu",     "ondine.Gelu", "PRelu"};
+                                         "Gelu",     "ondine.Gelu", "PRelu",      "ondine.FakeQuant"};
   return ops.count(op) != 0;
 }
 

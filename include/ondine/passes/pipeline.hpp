@@ -41,7 +41,7 @@ namespace ondine {
 // iterations' reads of the iteration number, and the sequence elements they build, fold after;
 // dft-conv-as-stft runs before fold-pad and fuse, which would give the DFT's Conv pads or post-ops.
 inline const char* default_pipeline() {
-  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-rotary,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
+  return "widen-float16,qoperator-to-qdq,remove-identity,fuse-qdq,fake-quant,fuse-weight-only,fold-constants*,unroll-loops,fold-constants*,dce,fold-bn,dft-conv-as-stft,fold-pad,deconv-as-conv,scatter-rows,scatter-slices,fuse-gelu,fuse-layernorm,fuse-rmsnorm,fuse-rotary,fuse-groupnorm,pointwise-as-conv,fuse-attention,fuse-dynamic-qmatmul,fuse-dynamic-qconv,fuse,cancel-transposes,layout,dce";
 }
 
 // The process-wide registry: every built-in pass, plus whatever the program adds.
@@ -82,6 +82,7 @@ inline void limit_int8_fusion(PassManager& pm, bool halve_weights = false) {
 #include "ondine/passes/dce.hpp"
 #include "ondine/passes/deconv_as_conv.hpp"
 #include "ondine/passes/dft_conv_as_stft.hpp"
+#include "ondine/passes/fake_quant.hpp"
 #include "ondine/passes/fold_batchnorm.hpp"
 #include "ondine/passes/fold_constants.hpp"
 #include "ondine/passes/fold_pad.hpp"
@@ -130,6 +131,7 @@ ONDINE_CORE_FUNC PassRegistry& pass_registry() {
         .add<FuseAttention>()
         .add<FusePostOps>()
         .add<FuseQdq>()
+        .add<FakeQuantPairs>()
         .add<FuseWeightOnly>()
         .add<FuseDynamicQMatMul>()
         .add<FuseDynamicQConv>()

@@ -81,6 +81,20 @@ inline std::vector<Tensor> gelu(const Node& n, const std::vector<Tensor>& inputs
   return {nn::from_doubles(x.dtype(), x.dims(), v)};
 }
 
+// ondine.FakeQuant: QuantizeLinear then DequantizeLinear, in float32 as those kernels compute (fused::apply).
+inline std::vector<Tensor> fake_quant(const Node& n, const std::vector<Tensor>& inputs) {
+  const Tensor& x = nn::required(n, inputs, 0);
+  if (x.dtype() != DType::Float32)
+    throw n.error("X has element type " + std::string(dtype_name(x.dtype())) + "; FakeQuant takes float32");
+  std::optional<fused::Activation> a = fused::fake_quant_of(n);
+  if (!a) throw n.error("needs a positive finite 'scale', 'to' \"uint8\" or \"int8\" and a 'zero_point' of that type");
+  Tensor y(DType::Float32, x.dims());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) py[i] = static_cast<float>(fused::apply(*a, px[i]));
+  return {y};
+}
+
 // ondine.Attention: every step in double, rounded once into Q's type. The two products reuse the
 // MatMul kernel on float64 copies (so batch dims and errors read as MatMul's).
 inline std::vector<Tensor> attention(const Node& n, const std::vector<Tensor>& inputs) {
@@ -160,6 +174,7 @@ inline void register_fused_kernels(KernelTable& table) {
   table[d + "Gelu"] = k::gelu;
   table["Gelu"] = k::gelu;  // ONNX Gelu (opset 20) is ondine.Gelu: approximate "none" (erf) or "tanh"
   table[d + "Attention"] = k::attention;
+  table[d + "FakeQuant"] = k::fake_quant;
 }
 
 }  // namespace ondine::reference

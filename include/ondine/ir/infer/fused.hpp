@@ -57,6 +57,15 @@ inline void infer_fused_gemm(Node& n) {
   detail_nn::infer_gemm(n);
 }
 
+inline void infer_fake_quant(Node& n) {
+  Value& x = required_input(n, 0);
+  if (x.dtype() != DType::Float32)
+    throw n.error("X has element type " + std::string(dtype_name(x.dtype())) + "; FakeQuant takes float32");
+  if (!fused::fake_quant_of(n))
+    throw n.error("needs a positive finite 'scale', 'to' \"uint8\" or \"int8\" and a 'zero_point' of that type");
+  set_output(n, 0, x.dtype(), x.shape());
+}
+
 inline void infer_gelu(Node& n) {
   Value& x = required_input(n, 0);
   detail_nn::require_floating(n, x);
@@ -126,6 +135,7 @@ inline void register_fused_infer(InferTable& table) {
   table[d + "Gelu"] = infer_gelu;
   table["Gelu"] = infer_gelu;  // ONNX Gelu (opset 20), the same op
   table[d + "Attention"] = infer_attention;
+  table[d + "FakeQuant"] = infer_fake_quant;
 }
 
 }  // namespace ondine::infer

@@ -58,6 +58,16 @@ inline EltwiseSpec eltwise_of(const fused::Activation& a) {
     s.ops.push_back({A::eltwise_linear, a.alpha, a.beta});
     return one(A::eltwise_clip_v2, 0.0f, 1.0f);
   }
+  if (op == "FakeQuantU8" || op == "FakeQuantS8") {
+    // clamp(round(x / scale), qmin - zp, qmax - zp) * scale: algorithms no other activation uses (eltwise_clip,
+    // pow with exponent 1 for the final scale), so a chain with a Clip (clip_v2) or HardSigmoid (linear) never
+    // repeats one with other parameters (repeats_eltwise_alg). x * (1 / scale) is x / scale but in rare ties.
+    const auto [qmin, qmax] = fused::fake_quant_range(a);
+    s.ops.push_back({A::eltwise_linear, 1.0f / a.alpha, 0.0f});
+    s.ops.push_back({A::eltwise_round});
+    s.ops.push_back({A::eltwise_clip, qmin - a.beta, qmax - a.beta});
+    return one(A::eltwise_pow, a.alpha, 1.0f);
+  }
   if (op == "Clip") {  // min(max(x, lo), hi); unbounded sides as the float range, lo > hi gives hi
     const float big = std::numeric_limits<float>::max();
     float lo = std::max(a.alpha, -big), hi = std::min(a.beta, big);
@@ -68,6 +78,20 @@ inline EltwiseSpec eltwise_of(const fused::Activation& a) {
   throw Error("internal: no oneDNN algorithm for activation '" + op + "'");
 }
 
+// A FakeQuant activation as eltwise_of writes it, for Ondine's kernels that compute it themselves (the
+// Winograd output transform): y = clamp(round(x * inv_scale), lo, hi) * scale; nullopt for anything else.
+struct FakeQuantParams {
+  float inv_scale = 1, lo = 0, hi = 0, scale = 1;
+};
+inline std::optional<FakeQuantParams> fake_quant_params(const EltwiseSpec& e) {
+  using A = dnnl::algorithm;
+  if (e.prelu_slope || e.ops.size() != 4 || e.ops[0].alg != A::eltwise_linear || e.ops[0].beta != 0 ||
+      e.ops[1].alg != A::eltwise_round || e.ops[2].alg != A::eltwise_clip || e.ops[3].alg != A::eltwise_pow ||
+      e.ops[3].beta != 1.0f)
+    return std::nullopt;
+  return FakeQuantParams{e.ops[0].alpha, e.ops[2].alpha, e.ops[2].beta, e.ops[3].alpha};
+}
+
 // The oneDNN algorithms computing node `n` (a unary op on f32), or nullopt.
 // Whatever the shapes (the shape-free kernels, lower/detail/dynamic_kernels.hpp): float32 in and out.
 inline std::optional<EltwiseSpec> eltwise_algorithms(const Node& n) {
@@ -75,8 +99,8 @@ inline std::optional<EltwiseSpec> eltwise_algorithms(const Node& n) {
   const std::string& op = n.op_type();
   auto f32 = [](const Value* v) { return v && v->dtype() == DType::Float32; };
   if (n.num_outputs() != 1 || !f32(n.input(0)) || !f32(n.output(0))) return std::nullopt;
-  if (!n.domain().empty() || op == "Gelu") {  // ondine.Gelu, or ONNX Gelu (opset 20)
-    auto act = op == "Gelu" ? fused::as_activation(n) : std::nullopt;
+  if (!n.domain().empty() || op == "Gelu") {  // ondine.Gelu or FakeQuant, or ONNX Gelu (opset 20)
+    auto act = op == "Gelu" || op == "FakeQuant" ? fused::as_activation(n) : std::nullopt;
     if (!act) return std::nullopt;
     return eltwise_of(*act);
   }

@@ -196,13 +196,18 @@ __attribute__((target("avx2,fma"))) inline void input_transform(const float* x, 
 // written, by the one thread that owns its tile.
 __attribute__((target("avx2,fma"))) inline void output_transform(const float* m, const Geometry& g, std::int64_t first,
                                                                  std::int64_t rows, const float* bias,
-                                                                 const group_norm::Activation& act, bool sum, float* y) {
+                                                                 const group_norm::Activation& act,
+                                                                 const std::optional<FakeQuantParams>& fq, bool sum,
+                                                                 float* y) {
   const std::int64_t K = g.out_channels, B = g.block, tw = g.tiles_wide(), per_image = g.tiles_high() * tw;
   const std::int64_t valid = std::min(rows, g.tiles() - first), plane = g.out_height * g.out_width * B;
   const std::vector<std::int64_t> offsets = channel_offsets(K, B, plane);
   const std::int64_t groups = static_cast<std::int64_t>(offsets.size()), p_stride = rows * K;
   const __m256 lo = _mm256_set1_ps(act.lo), hi = _mm256_set1_ps(act.hi), slope = _mm256_set1_ps(act.slope),
                zero = _mm256_setzero_ps();
+  const FakeQuantParams q = fq.value_or(FakeQuantParams{});
+  const __m256 q_inv = _mm256_set1_ps(q.inv_scale), q_lo = _mm256_set1_ps(q.lo), q_hi = _mm256_set1_ps(q.hi),
+               q_scale = _mm256_set1_ps(q.scale);
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < valid; ++r) {
     const std::int64_t t = first + r, image = t / per_image, ty = t % per_image / tw, tx = t % per_image % tw;
@@ -233,6 +238,10 @@ __attribute__((target("avx2,fma"))) inline void output_transform(const float* m,
           if (sum) s = _mm256_add_ps(s, _mm256_loadu_ps(at));
           __m256 out = _mm256_min_ps(_mm256_max_ps(s, lo), hi);
           if (act.slope != 0) out = _mm256_fmadd_ps(slope, _mm256_min_ps(s, zero), out);
+          if (fq) {  // as oneDNN's linear, round (ties to even), clip and pow(scale, 1) post-ops compute it
+            const __m256 r = _mm256_round_ps(_mm256_mul_ps(out, q_inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            out = _mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(r, q_lo), q_hi), q_scale);
+          }
           _mm256_storeu_ps(at, out);
         }
     }
@@ -247,9 +256,11 @@ class TransformStep : public runtime::Step {
  public:
   enum class Kind { Input, Output };
   TransformStep(runtime::StepInfo info, Kind kind, SlotId from, SlotId to, Geometry g, std::int64_t first,
-                std::int64_t rows, std::vector<float> bias = {}, group_norm::Activation act = {}, bool sum = false)
+                std::int64_t rows, std::vector<float> bias = {}, group_norm::Activation act = {},
+                std::optional<FakeQuantParams> fq = std::nullopt, bool sum = false)
       : Step(std::move(info), sum ? std::vector<SlotId>{from, to} : std::vector<SlotId>{from}, {to}), kind_(kind),
-        from_(from), to_(to), g_(g), first_(first), rows_(rows), bias_(std::move(bias)), act_(act), sum_(sum) {}
+        from_(from), to_(to), g_(g), first_(first), rows_(rows), bias_(std::move(bias)), act_(act), fq_(fq),
+        sum_(sum) {}
   void execute(runtime::ExecContext& ctx) const override {
     ctx.backend()->wait();
 #ifdef ONDINE_WINOGRAD_X86
@@ -258,7 +269,7 @@ class TransformStep : public runtime::Step {
     if (kind_ == Kind::Input)
       input_transform(from, g_, first_, rows_, to);
     else
-      output_transform(from, g_, first_, rows_, bias_.empty() ? nullptr : bias_.data(), act_, sum_, to);
+      output_transform(from, g_, first_, rows_, bias_.empty() ? nullptr : bias_.data(), act_, fq_, sum_, to);
 #else
     throw Error("internal: Winograd convolution compiled without x86 kernels");
 #endif
@@ -271,6 +282,7 @@ class TransformStep : public runtime::Step {
   std::int64_t first_, rows_;
   std::vector<float> bias_;
   group_norm::Activation act_;
+  std::optional<FakeQuantParams> fq_;
   bool sum_;
 };
 
@@ -312,7 +324,12 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
   const ConvAlgorithm algorithm = L.conv_algorithm_for(n);
   const IsaInfo isa = effective_isa();
   if (algorithm == ConvAlgorithm::Direct || !winograd::has_avx2(isa) || !x_blocked || !y_blocked) return false;
-  std::optional<group_norm::Activation> act = group_norm_activation(chain);
+  // A trailing FakeQuant (a QDQ model's layer kept in float) is computed as the outputs are written; the rest
+  // of the chain is at most one clip or (leaky) relu.
+  std::optional<FakeQuantParams> fq = chain.eltwise.empty() ? std::nullopt : fake_quant_params(chain.eltwise.back());
+  PostOpChain head = chain;
+  if (fq) head.eltwise.pop_back();
+  std::optional<group_norm::Activation> act = group_norm_activation(head);
   if (!act) return false;
   const Value* x = n.input(0);
   const Value* w = n.input(1);
@@ -378,7 +395,7 @@ inline bool lower_conv_as_winograd(Lowering& L, const Node& n, const PostOpChain
         runtime::StepInfo{n.name(), n.op_type(), "ondine:winograd",
                           "F(4x4,3x3) output transform" + std::string(b ? " +bias" : "") + chain.detail() + " -> dst " +
                               layout_name(*y_blocked) + dims_str(yd) + part},
-        winograd::TransformStep::Kind::Output, m, dst, g, first, rows, bias, *act, sum));
+        winograd::TransformStep::Kind::Output, m, dst, g, first, rows, bias, *act, fq, sum));
   }
   commit_post_ops(L, chain, dst, *y_blocked);
   return true;
