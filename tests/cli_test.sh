@@ -184,7 +184,8 @@ if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: th
   if [ "$vnni" = 0 ]; then  # without VNNI: --precision int8 requantizes 8-bit weights to 7 bits (said); by default they run fp32
     expect 0 'precision: int8 in 5 steps .*8-bit weights requantized to 7 bits for avx2' -- "$ondine" run "$work/mnist_qdq.onnx" --precision int8
     expect 0 'check: logits max_abs_err .* ok' -- "$ondine" run "$work/mnist_qdq.onnx" --precision int8 --check --input "input=$imgs"
-    expect 0 'fp32 island 1' -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
+    # where int8 pays (rates pinned), 8-bit weights are requantized and every layer runs int8
+    expect 0 'int8: 5 int8 steps' -- env ONDINE_PEAK_RATES=fp32=186,int8=850 "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
   fi
   expect 0 '"precision": "int8"' -- "$ondine" bench "$work/mnist_qdq.onnx" --precision int8 --runs 2 --warmup 1 --json /dev/stdout
   expect 1 'precision int8: the model has no quantized layers .*--calib DIR.*ondine quantize' -- "$ondine" run "$mm" --precision int8
@@ -215,7 +216,9 @@ if "$ondine" quantize --help >/dev/null 2>&1; then  # with `ondine quantize`: th
   if [ "$vnni" = 1 ]; then
     expect 0 'no fp32 island; the model in fp32 .*x faster' -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
   else  # without VNNI, layers with 8-bit weights stay float (passes/fuse_qdq.hpp) and show as islands
-    expect 0 'fp32 island 1: 1 float step \(FusedConv' -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
+    expect 0 "fp32 island 2: 1 float step \(FusedConv 'conv2'\)" -- "$ondine" inspect "$work/mnist_qdq.onnx" --compiled --exact-int8-weights
+    # where int8 gains nothing (Zen 2: rates pinned), those layers run float by default, as with the flag
+    expect 0 "fp32 island 2: 1 float step \(FusedConv 'conv2'\)" -- env ONDINE_PEAK_RATES=fp32=37,int8=38 "$ondine" inspect "$work/mnist_qdq.onnx" --compiled
   fi
 fi
 # Dynamic quantization (the MNIST Gemm): written as ONNX, compiled to DynamicQuantizeLinear + DynQMatMul,
@@ -282,7 +285,8 @@ save(helper.make_model(helper.make_graph(nodes, "sig", [io("x")], [io("y")], qp)
 PY
 expect 0 'check: tolerance 10% of max \|reference\| or 2 output quantization steps \(int8 model, 4 quantized' -- "$ondine" run "$work/sig_qdq.onnx" --check
 expect 0 'check: y max_abs_err .* \(bound: 2 output steps, 6\.00e-01\) ok' -- "$ondine" run "$work/sig_qdq.onnx" --check
-expect 0 "fp32 island 1: 1 float step \(Sigmoid 'sigmoid'\), 4 Q/DQ" -- "$ondine" inspect "$work/sig_qdq.onnx" --compiled
+# No int8 layer: both Q/DQ pairs run float as ondine.FakeQuant (passes/fake_quant.hpp), no Q/DQ step left.
+expect 0 "FakeQuant 'dq2': " -- "$ondine" inspect "$work/sig_qdq.onnx" --compiled
 expect 0 'QuantizeLinear +2' -- "$ondine" inspect "$q"
 expect 0 'DequantizeLinear +4' -- "$ondine" inspect "$q"
 expect 0 'y: float32\[1,4,8,8\]' -- "$ondine" run "$q" --reference --dim batch=1
