@@ -53,8 +53,9 @@ inline bool run_pipeline(Graph& g, const std::string& pipeline, const CompileOpt
   if (pm.size() == 0) return false;
   if (!options.weight_only_int8_activations) pm.context().options.emplace("fuse-weight-only.activations", "float32");
   const bool log = options.log && !quiet;
+  // The rates are measured (once per process, then cached) only when nobody chose.
   const bool seven_bit = isa_limits && !effective_isa().int8_vnni &&
-                         options.int8_7bit_weights.value_or(int8_7bit_weights_by_default());
+                         (options.int8_7bit_weights ? *options.int8_7bit_weights : int8_7bit_weights_by_default());
   if (isa_limits && set_isa_pass_options(pm, effective_isa(), seven_bit) && log)
     options.log(seven_bit
                     ? "int8: no VNNI on this CPU: QDQ Conv/MatMul/Gemm int8 weights beyond +-64 requantized to 7 "
