@@ -1089,6 +1089,18 @@ TEST_CASE("fake-quant: Q/DQ pairs kept float run as post-ops, as the pair comput
     CHECK(static_cast<double>(within_one) >= 0.99 * static_cast<double>(want.numel()));
     CHECK(static_cast<double>(exact) >= 0.75 * static_cast<double>(want.numel()));
   }
+  SECTION("bad input: a FakeQuant with a bad scale, type or zero point is refused naming the node") {
+    for (const auto& attrs : std::vector<std::map<std::string, Attribute>>{
+             {{"scale", -1.0f}, {"zero_point", std::int64_t{0}}, {"to", std::string("uint8")}},
+             {{"scale", 0.1f}, {"zero_point", std::int64_t{300}}, {"to", std::string("uint8")}},
+             {{"scale", 0.1f}, {"zero_point", std::int64_t{0}}, {"to", std::string("int4")}}}) {
+      Graph g;
+      Value* in = g.add_input("x", DType::Float32, Shape::from({2, 3}));
+      g.add_output(g.add_node("FakeQuant", {in}, {"y"}, attrs, "fq_bad", fused::kDomain)->output(0));
+      CHECK_THROWS_WITH(infer_shapes(g), Catch::Contains("fq_bad") && Catch::Contains("scale"));
+      CHECK_THROWS_WITH(ReferenceExecutor(g).run({{"x", random_input({2, 3}, 1)}}), Catch::Contains("fq_bad"));
+    }
+  }
   SECTION("must not fire: a requantization (other parameters) or per-channel activations") {
     QBuilder n;
     Value* in = n.input("x", {1, 4, 3, 3});
